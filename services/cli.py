@@ -1,0 +1,116 @@
+"""`fleetpulse`: one entry point for every service and tool.
+
+Each subcommand parses its flags into one frozen config and hands it to its service's `main`.
+Services import lazily so that `fleetpulse --help` is instant and one broken extra cannot break
+every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from shared.errors import FleetpulseError
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def default_nats_url() -> str:
+    return os.environ.get("FLEETPULSE_NATS_URL", DEFAULT_NATS_URL)
+
+
+def add_nats_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nats",
+        default=None,
+        metavar="URL",
+        help="NATS server URL (default: $FLEETPULSE_NATS_URL, then nats://127.0.0.1:4222)",
+    )
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from services.up import run_up
+
+    return run_up(args)
+
+
+def _cmd_replica(args: argparse.Namespace) -> int:
+    from services.replica.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    from services.router.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetpulse",
+        description=(
+            "fleetpulse: a control plane for fleets of serving replicas on NATS. "
+            "Run `fleetpulse COMMAND --help` for a command's options."
+        ),
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (default: $FLEETPULSE_LOG_LEVEL or INFO)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from services.up import add_up_arguments
+
+    up = sub.add_parser("up", help="run fleetpulse on this machine with an embedded nats-server")
+    add_up_arguments(up)
+    up.set_defaults(func=_cmd_up)
+
+    from services.replica.config import add_replica_arguments
+
+    rep = sub.add_parser("replica", help="run one replica process hosting user code")
+    add_nats_flag(rep)
+    add_replica_arguments(rep)
+    rep.set_defaults(func=_cmd_replica)
+
+    from services.router.config import add_gateway_arguments
+
+    gw = sub.add_parser(
+        "router", help="run the router gateway: any-language callers on fp.v1.call.{app}.{deployment}"
+    )
+    add_nats_flag(gw)
+    add_gateway_arguments(gw)
+    gw.set_defaults(func=_cmd_router)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Command | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "nats", "unset") is None:
+        args.nats = default_nats_url()
+    try:
+        return func(args)
+    except FleetpulseError as exc:
+        print(f"fleetpulse {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

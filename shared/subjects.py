@@ -1,0 +1,125 @@
+"""Subject builders and parsers for every subject in the wire contract.
+
+All subjects live under `{namespace}.v1` (namespace `fp` by default, so `fp.v1.`). Names that become
+subject tokens (app, deployment, replica) use a fixed character set so that a name can never inject a
+wildcard (`*`, `>`) or an extra token (`.`) into a subject.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.errors import UsageError
+
+TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+_TOKEN_RE = re.compile(TOKEN_PATTERN)
+DEFAULT_NAMESPACE = "fp"
+VERSION_TOKEN = "v1"
+
+ReportKind = Literal["replica", "handle", "heartbeat", "lifecycle"]
+REPORT_KINDS: tuple[ReportKind, ...] = ("replica", "handle", "heartbeat", "lifecycle")
+
+
+def validate_name(value: str, what: str = "name") -> str:
+    """Return `value` if it is a valid subject token, else raise a UsageError saying what is allowed."""
+    if not isinstance(value, str) or not _TOKEN_RE.fullmatch(value):
+        raise UsageError(
+            f"invalid {what} {value!r}: use 1-64 characters from A-Z a-z 0-9 '_' '-' "
+            "(no dots, spaces or wildcards)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSubject:
+    kind: ReportKind
+    app: str
+    deployment: str
+
+
+@dataclass(frozen=True, slots=True)
+class RpcSubject:
+    app: str
+    deployment: str
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subject names for one namespace. Build once from config and pass down."""
+
+    namespace: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        validate_name(self.namespace, "namespace")
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.namespace}.{VERSION_TOKEN}"
+
+    def rpc(self, app: str, deployment: str, replica: str) -> str:
+        return (
+            f"{self.prefix}.rpc.{validate_name(app, 'app')}."
+            f"{validate_name(deployment, 'deployment')}.{validate_name(replica, 'replica')}"
+        )
+
+    def call(self, app: str, deployment: str) -> str:
+        return f"{self.prefix}.call.{validate_name(app, 'app')}.{validate_name(deployment, 'deployment')}"
+
+    def call_wildcard(self) -> str:
+        return f"{self.prefix}.call.*.*"
+
+    def probe(self, replica: str) -> str:
+        return f"{self.prefix}.probe.{validate_name(replica, 'replica')}"
+
+    def report(self, kind: ReportKind, app: str, deployment: str) -> str:
+        if kind not in REPORT_KINDS:
+            raise UsageError(f"unknown report kind {kind!r}; expected one of {REPORT_KINDS}")
+        return (
+            f"{self.prefix}.report.{kind}.{validate_name(app, 'app')}."
+            f"{validate_name(deployment, 'deployment')}"
+        )
+
+    def reports_wildcard(self) -> str:
+        return f"{self.prefix}.report.>"
+
+    def parse_report(self, subject: str) -> ReportSubject:
+        """Parse `{prefix}.report.{kind}.{app}.{deployment}`; UsageError if it is not one."""
+        parts = subject.split(".")
+        if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != self.prefix or parts[2] != "report":
+            raise UsageError(f"not a report subject: {subject!r}")
+        kind, app, deployment = parts[3], parts[4], parts[5]
+        if kind not in REPORT_KINDS:
+            raise UsageError(f"unknown report kind in subject {subject!r}")
+        validate_name(app, "app")
+        validate_name(deployment, "deployment")
+        return ReportSubject(kind=kind, app=app, deployment=deployment)  # type: ignore[arg-type]
+
+    def parse_rpc(self, subject: str) -> RpcSubject:
+        parts = subject.split(".")
+        if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != self.prefix or parts[2] != "rpc":
+            raise UsageError(f"not an rpc subject: {subject!r}")
+        return RpcSubject(
+            app=validate_name(parts[3], "app"),
+            deployment=validate_name(parts[4], "deployment"),
+            replica=validate_name(parts[5], "replica"),
+        )
+
+    def parse_call(self, subject: str) -> tuple[str, str]:
+        parts = subject.split(".")
+        if len(parts) != 5 or f"{parts[0]}.{parts[1]}" != self.prefix or parts[2] != "call":
+            raise UsageError(f"not a call subject: {subject!r}")
+        return validate_name(parts[3], "app"), validate_name(parts[4], "deployment")
+
+
+DEFAULT_SUBJECTS = Subjects()
+
+# KV bucket names (one namespace per NATS account; see docs/architecture.md).
+KV_APPS = "fp_apps"
+KV_TARGETS = "fp_targets"
+KV_MEMBERSHIP = "fp_membership"
+KV_STATUS = "fp_status"
+KV_AGENTS = "fp_agents"
+KV_CONTROLLERS = "fp_controllers"
