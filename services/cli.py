@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     from services.router.config import add_gateway_arguments
 
     gw = sub.add_parser(
-        "router", help="run the router gateway: any-language callers on fp.v1.call.{app}.{deployment}"
+        "router",
+        help="run the router gateway: any-language callers on fp.v1.call.{app}.{deployment}",
     )
     add_nats_flag(gw)
     add_gateway_arguments(gw)

@@ -28,7 +28,9 @@ def deployment_key(app: str, deployment: str) -> str:
 def split_deployment_key(key: str) -> tuple[str, str]:
     app, sep, deployment = key.partition(".")
     if not sep or not app or not deployment or "." in deployment:
-        raise WireError("bad_key", f"expected '{{app}}.{{deployment}}' ({TOKEN_PATTERN}), got {key!r}")
+        raise WireError(
+            "bad_key", f"expected '{{app}}.{{deployment}}' ({TOKEN_PATTERN}), got {key!r}"
+        )
     return app, deployment
 
 
@@ -76,7 +78,9 @@ class Membership:
                 or not isinstance(item[0], str)
                 or not isinstance(item[1], str)
             ):
-                raise WireError("wrong_type", "membership.replicas items are [replica_id, rpc_subject]")
+                raise WireError(
+                    "wrong_type", "membership.replicas items are [replica_id, rpc_subject]"
+                )
             members.append(Member(item[0], item[1]))
         return Membership(app, deployment, epoch, tuple(members))
 

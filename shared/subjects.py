@@ -95,7 +95,7 @@ class Subjects:
             raise UsageError(f"unknown report kind in subject {subject!r}")
         validate_name(app, "app")
         validate_name(deployment, "deployment")
-        return ReportSubject(kind=kind, app=app, deployment=deployment)  # type: ignore[arg-type]
+        return ReportSubject(kind=kind, app=app, deployment=deployment)
 
     def parse_rpc(self, subject: str) -> RpcSubject:
         parts = subject.split(".")

@@ -10,7 +10,9 @@ TOK = st.from_regex(r"\A[A-Za-z0-9_-]{1,20}\Z")
 
 
 @given(TOK, TOK, st.integers(0, 2**62), st.lists(st.tuples(TOK, TOK), max_size=20))
-def test_membership_round_trips(app: str, dep: str, epoch: int, reps: list[tuple[str, str]]) -> None:
+def test_membership_round_trips(
+    app: str, dep: str, epoch: int, reps: list[tuple[str, str]]
+) -> None:
     m = Membership(app, dep, epoch, tuple(Member(a, b) for a, b in reps))
     assert Membership.decode(m.encode()) == m
 
@@ -23,11 +25,29 @@ def test_membership_round_trips(app: str, dep: str, epoch: int, reps: list[tuple
         (msgpack.packb({"v": 2, "kind": "membership"}), "unsupported_version"),
         (msgpack.packb({"v": 1, "kind": "status"}), "unexpected_kind"),
         (
-            msgpack.packb({"v": 1, "kind": "membership", "app": "a", "deployment": "d", "epoch": -1, "replicas": []}),
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "kind": "membership",
+                    "app": "a",
+                    "deployment": "d",
+                    "epoch": -1,
+                    "replicas": [],
+                }
+            ),
             "wrong_type",
         ),
         (
-            msgpack.packb({"v": 1, "kind": "membership", "app": "a", "deployment": "d", "epoch": 1, "replicas": [[1]]}),
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "kind": "membership",
+                    "app": "a",
+                    "deployment": "d",
+                    "epoch": 1,
+                    "replicas": [[1]],
+                }
+            ),
             "wrong_type",
         ),
     ],

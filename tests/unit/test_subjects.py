@@ -36,7 +36,12 @@ def test_parse_inverts_build(app: str, dep: str, rep: str, kind: str) -> None:
 
 @pytest.mark.parametrize(
     "subject",
-    ["fp.v1.report.bogus.a.b", "fp.v2.report.handle.a.b", "fp.v1.report.handle.a", "x.v1.rpc.a.b.c"],
+    [
+        "fp.v1.report.bogus.a.b",
+        "fp.v2.report.handle.a.b",
+        "fp.v1.report.handle.a",
+        "x.v1.rpc.a.b.c",
+    ],
 )
 def test_parse_rejects_foreign_subjects(subject: str) -> None:
     with pytest.raises(UsageError):

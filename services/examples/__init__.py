@@ -1,0 +1,1 @@
+"""Small example deployments used by the docs, `fleetpulse up` and the tests."""

@@ -1,0 +1,58 @@
+"""`python -m services.replica` / `fleetpulse replica`: run one replica process until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from shared.bus import NatsBus
+
+from .config import ReplicaConfig, add_replica_arguments, config_from_args
+from .runtime import ReplicaRuntime
+from .usercode import UserDeployment
+
+log = logging.getLogger(__name__)
+
+
+async def serve(cfg: ReplicaConfig) -> int:
+    user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
+    bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
+    runtime = ReplicaRuntime(cfg, bus, user)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runtime.start()
+        await stop.wait()
+        log.info("replica %s: signal received, draining", cfg.replica_id)
+        await runtime.drain()
+    finally:
+        await bus.close()
+    return 0
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    return asyncio.run(serve(config_from_args(args)))
+
+
+def main() -> int:
+    from services.cli import add_nats_flag, default_nats_url
+
+    parser = argparse.ArgumentParser(prog="python -m services.replica", description=__doc__)
+    add_nats_flag(parser)
+    add_replica_arguments(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args()
+    args.nats = args.nats or default_nats_url()
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

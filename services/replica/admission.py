@@ -1,0 +1,25 @@
+"""Admission control: at most `max_ongoing_requests` at once, nothing new while draining."""
+
+from __future__ import annotations
+
+
+class Admission:
+    __slots__ = ("draining", "max_ongoing", "ongoing")
+
+    def __init__(self, max_ongoing: int) -> None:
+        if max_ongoing < 1:
+            raise ValueError("max_ongoing_requests must be at least 1")
+        self.max_ongoing = max_ongoing
+        self.ongoing = 0
+        self.draining = False
+
+    def try_admit(self) -> bool:
+        if self.draining or self.ongoing >= self.max_ongoing:
+            return False
+        self.ongoing += 1
+        return True
+
+    def release(self) -> None:
+        if self.ongoing <= 0:
+            raise RuntimeError("release() without a matching admit")
+        self.ongoing -= 1

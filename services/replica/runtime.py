@@ -1,0 +1,375 @@
+"""The replica's I/O shell: rpc subject, probes, health loop, heartbeats, reports, lifecycle, drain.
+
+Decisions live in small pure pieces (admission.py, health.py, suppression.py, window.py); this
+module only moves messages between them and the bus. See docs/dataplane.md for the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from shared.badinput import BadInput
+from shared.bus import Bus, Msg, Subscription
+from shared.clock import SYSTEM_CLOCK, Clock
+from shared.errors import WireError
+from shared.subjects import Subjects
+from shared.wire import decode_as, encode
+from shared.wire.messages import (
+    Admission,
+    CallArgs,
+    Chunk,
+    End,
+    ErrorReply,
+    HealthFrame,
+    HealthStatus,
+    Heartbeat,
+    HttpRequest,
+    HttpResponse,
+    Lifecycle,
+    ReplicaReport,
+    Request,
+)
+
+from .admission import Admission as AdmissionControl
+from .config import ReplicaConfig
+from .health import HealthTracker, next_check_delay
+from .suppression import HealthCarriage, freshness_window
+from .usercode import (
+    MethodNotFound,
+    UserDeployment,
+    invoke,
+    is_stream,
+    to_http_response,
+    to_stream_chunk_bytes,
+    to_user_request,
+)
+from .window import LevelAverage
+
+log = logging.getLogger(__name__)
+
+TICK_MAX_S = 1.0
+
+
+@dataclass(slots=True)
+class _Held:
+    reply: str
+    frames: bool
+    sent_checked_at: float
+
+
+@dataclass(slots=True)
+class ReplicaStats:
+    admitted: int = 0
+    rejected: int = 0
+    completed: int = 0
+    failed: int = 0
+    heartbeats: int = 0
+    frames: int = 0
+    reports: int = 0
+    probes: int = 0
+
+
+class _RequestError(Exception):
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+class ReplicaRuntime:
+    def __init__(
+        self,
+        cfg: ReplicaConfig,
+        bus: Bus,
+        user: UserDeployment,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.user = user
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.subjects = Subjects(cfg.namespace)
+        self.rpc_subject = self.subjects.rpc(cfg.app, cfg.deployment, cfg.replica_id)
+        self.admission = AdmissionControl(cfg.max_ongoing_requests)
+        self.tracker = HealthTracker(cfg.replica_id)
+        self.carriage = HealthCarriage(
+            freshness_window(cfg.health_check_period_s), reports_carry_health=cfg.push_metrics
+        )
+        self.running = LevelAverage(clock.monotonic())
+        self.stats = ReplicaStats()
+        self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
+        self._held: dict[str, _Held] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._subs: list[Subscription] = []
+        self._report_seq = 0
+        self._stopping = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._lifecycle("starting")
+        await self._check_once()
+        self._subs.append(await self.bus.subscribe(self.rpc_subject, self._on_rpc))
+        self._subs.append(
+            await self.bus.subscribe(self.subjects.probe(self.cfg.replica_id), self._on_probe)
+        )
+        self._loops.append(asyncio.create_task(self._health_loop(), name="health"))
+        self._loops.append(asyncio.create_task(self._tick_loop(), name="tick"))
+        if self.cfg.push_metrics:
+            self._loops.append(asyncio.create_task(self._report_loop(), name="reports"))
+        await self._lifecycle("ready")
+        log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
+
+    async def drain(self) -> None:
+        """Stop admitting, let in-flight work finish up to the grace timeout, then stop."""
+        self.admission.draining = True
+        await self._lifecycle("draining")
+        pending = set(self._tasks)
+        if pending:
+            log.info("draining %d in-flight request(s)", len(pending))
+            _, still = await asyncio.wait(pending, timeout=self.cfg.graceful_shutdown_timeout_s)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still)
+        await self.stop(exit_code=0)
+
+    async def stop(self, exit_code: int | None = 0) -> None:
+        self._stopping.set()
+        for task in self._loops:
+            task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        with contextlib.suppress(Exception):
+            await self._lifecycle("exited", exit_code=exit_code)
+            await self.bus.flush()
+
+    async def _lifecycle(self, state: str, exit_code: int | None = None) -> None:
+        msg = Lifecycle(
+            replica_id=self.cfg.replica_id,
+            agent_id=self.cfg.agent_id,
+            state=state,
+            at=self.clock.wall(),
+            rpc_subject=self.rpc_subject,
+            version=self.cfg.version,
+            exit_code=exit_code,
+            app=self.cfg.app,
+            deployment=self.cfg.deployment,
+        )
+        subject = self.subjects.report("lifecycle", self.cfg.app, self.cfg.deployment)
+        await self.bus.publish(subject, encode(msg))
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def _check_once(self) -> HealthStatus:
+        ok = await self.user.check_health(self.cfg.health_check_timeout_s)
+        status = self.tracker.record(ok, self.clock.wall())
+        self.carriage.on_check(status)
+        if not ok:
+            log.warning("health check failed (%d in a row)", status.consecutive_failures)
+        return status
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(next_check_delay(self.cfg.health_check_period_s, self.rng))
+            await self._check_once()
+            await self._frame_tick()
+            await self._maybe_heartbeat()
+
+    async def _frame_tick(self) -> None:
+        for held in list(self._held.values()):
+            if not held.frames:
+                continue
+            status = self.carriage.frame_due(held.sent_checked_at)
+            if status is None:
+                continue
+            held.sent_checked_at = status.checked_at
+            self.carriage.carried(status, self.clock.monotonic())
+            self.stats.frames += 1
+            await self.bus.publish(held.reply, encode(HealthFrame(status)))
+
+    async def _maybe_heartbeat(self) -> None:
+        latest = self.carriage.latest
+        if latest is None or not self.carriage.heartbeat_due(self.clock.monotonic()):
+            return
+        self.carriage.carried(latest, self.clock.monotonic())
+        self.stats.heartbeats += 1
+        subject = self.subjects.report("heartbeat", self.cfg.app, self.cfg.deployment)
+        await self.bus.publish(subject, encode(Heartbeat(latest, self.clock.wall())))
+
+    async def _tick_loop(self) -> None:
+        tick = min(TICK_MAX_S, self.carriage.freshness_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self._maybe_heartbeat()
+            except Exception:
+                log.exception("heartbeat failed; will retry next tick")
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.metrics_interval_s)
+            try:
+                await self._publish_report()
+            except Exception:
+                log.exception("report failed; will retry next interval")
+
+    async def _publish_report(self) -> None:
+        now = self.clock.monotonic()
+        self._report_seq += 1
+        latest = self.carriage.latest
+        report = ReplicaReport(
+            replica_id=self.cfg.replica_id,
+            sent_at=self.clock.wall(),
+            seq=self._report_seq,
+            running_requests=self.running.take(now),
+            custom={},
+            health=latest,
+        )
+        if latest is not None:
+            self.carriage.carried(latest, now)
+        self.stats.reports += 1
+        subject = self.subjects.report("replica", self.cfg.app, self.cfg.deployment)
+        await self.bus.publish(subject, encode(report))
+
+    def local_health(self) -> HealthStatus | None:
+        """For in-process routers (composition): they carry this replica's health in their reports."""
+        latest = self.carriage.latest
+        if latest is not None:
+            self.carriage.carried(latest, self.clock.monotonic())
+        return latest
+
+    async def _on_probe(self, msg: Msg) -> None:
+        latest = self.carriage.latest
+        if msg.reply is None or latest is None:
+            return
+        self.stats.probes += 1
+        self.carriage.carried(latest, self.clock.monotonic())
+        await self.bus.publish(msg.reply, encode(latest))
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _on_rpc(self, msg: Msg) -> None:
+        if msg.reply is None:
+            self.bad.drop("no_reply", f"on {msg.subject}")
+            return
+        try:
+            req = decode_as(msg.data, Request)
+        except WireError as exc:
+            self.bad.drop(exc.reason, exc.detail)
+            await self._send(msg.reply, ErrorReply("bad_request", str(exc), False))
+            return
+        latest = self.carriage.latest
+        assert latest is not None  # the first check runs before we subscribe
+        now = self.clock.monotonic()
+        if not self.admission.try_admit():
+            self.stats.rejected += 1
+            self.carriage.carried(latest, now)
+            await self._send(msg.reply, Admission(False, self.admission.ongoing, latest, False))
+            return
+        self.stats.admitted += 1
+        frames = req.supports_health_frames and not self.cfg.push_metrics
+        self.carriage.carried(latest, now)
+        self.running.set(self.admission.ongoing, now)
+        await self._send(msg.reply, Admission(True, self.admission.ongoing, latest, frames))
+        self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
+        task = asyncio.create_task(self._serve(req, msg.reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, reply: str, message: Any) -> None:
+        await self.bus.publish(reply, encode(message))
+
+    async def _serve(self, req: Request, reply: str) -> None:
+        try:
+            timeout = None if req.deadline is None else req.deadline - self.clock.wall()
+            if timeout is not None and timeout <= 0:
+                raise _RequestError("deadline_exceeded", "deadline passed before the request ran")
+            try:
+                await asyncio.wait_for(self._execute(req, reply), timeout)
+            except TimeoutError:
+                raise _RequestError("deadline_exceeded", "request deadline exceeded") from None
+            self.stats.completed += 1
+        except _RequestError as exc:
+            self.stats.failed += 1
+            await self._send(reply, ErrorReply(exc.code, str(exc), exc.retryable))
+        except asyncio.CancelledError:
+            self.stats.failed += 1
+            with contextlib.suppress(Exception):
+                msg = "replica stopped before the request finished"
+                await self._send(reply, ErrorReply("replica_shutdown", msg, True))
+            raise
+        except Exception as exc:
+            self.stats.failed += 1
+            log.debug("user code raised", exc_info=True)
+            await self._send(reply, ErrorReply("user_error", f"{type(exc).__name__}: {exc}", False))
+        finally:
+            self._held.pop(req.request_id, None)
+            self.admission.release()
+            self.running.set(self.admission.ongoing, self.clock.monotonic())
+
+    async def _execute(self, req: Request, reply: str) -> None:
+        try:
+            fn = self.user.resolve(req.method)
+        except MethodNotFound as exc:
+            raise _RequestError("method_not_found", str(exc)) from None
+        http = req.body_kind == "http"
+        try:
+            if http:
+                args: tuple[Any, ...] = (to_user_request(decode_as(req.body, HttpRequest)),)
+                kwargs: dict[str, Any] = {}
+            elif req.body_kind == "args":
+                call = decode_as(req.body, CallArgs)
+                args, kwargs = tuple(call.args), dict(call.kwargs)
+            else:
+                raise _RequestError("bad_request", f"unknown body_kind {req.body_kind!r}")
+        except WireError as exc:
+            raise _RequestError("bad_request", str(exc)) from None
+        result = await invoke(fn, args, kwargs)
+        if is_stream(result):
+            await self._stream(result, reply, http=http, collect=not req.stream)
+        elif http:
+            await self._send(reply, Chunk(0, encode(to_http_response(result))))
+        else:
+            await self._send(reply, Chunk(0, _pack(result)))
+        await self._send(reply, End())
+
+    async def _stream(self, items: Any, reply: str, *, http: bool, collect: bool) -> None:
+        if collect and not http:
+            values = [item async for item in items]
+            await self._send(reply, Chunk(0, _pack(values)))
+            return
+        seq = 0
+        if http:
+            head = HttpResponse(200, (("content-type", "application/octet-stream"),), b"")
+            await self._send(reply, Chunk(0, encode(head)))
+            seq = 1
+        async for item in items:
+            data = to_stream_chunk_bytes(item) if http else _pack(item)
+            await self._send(reply, Chunk(seq, data))
+            seq += 1
+
+
+def _pack(value: Any) -> bytes:
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except Exception as exc:
+        raise _RequestError(
+            "user_error", f"result is not msgpack-serialisable: {type(exc).__name__}: {exc}"
+        ) from None

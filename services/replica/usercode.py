@@ -1,0 +1,172 @@
+"""Loading and invoking user code given as `module:attribute`.
+
+A class is instantiated once with the init args; a plain function is the deployment's `__call__`.
+Sync callables run in a thread pool so they cannot stall the event loop (and with it admissions
+and health); async ones run on the loop. Generators (sync or async) stream their items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from shared.errors import ConfigError
+from shared.wire.messages import HttpRequest, HttpResponse
+
+from .api import Request, Response
+
+
+class MethodNotFound(Exception):
+    pass
+
+
+def load_target(import_path: str) -> Any:
+    module_name, sep, attr = import_path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"import_path {import_path!r} must look like 'package.module:Attribute'",
+            field="import_path",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"cannot import module {module_name!r} ({exc}); is it on PYTHONPATH or in the working dir?",
+            field="import_path",
+        ) from exc
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(
+            f"module {module_name!r} has no attribute {attr!r}", field="import_path"
+        ) from None
+    return obj
+
+
+class UserDeployment:
+    """The user's object, with the calls the runtime needs."""
+
+    def __init__(self, instance: Any, *, is_function: bool) -> None:
+        self._instance = instance
+        self._is_function = is_function
+        check = None if is_function else getattr(instance, "check_health", None)
+        self._check_health: Callable[[], Any] | None = check if callable(check) else None
+
+    @classmethod
+    async def create(
+        cls, import_path: str, init_args: tuple[Any, ...], init_kwargs: dict[str, Any]
+    ) -> UserDeployment:
+        target = load_target(import_path)
+        if inspect.isclass(target):
+            instance = await asyncio.to_thread(target, *init_args, **init_kwargs)
+            return cls(instance, is_function=False)
+        if callable(target):
+            if init_args or init_kwargs:
+                raise ConfigError(
+                    f"{import_path} is a function; init_args/init_kwargs need a class",
+                    field="init_kwargs",
+                )
+            return cls(target, is_function=True)
+        raise ConfigError(f"{import_path} is neither a class nor a function", field="import_path")
+
+    @property
+    def has_health_check(self) -> bool:
+        return self._check_health is not None
+
+    async def check_health(self, timeout_s: float) -> bool:
+        """True when the user check returned in time; False when it raised or timed out."""
+        fn = self._check_health
+        if fn is None:
+            return True
+        try:
+            if inspect.iscoroutinefunction(fn):
+                await asyncio.wait_for(fn(), timeout_s)
+            else:
+                await asyncio.wait_for(asyncio.to_thread(fn), timeout_s)
+        except Exception:
+            return False
+        return True
+
+    def resolve(self, method: str) -> Callable[..., Any]:
+        if self._is_function:
+            if method != "__call__":
+                raise MethodNotFound(f"a function deployment only has __call__, not {method!r}")
+            fn: Callable[..., Any] = self._instance
+            return fn
+        if method.startswith("_") and method != "__call__":
+            raise MethodNotFound(f"method {method!r} is private")
+        found = getattr(self._instance, method, None)
+        if found is None or not callable(found):
+            raise MethodNotFound(f"deployment has no method {method!r}")
+        return found  # type: ignore[no-any-return]
+
+
+async def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call `fn`; returns a value, or an async iterator when `fn` is a generator."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    if inspect.isasyncgenfunction(fn):
+        return fn(*args, **kwargs)
+    if inspect.isgeneratorfunction(fn):
+        return _thread_iter(fn(*args, **kwargs))
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):  # a sync wrapper around a coroutine
+        result = await result
+    return result
+
+
+_DONE = object()
+
+
+async def _thread_iter(gen: Any) -> AsyncIterator[Any]:
+    """Drive a sync generator in the thread pool, one item at a time."""
+    try:
+        while True:
+            item = await asyncio.to_thread(next, gen, _DONE)
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        gen.close()
+
+
+def is_stream(value: Any) -> bool:
+    return inspect.isasyncgen(value) or hasattr(value, "__anext__")
+
+
+def to_user_request(req: HttpRequest) -> Request:
+    return Request(
+        method=req.method,
+        path=req.path,
+        query=req.query,
+        headers=dict(req.headers),
+        body=req.body,
+    )
+
+
+def to_http_response(value: Any) -> HttpResponse:
+    """Turn what user code returned into an HttpResponse (see api.py for the accepted kinds)."""
+    if isinstance(value, Response):
+        body = value.body.encode() if isinstance(value.body, str) else bytes(value.body)
+        return HttpResponse(value.status, tuple(value.headers.items()), body)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return HttpResponse(200, (("content-type", "application/octet-stream"),), bytes(value))
+    if isinstance(value, str):
+        return HttpResponse(200, (("content-type", "text/plain; charset=utf-8"),), value.encode())
+    body = json.dumps(value).encode()
+    return HttpResponse(200, (("content-type", "application/json"),), body)
+
+
+def to_stream_chunk_bytes(value: Any) -> bytes:
+    """One item of a streamed HTTP body."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value).encode() + b"\n"
