@@ -1,0 +1,71 @@
+"""Helpers every benchmark uses: percentiles, a table, JSON output and the RESULT line."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench-results"
+
+
+def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(samples_s, dtype=np.float64) * 1e3
+    return {
+        "n": int(a.size),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p90_ms": float(np.percentile(a, 90)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()),
+    }
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
+
+
+def write_json(name: str, payload: Mapping[str, Any], out_dir: Path | None = None) -> Path:
+    out = out_dir or RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    doc = {"bench": name, "machine": machine_facts(), **payload}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def result_line(bench: str, **fields: float | int | str) -> str:
+    parts = [f"bench={bench}"]
+    for k, v in fields.items():
+        parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    line = "RESULT " + " ".join(parts)
+    print(line, flush=True)
+    return line
+
+
+def machine_facts() -> dict[str, Any]:
+    import os
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "commit": commit,
+    }
