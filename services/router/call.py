@@ -1,0 +1,330 @@
+"""One request from a router to a replica (docs/dataplane.md): admission, retries, the response.
+
+How it works:
+- `open_call` encodes the `Request` once, then loops: take a replica from the router (or wait in
+  its queue), send on the replica's rpc subject with `request_stream`, and wait for the admission
+  up to `admission_timeout_s`. No admission in time, or "no responders", means the request was
+  never admitted: back that replica off, exclude it for this request and try another. A rejected
+  admission backs off too. An accepted admission returns a `ResponseReader`.
+- `ResponseReader.next_chunk` reads the stream in order. Health frames are folded into the
+  router's carried health and never returned; chunks must count from 0 without gaps; `End`
+  returns None; `ErrorReply` raises `RequestFailed`.
+- Liveness: every read waits at most `liveness_interval_s`. Silence that long sends a probe to
+  `fp.v1.probe.{replica}`: "no responders" means the replica's connection is gone and the caller
+  gets `ReplicaLostError` (retryable); a probe that times out means the replica is alive but
+  busy, so reading continues. The request's deadline bounds every wait (`DeadlineExceeded`).
+- Lazy frame pump: a caller that reads a stream slowly would leave health frames sitting in the
+  inbox while it works. When the admission declared `will_send_health_frames` on a streaming
+  request, the reader arms a timer each time it hands a chunk to the caller; if the request is
+  still pending after `frame_pump_delay_s` and the caller is not awaiting the next message at
+  that moment, a pump task takes over reading: it drains the inbox into a local queue, folding
+  frames as they arrive, and the caller reads from that queue. A unary call never arms the pump
+  (its caller is always reading and folds frames inline), and a fast stream consumer never
+  triggers it, so the common paths create no task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from typing import Final
+
+from services.router.errors import (
+    DeadlineExceeded,
+    ReplicaLostError,
+    RequestFailed,
+)
+from services.router.router import Router
+from shared.bus import ResponseStream
+from shared.errors import BusError, BusTimeout, NoResponders, WireError
+from shared.wire.codec import decode, decode_as, encode
+from shared.wire.messages import (
+    Admission,
+    Chunk,
+    End,
+    ErrorReply,
+    HealthFrame,
+    HealthStatus,
+    ProbeRequest,
+    Request,
+)
+
+BAD_RESPONSE: Final = "bad_response"
+"""`RequestFailed.code` when a replica's response stream breaks the protocol."""
+MIN_TIMEOUT_S: Final = 0.001
+
+
+async def open_call(
+    router: Router,
+    *,
+    method: str,
+    body: bytes,
+    body_kind: str,
+    stream: bool,
+    deadline_s: float | None,
+) -> ResponseReader:
+    """Send one request and return its reader once a replica admitted it."""
+    clock = router.clock
+    start = clock.monotonic()
+    if deadline_s is None:
+        deadline_mono, deadline_wall = math.inf, None
+    else:
+        deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
+    payload = encode(
+        Request(uuid.uuid4().hex, method, True, stream, deadline_wall, body, body_kind)
+    )
+    exclude: set[str] = set()
+    while True:
+        if clock.monotonic() >= deadline_mono:
+            raise DeadlineExceeded(f"no replica of {router.key} admitted the request in time")
+        rid = await router.acquire(deadline_mono, exclude)
+        member = router.members.get(rid)
+        if member is None:  # left the membership while we waited
+            continue
+        now = clock.monotonic()
+        router.dispatched(rid, now)
+        try:
+            response = await router.bus.request_stream(member.rpc_subject, payload)
+        except BaseException:
+            router.finished(rid, clock.monotonic())
+            raise
+        admission = await _await_admission(router, rid, response, deadline_mono)
+        if admission is not None and admission.accepted:
+            return ResponseReader(
+                router,
+                rid,
+                response,
+                deadline_mono,
+                pump=stream and admission.will_send_health_frames,
+            )
+        await response.close()
+        router.finished(rid, clock.monotonic())
+        if admission is None:
+            exclude.add(rid)
+
+
+async def _await_admission(
+    router: Router, rid: str, response: ResponseStream, deadline_mono: float
+) -> Admission | None:
+    """The admission, or None when the request was never admitted (the replica is backed off)."""
+    clock = router.clock
+    timeout = min(router.config.admission_timeout_s, deadline_mono - clock.monotonic())
+    try:
+        msg = await response.next(max(timeout, MIN_TIMEOUT_S))
+        admission = decode_as(msg.data, Admission)
+    except NoResponders:
+        router.unreachable(rid, clock.monotonic())
+        return None
+    except BusTimeout:
+        now = clock.monotonic()
+        if now < deadline_mono:  # a deadline cut short is not the replica's fault
+            router.unreachable(rid, now)
+        return None
+    except WireError as exc:
+        router.bad_input.drop(exc.reason, f"admission from {rid}: {exc.detail}")
+        router.unreachable(rid, clock.monotonic())
+        return None
+    except BaseException:
+        await response.close()
+        router.finished(rid, clock.monotonic())
+        raise
+    router.admitted(rid, admission, clock.monotonic())
+    return admission
+
+
+class _Failure:
+    """An exception the pump hands over to the caller through the queue."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class ResponseReader:
+    """The response stream of one admitted request. Always `close()` it (idempotent)."""
+
+    __slots__ = (
+        "_deadline",
+        "_done",
+        "_expected_seq",
+        "_pump_armed",
+        "_pump_queue",
+        "_pump_task",
+        "_response",
+        "_router",
+        "_timer",
+        "_waiting",
+        "replica_id",
+    )
+
+    def __init__(
+        self,
+        router: Router,
+        replica_id: str,
+        response: ResponseStream,
+        deadline_mono: float,
+        *,
+        pump: bool,
+    ) -> None:
+        self._router = router
+        self.replica_id = replica_id
+        self._response: ResponseStream | None = response
+        self._deadline = deadline_mono
+        self._expected_seq = 0
+        self._done = False  # End or an error was read (or the reader was closed)
+        self._waiting = False
+        self._pump_armed = pump
+        self._pump_task: asyncio.Task[None] | None = None
+        self._pump_queue: asyncio.Queue[Chunk | _Failure | None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        if pump:
+            self._arm()
+
+    @property
+    def pumping(self) -> bool:
+        return self._pump_task is not None
+
+    async def next_chunk(self) -> Chunk | None:
+        """The next chunk, or None after `End`. Raises RequestFailed, ReplicaLostError or
+        DeadlineExceeded (the reader is finished afterwards)."""
+        queue = self._pump_queue
+        self._waiting = True
+        try:
+            if queue is not None:
+                item = await queue.get()
+                if isinstance(item, _Failure):
+                    raise item.exc
+            else:
+                item = await self._read()
+        finally:
+            self._waiting = False
+        if item is None:
+            await self.close()
+        elif self._pump_armed:
+            self._arm()
+        return item
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self._pump_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._response is not None:
+            response, self._response = self._response, None
+            self._done = True
+            await response.close()
+            self._router.finished(self.replica_id, self._router.clock.monotonic())
+
+    # -- reading ------------------------------------------------------------------------------
+    async def _read(self) -> Chunk | None:
+        router, clock = self._router, self._router.clock
+        response = self._response
+        if response is None or self._done:
+            raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
+        liveness = router.config.liveness_interval_s
+        while True:
+            remaining = self._deadline - clock.monotonic()
+            if remaining <= 0:
+                self._fail()
+                raise DeadlineExceeded(f"waiting for {self.replica_id}")
+            try:
+                msg = await response.next(max(min(liveness, remaining), MIN_TIMEOUT_S))
+            except BusTimeout:
+                if clock.monotonic() < self._deadline:
+                    await self._probe()
+                continue
+            except NoResponders:
+                self._fail()
+                raise ReplicaLostError(self.replica_id, "no responders") from None
+            try:
+                item = decode(msg.data)
+            except WireError as exc:
+                router.bad_input.drop(exc.reason, f"response from {self.replica_id}")
+                self._fail()
+                raise RequestFailed(
+                    BAD_RESPONSE, f"{exc.reason}: {exc.detail}", False, self.replica_id
+                ) from None
+            if isinstance(item, Chunk):
+                if item.seq != self._expected_seq:
+                    self._fail()
+                    raise RequestFailed(
+                        BAD_RESPONSE,
+                        f"chunk {item.seq} where {self._expected_seq} was due",
+                        False,
+                        self.replica_id,
+                    )
+                self._expected_seq += 1
+                return item
+            if isinstance(item, HealthFrame):
+                router.fold_health(item.health, clock.monotonic())
+                continue
+            if isinstance(item, End):
+                self._done = True
+                return None
+            self._fail()
+            if isinstance(item, ErrorReply):
+                raise RequestFailed(item.code, item.message, item.retryable, self.replica_id)
+            raise RequestFailed(
+                BAD_RESPONSE, f"unexpected {item.KIND!r} message", False, self.replica_id
+            )
+
+    def _fail(self) -> None:
+        self._done = True
+        self._pump_armed = False
+
+    async def _probe(self) -> None:
+        """Silence on an admitted request: is the replica still connected?"""
+        router = self._router
+        subject = router.probe_subjects.get(self.replica_id) or router.subjects.probe(
+            self.replica_id
+        )
+        probe = encode(ProbeRequest(router.clock.wall()))
+        try:
+            reply = await router.bus.request(subject, probe, timeout=router.config.probe_timeout_s)
+        except NoResponders:
+            self._fail()
+            raise ReplicaLostError(self.replica_id, "its connection is gone") from None
+        except BusError:
+            return  # alive but slow, or the bus hiccuped: keep waiting, probe again later
+        try:
+            status = decode_as(reply.data, HealthStatus)
+        except WireError as exc:
+            router.bad_input.drop(exc.reason, f"probe reply from {self.replica_id}")
+            return
+        router.fold_health(status, router.clock.monotonic())
+
+    # -- the lazy frame pump ----------------------------------------------------------------
+    def _arm(self) -> None:
+        if self._timer is None and self._pump_task is None and not self._done:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(
+                self._router.config.frame_pump_delay_s, self._maybe_start_pump
+            )
+
+    def _maybe_start_pump(self) -> None:
+        self._timer = None
+        if self._waiting or self._done or self._pump_task is not None:
+            return
+        self._pump_queue = asyncio.Queue()
+        self._pump_task = asyncio.get_running_loop().create_task(
+            self._pump(self._pump_queue), name=f"frame-pump:{self.replica_id}"
+        )
+
+    async def _pump(self, queue: asyncio.Queue[Chunk | _Failure | None]) -> None:
+        try:
+            while True:
+                item = await self._read()
+                queue.put_nowait(item)
+                if item is None:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            queue.put_nowait(_Failure(exc))

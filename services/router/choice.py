@@ -1,0 +1,192 @@
+"""Replica choice: power of two choices over locally known queue lengths, with reject backoff.
+
+How it works: for each member replica the chooser knows
+- `in_flight`: requests this router has sent there and not yet finished (exact, local), and
+- `external`: the rest of the replica's load, learnt from the `num_ongoing` on its last admission
+  (minus our own in-flight at that moment). We never see other routers' requests finish, so this
+  estimate decays (halving every `EXTERNAL_HALF_LIFE_S`) and is replaced by each new admission.
+Queue length = in_flight + decayed external. `choose` samples two distinct available replicas at
+random and returns the shorter queue (power of two choices: near-best balance at O(1) cost).
+
+A replica that rejected a request (full or draining) or never answered one is unavailable for a
+backoff that starts at `backoff_initial_s` and doubles per consecutive failure up to
+`backoff_max_s`; an accepted admission resets it. When every member is backing off, `choose`
+returns None and `next_available_at` says when to look again.
+
+Pure: randomness is an injected `random.Random`, time is passed in as `now`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+BACKOFF_INITIAL_S: Final = 0.010
+BACKOFF_MAX_S: Final = 0.500
+EXTERNAL_HALF_LIFE_S: Final = 1.0
+"""How fast the load other routers put on a replica is forgotten without a fresh admission."""
+SAMPLE_TRIES: Final = 8
+"""Random draws before `choose` falls back to scanning every member (many are backing off)."""
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    in_flight: int = 0
+    external: float = 0.0
+    external_at: float = 0.0
+    backoff_s: float = 0.0
+    backoff_until: float = -math.inf
+
+
+class ReplicaChooser:
+    __slots__ = ("_backoff_initial", "_backoff_max", "_loads", "_members", "_rng")
+
+    def __init__(
+        self,
+        rng: random.Random | None = None,
+        *,
+        backoff_initial_s: float = BACKOFF_INITIAL_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ) -> None:
+        self._rng = rng if rng is not None else random.Random()
+        self._backoff_initial = backoff_initial_s
+        self._backoff_max = backoff_max_s
+        self._members: list[str] = []
+        self._loads: dict[str, ReplicaLoad] = {}
+
+    # -- membership -------------------------------------------------------------------------
+    def set_members(self, replica_ids: Iterable[str]) -> None:
+        """Replace the member set. Survivors keep their state; a departed replica keeps its entry
+        only while requests are still in flight there (they finish and are counted down)."""
+        self._members = list(dict.fromkeys(replica_ids))
+        members = set(self._members)
+        idle_gone = [r for r, ld in self._loads.items() if r not in members and not ld.in_flight]
+        for rid in idle_gone:
+            del self._loads[rid]
+        for rid in self._members:
+            if rid not in self._loads:
+                self._loads[rid] = ReplicaLoad()
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(self._members)
+
+    # -- choice -----------------------------------------------------------------------------
+    def available(self, replica_id: str, now: float) -> bool:
+        load = self._loads.get(replica_id)
+        return load is not None and load.backoff_until <= now
+
+    def queue_length(self, replica_id: str, now: float) -> float:
+        load = self._loads.get(replica_id)
+        if load is None:
+            return 0.0
+        return load.in_flight + _decayed(load, now)
+
+    def choose(self, now: float, exclude: Collection[str] = ()) -> str | None:
+        """Pick a replica for one request, or None if every member is excluded or backing off."""
+        members = self._members
+        n = len(members)
+        if n == 0:
+            return None
+        if n == 1:
+            only = members[0]
+            return only if only not in exclude and self._loads[only].backoff_until <= now else None
+        first: str | None = None
+        second: str | None = None
+        randrange = self._rng.randrange
+        for _ in range(SAMPLE_TRIES):
+            rid = members[randrange(n)]
+            if rid == first or rid in exclude or self._loads[rid].backoff_until > now:
+                continue
+            if first is None:
+                first = rid
+            else:
+                second = rid
+                break
+        if second is None:
+            candidates = [
+                r for r in members if r not in exclude and self._loads[r].backoff_until <= now
+            ]
+            if not candidates:
+                return None
+            if len(candidates) == 1:
+                return candidates[0]
+            first, second = self._rng.sample(candidates, 2)
+        assert first is not None
+        if self.queue_length(second, now) < self.queue_length(first, now):
+            return second
+        return first
+
+    def next_available_at(self, now: float) -> float | None:
+        """When the earliest backing-off member becomes available again (None: no members)."""
+        if not self._members:
+            return None
+        return max(now, min(self._loads[r].backoff_until for r in self._members))
+
+    # -- events -----------------------------------------------------------------------------
+    def on_dispatch(self, replica_id: str) -> None:
+        load = self._loads.get(replica_id)
+        if load is None:
+            load = self._loads[replica_id] = ReplicaLoad()
+        load.in_flight += 1
+
+    def on_finish(self, replica_id: str) -> None:
+        load = self._loads.get(replica_id)
+        if load is None:
+            return
+        load.in_flight = max(0, load.in_flight - 1)
+        if not load.in_flight and replica_id not in self._members:
+            del self._loads[replica_id]
+
+    def on_admission(self, replica_id: str, accepted: bool, num_ongoing: int, now: float) -> None:
+        """Fold an admission in: its `num_ongoing` replaces the external-load estimate; a
+        rejection starts (or doubles) the backoff, an acceptance clears it."""
+        load = self._loads.get(replica_id)
+        if load is None:
+            return
+        load.external = float(max(0, num_ongoing - load.in_flight))
+        load.external_at = now
+        if accepted:
+            load.backoff_s = 0.0
+            load.backoff_until = -math.inf
+        else:
+            self._back_off(load, now)
+
+    def on_unreachable(self, replica_id: str, now: float) -> None:
+        """No admission in time, or no responders: back off like a rejection."""
+        load = self._loads.get(replica_id)
+        if load is not None:
+            self._back_off(load, now)
+
+    def on_capacity_freed(self, replica_id: str) -> None:
+        """One of our requests there finished: it may accept again before its backoff ends.
+        The backoff length is kept, so a further rejection still backs off longer."""
+        load = self._loads.get(replica_id)
+        if load is not None:
+            load.backoff_until = -math.inf
+
+    def backoff_s(self, replica_id: str) -> float:
+        load = self._loads.get(replica_id)
+        return load.backoff_s if load is not None else 0.0
+
+    def in_flight(self, replica_id: str) -> int:
+        load = self._loads.get(replica_id)
+        return load.in_flight if load is not None else 0
+
+    def in_flight_total(self) -> int:
+        return sum(load.in_flight for load in self._loads.values())
+
+    def _back_off(self, load: ReplicaLoad, now: float) -> None:
+        step = self._backoff_initial if load.backoff_s <= 0 else load.backoff_s * 2
+        load.backoff_s = min(step, self._backoff_max)
+        load.backoff_until = now + load.backoff_s
+
+
+def _decayed(load: ReplicaLoad, now: float) -> float:
+    if load.external <= 0.0:
+        return 0.0
+    age = max(0.0, now - load.external_at)
+    return load.external * math.exp2(-age / EXTERNAL_HALF_LIFE_S)

@@ -1,0 +1,203 @@
+"""Router and gateway configuration: frozen dataclasses built once from flags and environment.
+
+`RouterConfig()` holds the defaults a `DeploymentHandle` uses; `RouterConfig.from_env()` applies the
+`FLEETPULSE_*` environment variables (read once, here, never on the request path). The gateway's
+`GatewayConfig.from_args(args)` layers command-line flags over the environment over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Final, TypeVar
+
+from shared.errors import ConfigError
+from shared.subjects import DEFAULT_NAMESPACE, validate_name
+from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
+
+T = TypeVar("T")
+
+ENV_COLUMNAR_MIN_REPLICAS: Final = "FLEETPULSE_COLUMNAR_MIN_REPLICAS"
+ENV_METRICS_INTERVAL_S: Final = "FLEETPULSE_METRICS_INTERVAL_S"
+ENV_NAMESPACE: Final = "FLEETPULSE_NAMESPACE"
+ENV_GATEWAY_QUEUE_GROUP: Final = "FLEETPULSE_GATEWAY_QUEUE_GROUP"
+ENV_GATEWAY_DEADLINE_S: Final = "FLEETPULSE_GATEWAY_DEADLINE_S"
+
+GATEWAY_SERVICE_NAME: Final = "fleetpulse-router"
+GATEWAY_SERVICE_VERSION: Final = "0.1.0"
+DEFAULT_GATEWAY_QUEUE_GROUP: Final = "fp-gateway"
+DEFAULT_GATEWAY_DEADLINE_S: Final = 30.0
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Knobs of one in-process router (shared by every handle of a deployment)."""
+
+    admission_timeout_s: float = 2.0
+    """No admission within this long: the request was never admitted; retry elsewhere."""
+    max_queued_requests: int = 1000
+    """Requests waiting for a replica at this handle; one more raises BackPressureError."""
+    frame_pump_delay_s: float = 0.2
+    """A stream with declared health frames gets a pump only if still pending after this long."""
+    liveness_interval_s: float = 1.0
+    """Silence on an admitted request for this long sends a probe to the replica."""
+    probe_timeout_s: float = 0.5
+    metrics_interval_s: float = 10.0
+    """Handle report cadence (also the window of the time-weighted averages)."""
+    columnar_min_replicas: int = DEFAULT_COLUMNAR_MIN_REPLICAS
+    """Reports covering at least this many replicas go columnar (Arrow), narrower ones msgpack."""
+    backoff_initial_s: float = 0.010
+    backoff_max_s: float = 0.500
+    queue_poll_max_s: float = 0.5
+    """A queued request re-checks at least this often even without a capacity change."""
+    cold_start_report_min_interval_s: float = 1.0
+    """Immediate (cold start) reports are sent at most this often."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_s") and not (
+                isinstance(value, int | float) and math.isfinite(value) and value > 0
+            ):
+                raise ConfigError(f"must be a positive number, not {value!r}", field=f.name)
+        if self.max_queued_requests < 0:
+            raise ConfigError("must be >= 0", field="max_queued_requests")
+        if self.columnar_min_replicas < 1:
+            raise ConfigError("must be >= 1", field="columnar_min_replicas")
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ConfigError("must be >= backoff_initial_s", field="backoff_max_s")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        columnar = _env(env, ENV_COLUMNAR_MIN_REPLICAS, int)
+        if columnar is not None:
+            values["columnar_min_replicas"] = columnar
+        interval = _env(env, ENV_METRICS_INTERVAL_S, float)
+        if interval is not None:
+            values["metrics_interval_s"] = interval
+        values.update(overrides)
+        return cls(**values)
+
+
+@functools.cache
+def default_router_config() -> RouterConfig:
+    """The config of a handle created without one: defaults plus the environment, read once
+    per process (the first handle reads it; later changes to os.environ are not seen)."""
+    return RouterConfig.from_env()
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    nats_url: str
+    namespace: str = DEFAULT_NAMESPACE
+    queue_group: str = DEFAULT_GATEWAY_QUEUE_GROUP
+    deadline_s: float = DEFAULT_GATEWAY_DEADLINE_S
+    """Deadline of a gateway request unless its `Fp-Deadline-S` header says otherwise."""
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    """On SIGTERM, how long in-flight requests may take to finish."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self) -> None:
+        validate_name(self.namespace, "namespace")
+        if not self.queue_group or any(c in self.queue_group for c in " >*"):
+            raise ConfigError(f"invalid queue group {self.queue_group!r}", field="queue_group")
+        for name in ("deadline_s", "drain_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"must be a positive number, not {value!r}", field=name)
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, env: Mapping[str, str] | None = None
+    ) -> GatewayConfig:
+        env = os.environ if env is None else env
+        router = RouterConfig.from_env(env)
+        overrides = {
+            "admission_timeout_s": args.admission_timeout,
+            "max_queued_requests": args.max_queued,
+            "metrics_interval_s": args.metrics_interval,
+            "columnar_min_replicas": args.columnar_min_replicas,
+        }
+        router = replace(router, **{k: v for k, v in overrides.items() if v is not None})
+        return cls(
+            nats_url=args.nats,
+            namespace=_first(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            queue_group=_first(
+                args.queue_group, env.get(ENV_GATEWAY_QUEUE_GROUP), DEFAULT_GATEWAY_QUEUE_GROUP
+            ),
+            deadline_s=_first(
+                args.deadline,
+                _env(env, ENV_GATEWAY_DEADLINE_S, float),
+                DEFAULT_GATEWAY_DEADLINE_S,
+            ),
+            drain_timeout_s=args.drain_timeout,
+            router=router,
+        )
+
+
+def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `fleetpulse router` (the caller adds `--nats`)."""
+    p.add_argument(
+        "--namespace", default=None, help=f"subject namespace (default: ${ENV_NAMESPACE} or fp)"
+    )
+    p.add_argument(
+        "--queue-group",
+        default=None,
+        help=f"queue group of the call endpoint (default: {DEFAULT_GATEWAY_QUEUE_GROUP})",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"default request deadline (default: {DEFAULT_GATEWAY_DEADLINE_S:g})",
+    )
+    p.add_argument(
+        "--admission-timeout", type=float, default=None, metavar="SECONDS", help="default: 2"
+    )
+    p.add_argument("--max-queued", type=int, default=None, help="per deployment; default: 1000")
+    p.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"handle report cadence (default: ${ENV_METRICS_INTERVAL_S} or 10)",
+    )
+    p.add_argument(
+        "--columnar-min-replicas",
+        type=int,
+        default=None,
+        help=f"report width from which reports go columnar (default: ${ENV_COLUMNAR_MIN_REPLICAS}"
+        f" or {DEFAULT_COLUMNAR_MIN_REPLICAS})",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
+    )
+
+
+def _env(env: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ConfigError(f"cannot parse {raw!r}", source="environment", field=name) from None
+
+
+def _first(*values: T | None) -> T:
+    for v in values:
+        if v is not None:
+            return v
+    raise ConfigError("no value")  # unreachable: the last argument is a default

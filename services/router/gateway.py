@@ -1,0 +1,328 @@
+"""The router gateway: callers in any language reach a deployment with a plain NATS request.
+
+    nats req fp.v1.call.shop.cart 'payload' -H 'Fp-Path: /checkout'
+
+How it works: a NATS micro service named "fleetpulse-router" (so `$SRV.PING`, `$SRV.INFO` and
+`$SRV.STATS` discover it) with one endpoint on `fp.v1.call.*.*` in queue group "fp-gateway", so
+any number of gateways share the load. Each request runs on its own task (a slow deployment must
+not hold up the others) through the process-wide router of its deployment (handle.py), as an
+HTTP-style request (`body_kind` "http", unary):
+
+- request: the payload is the body; every NATS header is passed through into
+  `HttpRequest.headers`. The HTTP method is "POST" and the path "/" unless the headers
+  `Fp-Http-Method`, `Fp-Path` (and `Fp-Query`) say otherwise; `Fp-Method` names the deployment
+  method (default `__call__`); `Fp-Deadline-S` sets the deadline in seconds (default: the
+  gateway's `--deadline`).
+- reply: the `HttpResponse` body as the payload, its status in the `Fp-Status` header, its
+  headers as NATS headers (repeats joined with ", "; names NATS cannot carry are dropped).
+- failure: a micro-service error reply, headers `Nats-Service-Error-Code` (an HTTP-like code,
+  e.g. 503 or 504) and `Nats-Service-Error` (the description), plus `Fp-Error` (a stable token
+  such as `backpressure`, `deadline_exceeded`, `user_error`) and `Fp-Retryable`. A request is
+  never left to time out silently while the gateway runs.
+
+Routers are created on first use per deployment, at most `MAX_DEPLOYMENTS` of them. On SIGTERM or
+SIGINT the gateway stops taking requests, lets in-flight ones finish for `drain_timeout_s`,
+answers the rest with a 503 error, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from nats.micro import add_service
+from nats.micro.request import Request as MicroRequest
+from nats.micro.service import Service
+
+from services.router.call import BAD_RESPONSE, open_call
+from services.router.config import (
+    GATEWAY_SERVICE_NAME,
+    GATEWAY_SERVICE_VERSION,
+    GatewayConfig,
+)
+from services.router.errors import (
+    BackPressureError,
+    DeadlineExceeded,
+    ReplicaLostError,
+    RequestFailed,
+    RouterClosedError,
+    RouterError,
+)
+from services.router.handle import DEFAULT_METHOD, release_router, shared_router
+from services.router.router import Router
+from shared.bus import Bus, NatsBus
+from shared.clock import SYSTEM_CLOCK, Clock
+from shared.errors import BusError, UsageError, WireError
+from shared.subjects import Subjects
+from shared.wire.codec import decode_as, encode
+from shared.wire.messages import HttpRequest, HttpResponse
+
+logger = logging.getLogger(__name__)
+
+HDR_METHOD: Final = "Fp-Method"
+HDR_HTTP_METHOD: Final = "Fp-Http-Method"
+HDR_PATH: Final = "Fp-Path"
+HDR_QUERY: Final = "Fp-Query"
+HDR_DEADLINE: Final = "Fp-Deadline-S"
+HDR_STATUS: Final = "Fp-Status"
+HDR_ERROR: Final = "Fp-Error"
+HDR_RETRYABLE: Final = "Fp-Retryable"
+ENDPOINT_NAME: Final = "call"
+MAX_DEPLOYMENTS: Final = 10_000
+"""Routers one gateway keeps (each watches a KV key and reports): a bound against junk names."""
+
+_HEADER_NAME_RE: Final = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+# RequestFailed.code -> service error code
+_REPLICA_CODES: Final = {
+    "bad_request": "400",
+    "method_not_found": "404",
+    "user_error": "500",
+    "deadline_exceeded": "504",
+    "replica_shutdown": "503",
+    BAD_RESPONSE: "502",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayReply:
+    """What to answer: a result, or an error (then `error_code` is set)."""
+
+    data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    error_code: str | None = None
+    error: str = ""
+
+
+def error_reply(code: str, token: str, description: str, retryable: bool) -> GatewayReply:
+    return GatewayReply(
+        b"",
+        {HDR_ERROR: token, HDR_RETRYABLE: "true" if retryable else "false"},
+        code,
+        description,
+    )
+
+
+class GatewayCore:
+    """Turns one call-subject request into a reply; no NATS-micro specifics (unit-testable)."""
+
+    def __init__(self, bus: Bus, config: GatewayConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.bus = bus
+        self.config = config
+        self.clock = clock
+        self.subjects = Subjects(config.namespace)
+        self.routers: dict[tuple[str, str], Router] = {}
+
+    def router(self, app: str, deployment: str) -> Router:
+        router = self.routers.get((app, deployment))
+        if router is None:
+            if len(self.routers) >= MAX_DEPLOYMENTS:
+                raise UsageError(f"this gateway already serves {MAX_DEPLOYMENTS} deployments")
+            router = shared_router(
+                self.bus,
+                app,
+                deployment,
+                config=self.config.router,
+                clock=self.clock,
+                subjects=self.subjects,
+            )
+            self.routers[(app, deployment)] = router
+        return router
+
+    async def handle(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> GatewayReply:
+        try:
+            app, deployment = self.subjects.parse_call(subject)
+            hdrs = dict(headers or {})
+            deadline_s = _deadline(hdrs.get(HDR_DEADLINE), self.config.deadline_s)
+            request = HttpRequest(
+                method=hdrs.get(HDR_HTTP_METHOD, "POST"),
+                path=hdrs.get(HDR_PATH, "/"),
+                query=hdrs.get(HDR_QUERY, ""),
+                headers=tuple(hdrs.items()),
+                body=data,
+            )
+            router = self.router(app, deployment)
+        except UsageError as exc:
+            return error_reply("400", "bad_request", str(exc), False)
+        try:
+            reader = await open_call(
+                router,
+                method=hdrs.get(HDR_METHOD, DEFAULT_METHOD),
+                body=encode(request),
+                body_kind="http",
+                stream=False,
+                deadline_s=deadline_s,
+            )
+            try:
+                chunk = await reader.next_chunk()
+            finally:
+                await reader.close()
+            if chunk is None:
+                raise RequestFailed(BAD_RESPONSE, "the response ended without a result", False)
+            response = decode_as(chunk.data, HttpResponse)
+        except RouterError as exc:
+            return _router_error(exc)
+        except WireError as exc:
+            return error_reply("502", BAD_RESPONSE, f"bad HttpResponse: {exc}", False)
+        except BusError as exc:
+            return error_reply("503", "bus_error", str(exc), True)
+        return GatewayReply(response.body, _response_headers(response))
+
+    async def close(self) -> None:
+        routers, self.routers = list(self.routers.values()), {}
+        for router in routers:
+            await release_router(router)
+
+
+def _deadline(raw: str | None, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"{HDR_DEADLINE}: not a number: {raw!r}") from None
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{HDR_DEADLINE}: must be a positive number of seconds, not {raw!r}")
+    return value
+
+
+def _response_headers(response: HttpResponse) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in response.headers:
+        if not _HEADER_NAME_RE.match(name) or "\r" in value or "\n" in value:
+            continue
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    out[HDR_STATUS] = str(response.status)
+    return out
+
+
+def _router_error(exc: RouterError) -> GatewayReply:
+    if isinstance(exc, RequestFailed):
+        code = _REPLICA_CODES.get(exc.code, "500")
+        return error_reply(code, exc.code, exc.message or exc.code, exc.retryable)
+    if isinstance(exc, BackPressureError):
+        return error_reply("503", "backpressure", str(exc), True)
+    if isinstance(exc, DeadlineExceeded):
+        return error_reply("504", "deadline_exceeded", str(exc), False)
+    if isinstance(exc, ReplicaLostError):
+        return error_reply("502", "replica_lost", str(exc), True)
+    if isinstance(exc, RouterClosedError):
+        return error_reply("503", "shutting_down", str(exc), True)
+    return error_reply("500", "router_error", str(exc), exc.retryable)
+
+
+class Gateway:
+    """The micro-service shell around `GatewayCore`."""
+
+    def __init__(self, bus: NatsBus, config: GatewayConfig, *, clock: Clock = SYSTEM_CLOCK):
+        self.bus = bus
+        self.config = config
+        self.core = GatewayCore(bus, config, clock=clock)
+        self.service: Service | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self) -> None:
+        self.service = await add_service(
+            self.bus.nc,
+            name=GATEWAY_SERVICE_NAME,
+            version=GATEWAY_SERVICE_VERSION,
+            description="fleetpulse router gateway: requests on "
+            f"{self.core.subjects.call_wildcard()}",
+            queue_group=self.config.queue_group,
+        )
+        await self.service.add_endpoint(
+            name=ENDPOINT_NAME,
+            subject=self.core.subjects.call_wildcard(),
+            handler=self._on_request,
+            queue_group=self.config.queue_group,
+            metadata={"namespace": self.config.namespace},
+        )
+        await self.bus.flush()
+        logger.info(
+            "gateway: serving %s (queue group %s)",
+            self.core.subjects.call_wildcard(),
+            self.config.queue_group,
+        )
+
+    async def _on_request(self, req: MicroRequest) -> None:
+        # one task per request: the endpoint's subscription delivers one message at a time
+        task = asyncio.get_running_loop().create_task(self._serve(req))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, req: MicroRequest) -> None:
+        try:
+            reply = await self.core.handle(req.subject, req.data, req.headers)
+        except asyncio.CancelledError:
+            reply = error_reply("503", "shutting_down", "the gateway is shutting down", True)
+        except Exception as exc:  # never leave a caller to time out silently
+            logger.exception("gateway: request on %s failed", req.subject)
+            reply = error_reply("500", "internal", f"{type(exc).__name__}: {exc}", True)
+        await _respond(req, reply)
+
+    async def stop(self) -> None:
+        """Stop taking requests, drain in-flight ones, then release everything."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.service is not None:
+            with contextlib.suppress(Exception):
+                await self.service.stop()
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=self.config.drain_timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        await self.core.close()
+
+
+async def _respond(req: MicroRequest, reply: GatewayReply) -> None:
+    try:
+        if reply.error_code is not None:
+            await req.respond_error(reply.error_code, _one_line(reply.error), headers=reply.headers)
+        else:
+            await req.respond(reply.data, headers=reply.headers or None)
+    except ValueError:
+        return  # published without a reply subject: fire and forget
+    except Exception as exc:  # e.g. the result is over max_payload: say so instead
+        logger.warning("gateway: reply on %s failed: %s: %s", req.subject, type(exc).__name__, exc)
+        with contextlib.suppress(Exception):
+            await req.respond_error("500", _one_line(f"reply failed: {type(exc).__name__}: {exc}"))
+
+
+def _one_line(text: str, limit: int = 1024) -> str:
+    return " ".join(text.split())[:limit]
+
+
+async def serve(config: GatewayConfig, *, stop: asyncio.Event | None = None, **kw: Any) -> int:
+    """Connect, serve until `stop` is set (or SIGTERM/SIGINT), then shut down gracefully."""
+    import signal
+
+    bus = await NatsBus.connect(config.nats_url, name="fleetpulse-router")
+    gateway = Gateway(bus, config, **kw)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    try:
+        await gateway.start()
+        await stop.wait()
+        logger.info("gateway: stopping (%d requests in flight)", len(gateway._tasks))
+        await gateway.stop()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await bus.close()
+    return 0

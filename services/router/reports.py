@@ -1,0 +1,160 @@
+"""Handle reports: what a router tells the controller about one deployment, and how it is encoded.
+
+How it works: every `metrics_interval_s` the router closes its windows and calls
+`build_handle_report` with the time-weighted in-flight averages per replica, the queued average,
+the carried-health snapshot and the statuses of local health providers. `encode_handle_report`
+picks the format by width (replicas covered): msgpack `HandleReport` below
+`columnar_min_replicas`, the Arrow columnar format (`FPC1`) from there on, split into parts that
+each fit under the server's `max_payload`. The controller detects the format by its magic, so
+routers on either side of the gate aggregate together.
+
+Local health providers: a replica process that also owns handles (user code calling another
+deployment) registers `fn() -> HealthStatus | None` with `register_local_health_provider`; every
+report of every router in the process merges those statuses into its carried health (newest
+`checked_at` wins), so the host's health rides on reports that flow anyway. A provider that raises
+is counted, logged rate-limited and skipped; the report still goes out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from shared.badinput import DEFAULT_LOG_INTERVAL_S
+from shared.bus import RateLimiter
+from shared.clock import SYSTEM_CLOCK, Clock
+from shared.wire.codec import encode
+from shared.wire.columnar import handle_report_to_columnar
+from shared.wire.messages import HandleReport, HealthStatus
+
+logger = logging.getLogger(__name__)
+
+HealthProvider = Callable[[], HealthStatus | None]
+
+MAX_LOCAL_PROVIDERS: Final = 1024
+"""A guard against a provider registered per request by mistake (each call costs every report)."""
+
+
+class LocalHealthProviders:
+    """A process-local registry of health providers (thread-safe registration)."""
+
+    __slots__ = ("_keys", "_lock", "_log", "_providers", "errors")
+
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._providers: dict[int, HealthProvider] = {}
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._log = RateLimiter(DEFAULT_LOG_INTERVAL_S, clock)
+        self.errors = 0
+
+    def register(self, fn: HealthProvider) -> Callable[[], None]:
+        """Add a provider; returns a function that removes it (safe to call more than once)."""
+        with self._lock:
+            if len(self._providers) >= MAX_LOCAL_PROVIDERS:
+                raise RuntimeError(f"more than {MAX_LOCAL_PROVIDERS} local health providers")
+            key = next(self._keys)
+            self._providers[key] = fn
+
+        def unregister() -> None:
+            with self._lock:
+                self._providers.pop(key, None)
+
+        return unregister
+
+    def collect(self) -> list[HealthStatus]:
+        """Call every provider; one that raises or returns junk is counted, logged and skipped."""
+        with self._lock:
+            providers = list(self._providers.values())
+        out: list[HealthStatus] = []
+        for fn in providers:
+            try:
+                status = fn()
+            except Exception as exc:  # user-supplied code: isolate whatever it raises
+                self._failed(fn, f"{type(exc).__name__}: {exc}")
+                continue
+            if status is None:
+                continue
+            if not isinstance(status, HealthStatus):
+                self._failed(fn, f"returned {type(status).__name__}, not HealthStatus")
+                continue
+            out.append(status)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._providers)
+
+    def _failed(self, fn: HealthProvider, detail: str) -> None:
+        self.errors += 1
+        if self._log.allow():
+            logger.warning(
+                "local health provider %r failed (%d failures so far): %s",
+                getattr(fn, "__qualname__", fn),
+                self.errors,
+                detail,
+            )
+
+
+DEFAULT_PROVIDERS: Final = LocalHealthProviders()
+
+
+def register_local_health_provider(fn: HealthProvider) -> Callable[[], None]:
+    """Merge `fn()`'s status into every handle report this process sends; returns unregister."""
+    return DEFAULT_PROVIDERS.register(fn)
+
+
+def merge_health(
+    carried: Iterable[HealthStatus], local: Iterable[HealthStatus]
+) -> tuple[HealthStatus, ...]:
+    """One status per replica, the newest `checked_at` winning (carried order kept)."""
+    merged: dict[str, HealthStatus] = {}
+    for status in (*carried, *local):
+        held = merged.get(status.replica_id)
+        if held is None or status.checked_at > held.checked_at:
+            merged[status.replica_id] = status
+    return tuple(merged.values())
+
+
+def build_handle_report(
+    *,
+    handle_id: str,
+    app: str,
+    deployment: str,
+    seq: int,
+    sent_at: float,
+    queued_requests: float,
+    running: Mapping[str, float],
+    carried_health: Iterable[HealthStatus],
+    local_health: Iterable[HealthStatus] = (),
+    membership_epoch: int,
+) -> HandleReport:
+    return HandleReport(
+        handle_id=handle_id,
+        app=app,
+        deployment=deployment,
+        sent_at=sent_at,
+        seq=seq,
+        queued_requests=max(0.0, float(queued_requests)),
+        running={rid: max(0.0, float(v)) for rid, v in running.items()},
+        health=merge_health(carried_health, local_health),
+        membership_epoch=membership_epoch,
+    )
+
+
+def report_width(report: HandleReport) -> int:
+    """Replicas a report covers (rows in the columnar form)."""
+    return len(report.running.keys() | {h.replica_id for h in report.health})
+
+
+def encode_handle_report(
+    report: HandleReport, *, columnar_min_replicas: int, max_payload: int
+) -> list[bytes]:
+    """Encode for publishing: one msgpack payload below the gate, else columnar parts. A narrow
+    report that still does not fit (huge custom metrics) goes columnar too, which splits."""
+    if report_width(report) < columnar_min_replicas:
+        data = encode(report)
+        if len(data) <= max_payload:
+            return [data]
+    return handle_report_to_columnar(report, max_payload)

@@ -1,0 +1,356 @@
+"""DeploymentHandle against fake replicas on the in-memory bus (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from services.router.call import open_call
+from services.router.config import RouterConfig
+from services.router.errors import (
+    BackPressureError,
+    DeadlineExceeded,
+    ReplicaLostError,
+    RequestFailed,
+)
+from services.router.handle import DeploymentHandle, connect_handle
+from services.router.testing import FakeReplica, put_membership
+from shared.bus import FakeBus, FakeServer, Msg
+from shared.clock import FakeClock
+from shared.control import Member
+from shared.wire.codec import decode_as, encode
+from shared.wire.messages import CallArgs, HandleReport
+
+APP, DEP = "shop", "cart"
+
+FAST = RouterConfig(
+    admission_timeout_s=0.05,
+    liveness_interval_s=0.02,
+    probe_timeout_s=0.02,
+    queue_poll_max_s=0.01,
+    frame_pump_delay_s=0.02,
+    metrics_interval_s=60.0,
+)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def server(clock: FakeClock) -> FakeServer:
+    return FakeServer(clock=clock)
+
+
+@pytest.fixture
+async def bus(server: FakeServer) -> AsyncIterator[FakeBus]:
+    b = server.connect("router")
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+async def rbus(server: FakeServer) -> AsyncIterator[FakeBus]:
+    b = server.connect("replicas")
+    yield b
+    await b.close()
+
+
+def says_who(rid: str) -> Callable[[str, tuple[Any, ...], dict[str, Any]], Any]:
+    def fn(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return {"rid": rid, "args": list(args)}
+
+    return fn
+
+
+async def replicas(rbus: FakeBus, clock: FakeClock, *ids: str, epoch: int = 1) -> list[FakeReplica]:
+    reps = [await FakeReplica(rbus, APP, DEP, rid, clock=clock).start() for rid in ids]
+    for r in reps:
+        r.fn = says_who(r.replica_id)
+    await put_membership(rbus, APP, DEP, epoch, [r.member for r in reps])
+    return reps
+
+
+async def handle(
+    bus: FakeBus, clock: FakeClock, config: RouterConfig = FAST, seed: int = 3, **kw: Any
+) -> DeploymentHandle:
+    return await connect_handle(
+        APP, DEP, bus=bus, config=config, clock=clock, rng=random.Random(seed), **kw
+    )
+
+
+async def test_unary_and_stream(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.fn = lambda method, args, kwargs: (
+        range(kwargs["n"]) if method == "gen" else {"m": method, "a": list(args), "k": kwargs}
+    )
+    h = await handle(bus, clock)
+    try:
+        assert await h.remote(1, "x", k=b"\x00") == {
+            "m": "__call__",
+            "a": [1, "x"],
+            "k": {"k": b"\x00"},
+        }
+        assert [i async for i in h.options(method="gen").stream(n=4)] == [0, 1, 2, 3]
+        it = await h.options(method="gen", stream=True).remote(n=2)
+        assert [i async for i in it] == [0, 1]
+        sent = r1.requests[0]
+        assert sent.supports_health_frames and not sent.stream and sent.deadline is None
+        assert decode_as(sent.body, CallArgs) == CallArgs((1, "x"), {"k": b"\x00"})
+        assert r1.requests[1].stream and r1.requests[1].method == "gen"
+        assert h.router.chooser.in_flight_total() == 0
+    finally:
+        await h.close()
+
+
+async def test_deadline_is_sent_as_wall_clock(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    h = await handle(bus, clock, deadline_s=5.0)
+    try:
+        await h.remote()
+        assert r1.requests[0].deadline == pytest.approx(clock.wall() + 5.0)
+    finally:
+        await h.close()
+
+
+async def test_frames_are_folded_into_carried_health_and_never_returned(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.frames = 3
+    r1.fn = lambda method, args, kwargs: ["a", "b"] if method == "gen" else "one"
+    h = await handle(bus, clock)
+    try:
+        assert await h.remote() == "one"
+        seen = h.router.health.get("r1")
+        assert seen is not None
+        assert [i async for i in h.options(method="gen").stream()] == ["a", "b"]
+        newer = h.router.health.get("r1")
+        assert newer is not None and newer.checked_at > seen.checked_at
+    finally:
+        await h.close()
+
+
+async def test_frame_pump_starts_only_for_a_slow_stream_consumer(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.frames = 2
+    r1.item_delay_s = 0.005
+    r1.fn = lambda method, args, kwargs: list(range(5))
+    h = await handle(bus, clock)
+    try:
+        reader = await open_call(
+            h.router,
+            method="gen",
+            body=encode(CallArgs((), {})),
+            body_kind="args",
+            stream=True,
+            deadline_s=None,
+        )
+        first = await reader.next_chunk()
+        assert first is not None and first.seq == 0
+        assert not reader.pumping
+        before = h.router.health.get("r1")
+        await asyncio.sleep(0.2)  # a slow consumer: the pump takes over and folds frames
+        assert reader.pumping
+        after = h.router.health.get("r1")
+        assert before is not None and after is not None and after.checked_at > before.checked_at
+        seqs = []
+        while (chunk := await reader.next_chunk()) is not None:
+            seqs.append(chunk.seq)
+        assert seqs == [1, 2, 3, 4]
+        await reader.close()
+
+        # a unary call never pumps, whatever the replica declares
+        reader = await open_call(
+            h.router,
+            method="x",
+            body=encode(CallArgs((), {})),
+            body_kind="args",
+            stream=False,
+            deadline_s=None,
+        )
+        await asyncio.sleep(0.1)
+        assert not reader.pumping
+        await reader.close()
+    finally:
+        await h.close()
+
+
+async def test_retry_on_rejection(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    r1, r2 = await replicas(rbus, clock, "r1", "r2")
+    r1.reject = True
+    h = await handle(bus, clock)
+    try:
+        for _ in range(10):
+            assert (await h.remote())["rid"] == "r2"
+            clock.advance(1.0)  # the backoff of r1 runs out: it will be tried again
+        assert r1.rejected >= 2
+        assert r1.admitted == 0 and r2.admitted == 10
+        assert h.router.chooser.backoff_s("r1") > 0
+    finally:
+        await h.close()
+
+
+async def test_retry_when_admission_times_out_or_nobody_listens(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    r1, r2 = await replicas(rbus, clock, "r1", "r2")
+    r1.silent = True
+    ghost = Member("ghost", "fp.v1.rpc.shop.cart.ghost")  # listed, but no process behind it
+    await put_membership(rbus, APP, DEP, 2, [r1.member, ghost, r2.member])
+    h = await handle(bus, clock)
+    try:
+        for _ in range(6):
+            assert (await h.remote())["rid"] == "r2"
+            clock.advance(1.0)
+        assert len(r1.requests) >= 1
+        assert h.router.chooser.backoff_s("ghost") > 0
+    finally:
+        await h.close()
+
+
+async def test_all_reject_then_capacity_frees(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.reject = True
+    h = await handle(bus, clock)
+    try:
+        call = asyncio.create_task(h.remote())
+        await asyncio.sleep(0.05)
+        assert not call.done() and h.router.queued_now == 1
+        r1.reject = False
+        clock.advance(1.0)
+        assert (await call)["rid"] == "r1"
+        assert h.router.queued_now == 0
+    finally:
+        await h.close()
+
+
+async def test_zero_replicas_queues_and_reports_at_once(
+    bus: FakeBus, rbus: FakeBus, server: FakeServer, clock: FakeClock
+) -> None:
+    await put_membership(rbus, APP, DEP, 1, [])
+    reports: list[HandleReport] = []
+
+    async def on_report(msg: Msg) -> None:
+        reports.append(decode_as(msg.data, HandleReport))
+
+    await rbus.subscribe(f"fp.v1.report.handle.{APP}.{DEP}", on_report)
+    h = await handle(bus, clock)
+    try:
+        call = asyncio.create_task(h.remote(7))
+        for _ in range(100):
+            if reports:
+                break
+            await asyncio.sleep(0.01)
+        assert len(reports) == 1, "the cold-start report goes out at once, not after 60 s"
+        assert reports[0].queued_requests >= 1 and reports[0].running == {}
+        assert reports[0].membership_epoch == 1 and reports[0].seq == 1
+        # the controller scales up: the waiting request goes through
+        await replicas(rbus, clock, "r1", epoch=2)
+        assert (await asyncio.wait_for(call, 2))["args"] == [7]
+        await asyncio.sleep(0.05)
+        assert len(reports) == 1  # then the regular cadence
+    finally:
+        await h.close()
+
+
+async def test_back_pressure_and_deadline_while_queued(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    await put_membership(rbus, APP, DEP, 1, [])
+    cfg = RouterConfig(queue_poll_max_s=0.01, max_queued_requests=2, metrics_interval_s=60.0)
+    h = await handle(bus, clock, config=cfg, deadline_s=5.0)
+    try:
+        waiting = [asyncio.create_task(h.remote()) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        assert h.router.queued_now == 2
+        with pytest.raises(BackPressureError) as bp:
+            await h.remote()
+        assert bp.value.limit == 2 and bp.value.retryable
+        clock.advance(5.0)
+        for task in waiting:
+            with pytest.raises(DeadlineExceeded):
+                await asyncio.wait_for(task, 2)
+        assert h.router.queued_now == 0
+    finally:
+        await h.close()
+
+
+async def test_deadline_while_admitted(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    h = await handle(bus, clock, deadline_s=3.0)
+    try:
+        call = asyncio.create_task(h.remote())
+        await asyncio.sleep(0.1)
+        assert not call.done()
+        assert r1.probes >= 2  # silence is probed, and the replica answers: keep waiting
+        clock.advance(3.0)
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(call, 2)
+        assert h.router.chooser.in_flight_total() == 0
+    finally:
+        await h.close()
+        await r1.stop()
+
+
+async def test_replica_lost_after_admission(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    h = await handle(bus, clock)
+    try:
+        call = asyncio.create_task(h.remote())
+        await asyncio.sleep(0.05)
+        await r1.stop()
+        with pytest.raises(ReplicaLostError) as lost:
+            await asyncio.wait_for(call, 2)
+        assert lost.value.retryable and lost.value.replica_id == "r1"
+    finally:
+        await h.close()
+
+
+async def test_error_reply_and_broken_stream(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    from shared.wire.messages import ErrorReply
+
+    (r1,) = await replicas(rbus, clock, "r1")
+    h = await handle(bus, clock)
+    try:
+        r1.error = ErrorReply("user_error", "ValueError: nope", False)
+        with pytest.raises(RequestFailed) as failed:
+            await h.remote()
+        assert (failed.value.code, failed.value.retryable) == ("user_error", False)
+        r1.error = None
+        r1.garbage_after_admission = True
+        with pytest.raises(RequestFailed) as broken:
+            await h.remote()
+        assert broken.value.code == "bad_response"
+        assert h.router.bad_input.total == 1
+    finally:
+        await h.close()
+
+
+async def test_handles_share_one_router(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
+    await replicas(rbus, clock, "r1")
+    a = await handle(bus, clock)
+    b = DeploymentHandle(APP, DEP, bus=bus)
+    assert a.router is b.router and a.options(method="m").router is a.router
+    await a.close()
+    await a.close()  # idempotent: does not release b's reference
+    assert not b.router.closed
+    assert (await b.remote(1))["args"] == [1]
+    await b.close()
+    assert b.router.closed
+    c = DeploymentHandle(APP, DEP, bus=bus)
+    assert c.router is not b.router
+    await c.close()
