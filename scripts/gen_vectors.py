@@ -1,0 +1,435 @@
+"""Regenerate the golden wire vectors under schemas/vectors/ (deterministic; output is committed).
+
+    .venv/bin/python scripts/gen_vectors.py          # rewrite schemas/vectors
+    .venv/bin/python scripts/gen_vectors.py --check  # exit 1 if the committed files differ
+
+Layout: <name>.msgpack + <name>.json for msgpack messages, <name>.fpc1 + <name>.json for columnar
+handle report parts, invalid/<name>.bin for inputs every decoder must reject, and index.json /
+invalid/index.json describing them. Each invalid vector's reason is checked against the Python
+decoder while generating, so the index cannot drift from the implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+
+from shared.errors import WireError
+from shared.wire import codec, columnar, jsonview
+from shared.wire.messages import (
+    Admission,
+    CallArgs,
+    Chunk,
+    End,
+    ErrorReply,
+    HandleReport,
+    HealthFrame,
+    HealthStatus,
+    Heartbeat,
+    HttpRequest,
+    HttpResponse,
+    Lifecycle,
+    ProbeRequest,
+    ReplicaReport,
+    Request,
+    WireMessage,
+)
+
+VECTORS = Path(__file__).resolve().parent.parent / "schemas" / "vectors"
+T0 = 1_712_345_678.5  # a fixed wall-clock instant so vectors never depend on the clock
+GOOD = HealthStatus("replica-0001", True, T0, 0)
+BAD = HealthStatus("replica-0002", False, T0 + 0.25, 3)
+ARGS = CallArgs((1, "two", 3.5, None, True, [1, 2], b"\x00\x01\xff"), {"temperature": 0.7})
+HTTP_REQ = HttpRequest(
+    "POST",
+    "/v1/predict",
+    "model=small&n=2",
+    (("content-type", "application/json"), ("x-tag", "a"), ("x-tag", "b")),
+    b'{"prompt": "hi"}',
+)
+READY = Lifecycle(
+    "replica-0001",
+    "agent-1",
+    "ready",
+    T0,
+    "fp.v1.rpc.shop.ranker.replica-0001",
+    "v3",
+    None,
+    "shop",
+    "ranker",
+)
+EXITED = Lifecycle(
+    "replica-0001",
+    "agent-1",
+    "exited",
+    T0 + 9.0,
+    "fp.v1.rpc.shop.ranker.replica-0001",
+    "v3",
+    -9,
+    "shop",
+    "ranker",
+)
+
+
+def canonical_messages() -> list[tuple[str, WireMessage, str]]:
+    return [
+        ("health_ok", GOOD, "healthy replica"),
+        ("health_failing", BAD, "three failed checks in a row"),
+        ("probe", ProbeRequest(T0), "pull probe; the reply is a health message"),
+        ("args", ARGS, "call arguments: any msgpack values, bin included"),
+        ("args_empty", CallArgs((), {}), "no arguments"),
+        (
+            "request_args",
+            Request("req-0001", "__call__", True, False, T0 + 30.0, codec.encode(ARGS), "args"),
+            "body is the msgpack of the 'args' vector",
+        ),
+        (
+            "request_http",
+            Request("req-0002", "__http__", False, True, None, codec.encode(HTTP_REQ), "http"),
+            "streaming HTTP request without deadline; body is the 'http_request' vector",
+        ),
+        ("http_request", HTTP_REQ, "repeated header names keep order"),
+        (
+            "http_response",
+            HttpResponse(200, (("content-type", "application/json"),), b'{"ok": true}'),
+            "",
+        ),
+        ("admission_accepted", Admission(True, 3, GOOD, True), "frames declared"),
+        ("admission_rejected", Admission(False, 5, GOOD, False), "rejection ends the stream"),
+        ("health_frame", HealthFrame(BAD), ""),
+        ("chunk", Chunk(0, b"hello"), "first chunk"),
+        ("end", End(), ""),
+        ("error", ErrorReply("replica_unavailable", "replica draining", True), ""),
+        (
+            "replica_report",
+            ReplicaReport("replica-0001", T0, 42, 1.75, {"gpu_util": 0.5, "kv_cache": 12.0}, GOOD),
+            "carries health",
+        ),
+        (
+            "replica_report_no_health",
+            ReplicaReport("replica-0003", T0, 43, 0.0, {}, None),
+            "health nil",
+        ),
+        (
+            "handle_report",
+            HandleReport(
+                "router-a/h1",
+                "shop",
+                "ranker",
+                T0,
+                7,
+                2.0,
+                {"replica-0001": 1.0, "replica-0002": 0.5, "replica-0003": 0.0},
+                (GOOD, BAD),
+                12,
+                {"ttft_ms": {"replica-0001": 81.5, "replica-0002": 240.0}},
+            ),
+            "object path",
+        ),
+        (
+            "handle_report_empty",
+            HandleReport("router-a/h1", "shop", "ranker", T0, 8, 4.0, {}, (), 12),
+            "requests queued while the deployment has no replicas (scale from zero)",
+        ),
+        ("heartbeat", Heartbeat(GOOD, T0 + 1.0), ""),
+        ("lifecycle_ready", READY, ""),
+        ("lifecycle_exited", EXITED, "killed by SIGKILL (negative exit code = signal)"),
+    ]
+
+
+def _pack(obj: Any) -> bytes:
+    return bytes(msgpack.packb(obj, use_bin_type=True))
+
+
+def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
+    """Encodings other writers may produce; decoding must accept them."""
+    health = codec.to_wire_map(GOOD)
+    return [
+        (
+            "health_unknown_fields",
+            {**health, "zone": "eu-west-1", "extra": {"nested": [1, 2]}},
+            "unknown fields are ignored (forward compatibility)",
+        ),
+        (
+            "replica_report_int_numbers",
+            {
+                "kind": "replica_report",
+                "v": 1,
+                "replica_id": "replica-0009",
+                "sent_at": 1712345678,
+                "seq": 1,
+                "running_requests": 2,
+            },
+            "integers in float fields (as JS encoders write 2.0); custom and health omitted",
+        ),
+        (
+            "lifecycle_no_exit_code",
+            {k: v for k, v in codec.to_wire_map(READY).items() if k != "exit_code"},
+            "optional field omitted instead of nil",
+        ),
+    ]
+
+
+def _columnar_inputs(n: int, seed: int) -> dict[str, Any]:
+    # random.Random, not numpy: its stream is stable across versions, so are the vectors.
+    rng = random.Random(seed)
+
+    def draw(scale: float, digits: int) -> np.ndarray:
+        return np.array([round(rng.random() * scale, digits) for _ in range(n)], np.float64)
+
+    gpu = draw(1.0, 3)
+    gpu[draw(1.0, 3) < 0.2] = np.nan
+    return dict(
+        handle_id="router-b/h7",
+        app="shop",
+        deployment="ranker",
+        sent_at=T0,
+        seq=99,
+        queued_requests=3.0,
+        membership_epoch=4,
+        replica_ids=[f"replica-{i:04d}" for i in range(n)],
+        running=draw(4.0, 2),
+        health_healthy=draw(1.0, 3) < 0.9,
+        health_checked_at=T0 - draw(1.0, 2),
+        health_failures=np.array([rng.randrange(3) for _ in range(n)], np.int32),
+        health_valid=draw(1.0, 3) < 0.7,
+        custom={"gpu_util": gpu},
+    )
+
+
+def columnar_vectors() -> list[tuple[str, bytes, str]]:
+    (small,) = columnar.encode_handle_report_columnar(**_columnar_inputs(6, 1))
+    (empty,) = columnar.encode_handle_report_columnar(
+        **{
+            **_columnar_inputs(0, 2),
+            "custom": None,
+            "health_healthy": None,
+            "health_checked_at": None,
+            "health_failures": None,
+            "health_valid": None,
+        }
+    )
+    split = columnar.encode_handle_report_columnar(**_columnar_inputs(40, 3), max_payload=3000)
+    out = [
+        ("columnar_small", small, "6 replicas, some without health, one custom metric"),
+        ("columnar_empty", empty, "no replicas; all health columns absent as nulls"),
+    ]
+    out += [
+        (f"columnar_split_p{i}", p, f"part {i} of a 40-replica report split at 3000 bytes")
+        for i, p in enumerate(split)
+    ]
+    return out
+
+
+def _fpc1(batch: pa.RecordBatch, meta: dict[bytes, bytes] | None, **opts: Any) -> bytes:
+    sink = pa.BufferOutputStream()
+    sink.write(columnar.COLUMNAR_MAGIC)
+    schema = batch.schema.with_metadata(meta) if meta is not None else batch.schema
+    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(**opts)) as w:
+        w.write_batch(batch.replace_schema_metadata(meta))
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _hostile_columnar(good: bytes) -> list[tuple[str, bytes, str, str]]:
+    c = columnar.decode_handle_report_columnar(good)
+    schema = pa.ipc.open_stream(good[4:]).schema
+    meta = dict(schema.metadata)
+    b = c.batch
+    cols = b.columns
+    neg = pa.array(np.r_[-1.0, np.zeros(b.num_rows - 1)])
+    dup_ids = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(b.num_rows, np.int32)), b.column(0).dictionary
+    )
+    oob_ids = pa.DictionaryArray.from_arrays(
+        pa.array(np.full(b.num_rows, 99, np.int32)), b.column(0).dictionary, safe=False
+    )
+    f32 = pa.record_batch([cols[0], cols[1].cast(pa.float32()), *cols[2:]], names=b.schema.names)
+
+    def swap(i: int, arr: pa.Array) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays([*cols[:i], arr, *cols[i + 1 :]], schema=b.schema)
+
+    no_seq = {k: v for k, v in meta.items() if k != b"seq"}
+    return [
+        ("columnar_bad_magic", b"FPC2" + good[4:], "bad_magic", "unknown magic"),
+        ("columnar_truncated", good[: len(good) // 2], "malformed", "cut in the middle"),
+        (
+            "columnar_compressed",
+            _fpc1(b, meta, compression="lz4"),
+            "bad_schema",
+            "compressed IPC bodies are refused (decompression bombs)",
+        ),
+        ("columnar_negative_running", _fpc1(swap(1, neg), meta), "bad_value", "running < 0"),
+        (
+            "columnar_duplicate_replica",
+            _fpc1(swap(0, dup_ids), meta),
+            "duplicate_replica",
+            "every row points at the same replica_id",
+        ),
+        (
+            "columnar_index_out_of_range",
+            _fpc1(swap(0, oob_ids), meta),
+            "malformed",
+            "dictionary index past the dictionary",
+        ),
+        ("columnar_missing_seq", _fpc1(b, no_seq), "missing_field", "metadata without seq"),
+        (
+            "columnar_part_ge_parts",
+            _fpc1(b, {**meta, b"part": b"1", b"parts": b"1"}),
+            "bad_value",
+            "part must be < parts",
+        ),
+        (
+            "columnar_nan_sent_at",
+            _fpc1(b, {**meta, b"sent_at": b"NaN"}),
+            "wrong_type",
+            "metadata numbers use JSON number syntax (no NaN)",
+        ),
+        ("columnar_float32_running", _fpc1(f32, meta), "wrong_type", "running_requests as float32"),
+    ]
+
+
+def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
+    health = codec.to_wire_map(GOOD)
+    good = codec.encode(GOOD)
+    msgpack_cases = [
+        ("truncated", good[:-1], "truncated", "last byte missing"),
+        ("trailing_bytes", good + b"\x00", "malformed", "a second value after the map"),
+        ("not_a_map", _pack([1, "health"]), "not_a_map", "top level is an array"),
+        ("version_2", _pack({**health, "v": 2}), "unsupported_version", "v = 2"),
+        ("unknown_kind", _pack({**health, "kind": "gossip"}), "unknown_kind", ""),
+        (
+            "missing_field",
+            _pack({k: v for k, v in health.items() if k != "checked_at"}),
+            "missing_field",
+            "health without checked_at",
+        ),
+        ("wrong_type", _pack({**health, "healthy": "yes"}), "wrong_type", "healthy as str"),
+        (
+            "bool_as_int",
+            _pack({**health, "consecutive_failures": True}),
+            "wrong_type",
+            "a bool is not an int",
+        ),
+        ("nan_float", _pack({**health, "checked_at": float("nan")}), "bad_value", "NaN"),
+        ("inf_float", _pack({**health, "checked_at": float("inf")}), "bad_value", "infinity"),
+        ("negative_count", _pack({**health, "consecutive_failures": -1}), "bad_value", ""),
+        (
+            "bad_lifecycle_state",
+            _pack({**codec.to_wire_map(EXITED), "state": "zombie"}),
+            "bad_value",
+            "state not in the enum",
+        ),
+        (
+            "huge_str_header",
+            b"\x81\xa1v\xdb\xff\xff\xff\xff",
+            "truncated",
+            "str32 header declaring 4 GiB in an 8-byte payload",
+        ),
+        ("huge_array_header", b"\xdd\x7f\xff\xff\xff", "malformed", "array32 of 2^31 items"),
+        (
+            "invalid_utf8",
+            _pack({**health, "replica_id": "x"}).replace(b"\xa1x", b"\xa1\xff"),
+            "malformed",
+            "str that is not UTF-8",
+        ),
+        ("int_map_key", b"\x81\x01\x02", "malformed", "map keys must be strings"),
+    ]
+    out = [(n, d, "msgpack", r, note) for n, d, r, note in msgpack_cases]
+    (good_c,) = columnar.encode_handle_report_columnar(**_columnar_inputs(4, 5))
+    out += [(n, d, "columnar", r, note) for n, d, r, note in _hostile_columnar(good_c)]
+    out.append(
+        (
+            "columnar_continuation_only",
+            struct.pack("<4sI", b"FPC1", 0xFFFFFFFF),
+            "columnar",
+            "malformed",
+            "continuation marker then nothing",
+        )
+    )
+    return out
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def build() -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    index: dict[str, Any] = {"version": 1, "bytes_in_json": {"$bytes_b64": "<base64>"}}
+    entries = []
+    for name, msg, note in canonical_messages():
+        data = codec.encode(msg)
+        files[f"{name}.msgpack"] = data
+        files[f"{name}.json"] = _json_bytes(jsonview.message_to_json(codec.decode(data)))
+        entries.append({"name": name, "kind": msg.KIND, "canonical": True, "note": note})
+    for name, wire, note in lenient_maps():
+        data = _pack(wire)
+        files[f"{name}.msgpack"] = data
+        files[f"{name}.json"] = _json_bytes(jsonview.message_to_json(codec.decode(data)))
+        entries.append({"name": name, "kind": wire["kind"], "canonical": False, "note": note})
+    index["msgpack"] = entries
+    index["columnar"] = []
+    for name, data, note in columnar_vectors():
+        raw = dict(pa.ipc.open_stream(data[4:]).schema.metadata)
+        part = columnar.decode_handle_report_columnar(data)
+        files[f"{name}.fpc1"] = data
+        files[f"{name}.json"] = _json_bytes(jsonview.columnar_to_json(part, raw))
+        index["columnar"].append({"name": name, "note": note})
+    files["index.json"] = _json_bytes(index)
+    invalid = []
+    for name, data, decoder, reason, note in invalid_vectors():
+        _expect_reason(data, decoder, reason, name)
+        files[f"invalid/{name}.bin"] = data
+        invalid.append({"file": f"{name}.bin", "decoder": decoder, "reason": reason, "note": note})
+    files["invalid/index.json"] = _json_bytes(invalid)
+    return files
+
+
+def _expect_reason(data: bytes, decoder: str, reason: str, name: str) -> None:
+    try:
+        if decoder == "msgpack":
+            codec.decode(data)
+        else:
+            columnar.decode_handle_report_columnar(data)
+    except WireError as exc:
+        if exc.reason != reason:
+            msg = f"invalid/{name}: decoder says {exc.reason!r}, index says {reason!r}"
+            raise SystemExit(msg) from None
+        return
+    raise SystemExit(f"invalid/{name}: decoder accepted it")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = ap.parse_args(argv)
+    files = build()
+    on_disk = {
+        str(p.relative_to(VECTORS)): p.read_bytes() for p in VECTORS.rglob("*") if p.is_file()
+    }
+    if args.check:
+        diff = sorted(k for k in files.keys() | on_disk.keys() if files.get(k) != on_disk.get(k))
+        for k in diff:
+            print(f"differs: schemas/vectors/{k}", file=sys.stderr)
+        return 1 if diff else 0
+    for stale in on_disk.keys() - files.keys():
+        (VECTORS / stale).unlink()
+    for rel, data in files.items():
+        path = VECTORS / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    print(f"wrote {len(files)} files under {VECTORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Validation shared by the columnar encoder and decoder: metadata codec, schema, values.
+
+Every check is vectorised (numpy / pyarrow compute), so validating a 16K-row part costs a few
+passes over contiguous buffers and no per-row Python. The encoder runs the same checks and turns
+a `WireError` into a `UsageError`, so what one side writes the other side accepts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shared.errors import WireError
+from shared.wire import reasons
+from shared.wire.arrow_schemas import (
+    CUSTOM_COLUMN_PREFIX,
+    CUSTOM_COLUMN_TYPE,
+    HANDLE_REPORT_FIXED_FIELDS,
+)
+from shared.wire.limits import (
+    MAX_COLUMNS,
+    MAX_CUSTOM_NAME_LEN,
+    MAX_METADATA_VALUE_LEN,
+    MAX_PARTS,
+    MAX_UINT64,
+)
+
+FIXED_NAMES = tuple(fld.name for fld in HANDLE_REPORT_FIXED_FIELDS)
+_UINT_RE = re.compile(r"[0-9]{1,20}")
+# JSON number grammar: what repr(float), Go's strconv 'g' and JS's String(number) all produce.
+_FLOAT_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportMeta:
+    """Report-level fields of one FPC1 part (schema metadata)."""
+
+    handle_id: str
+    app: str
+    deployment: str
+    sent_at: float
+    seq: int
+    queued_requests: float
+    membership_epoch: int
+    part: int
+    parts: int
+
+
+def _bad(reason: str, detail: str) -> WireError:
+    return WireError(reason, detail)
+
+
+def encode_meta(m: ReportMeta) -> dict[bytes, bytes]:
+    return {
+        b"handle_id": m.handle_id.encode(),
+        b"app": m.app.encode(),
+        b"deployment": m.deployment.encode(),
+        b"sent_at": repr(float(m.sent_at)).encode(),
+        b"seq": str(m.seq).encode(),
+        b"queued_requests": repr(float(m.queued_requests)).encode(),
+        b"membership_epoch": str(m.membership_epoch).encode(),
+        b"part": str(m.part).encode(),
+        b"parts": str(m.parts).encode(),
+    }
+
+
+def _raw(meta: Mapping[bytes, bytes], key: str) -> str:
+    raw = meta.get(key.encode())
+    if raw is None:
+        raise _bad(reasons.MISSING_FIELD, f"columnar metadata {key!r} is missing")
+    if len(raw) > MAX_METADATA_VALUE_LEN:
+        raise _bad(reasons.BAD_VALUE, f"columnar metadata {key!r} is {len(raw)} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(reasons.BAD_VALUE, f"columnar metadata {key!r} is not UTF-8") from None
+
+
+def _uint(meta: Mapping[bytes, bytes], key: str) -> int:
+    s = _raw(meta, key)
+    if not _UINT_RE.fullmatch(s):
+        raise _bad(reasons.WRONG_TYPE, f"columnar metadata {key!r}={s[:40]!r} is not a uint")
+    v = int(s)
+    if v > MAX_UINT64:
+        raise _bad(reasons.BAD_VALUE, f"columnar metadata {key!r} exceeds uint64")
+    return v
+
+
+def _float(meta: Mapping[bytes, bytes], key: str) -> float:
+    s = _raw(meta, key)
+    if not _FLOAT_RE.fullmatch(s):
+        raise _bad(reasons.WRONG_TYPE, f"columnar metadata {key!r}={s[:40]!r} is not a number")
+    return float(s)
+
+
+def validate_meta(m: ReportMeta) -> None:
+    if not (math.isfinite(m.sent_at) and math.isfinite(m.queued_requests)):
+        raise _bad(reasons.BAD_VALUE, "columnar sent_at/queued_requests must be finite")
+    if m.queued_requests < 0:
+        raise _bad(reasons.BAD_VALUE, f"columnar queued_requests {m.queued_requests} < 0")
+    for name in ("seq", "membership_epoch", "part", "parts"):
+        v = getattr(m, name)
+        if not 0 <= v <= MAX_UINT64:
+            raise _bad(reasons.BAD_VALUE, f"columnar {name}={v} out of range")
+    if not 1 <= m.parts <= MAX_PARTS or m.part >= m.parts:
+        raise _bad(reasons.BAD_VALUE, f"columnar part {m.part} of {m.parts} is impossible")
+
+
+def parse_meta(meta: Mapping[bytes, bytes] | None) -> ReportMeta:
+    if not meta:
+        raise _bad(reasons.MISSING_FIELD, "columnar schema has no metadata")
+    m = ReportMeta(
+        handle_id=_raw(meta, "handle_id"),
+        app=_raw(meta, "app"),
+        deployment=_raw(meta, "deployment"),
+        sent_at=_float(meta, "sent_at"),
+        seq=_uint(meta, "seq"),
+        queued_requests=_float(meta, "queued_requests"),
+        membership_epoch=_uint(meta, "membership_epoch"),
+        part=_uint(meta, "part"),
+        parts=_uint(meta, "parts"),
+    )
+    validate_meta(m)
+    return m
+
+
+def check_custom_name(name: str) -> None:
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if not 0 < size <= MAX_CUSTOM_NAME_LEN:
+        raise _bad(reasons.BAD_SCHEMA, f"custom metric name of {size} bytes")
+
+
+def check_schema(schema: pa.Schema) -> tuple[list[int], tuple[str, ...]]:
+    """Column indices to keep (fixed columns in canonical order, then custom columns in the
+    sender's order) and the custom metric names. Unknown columns are ignored."""
+    if len(schema) > MAX_COLUMNS:
+        raise _bad(reasons.BAD_SCHEMA, f"{len(schema)} columns > MAX_COLUMNS={MAX_COLUMNS}")
+    names = schema.names
+    dup = [n for n, c in Counter(names).items() if c > 1]
+    if dup:
+        raise _bad(reasons.BAD_SCHEMA, f"duplicate column {dup[0][:80]!r}")
+    keep: list[int] = []
+    for fld in HANDLE_REPORT_FIXED_FIELDS:
+        i = schema.get_field_index(fld.name)
+        if i < 0:
+            raise _bad(reasons.MISSING_FIELD, f"column {fld.name!r} is missing")
+        if schema.field(i).type != fld.type:
+            raise _bad(reasons.WRONG_TYPE, f"column {fld.name!r} is {schema.field(i).type}")
+        keep.append(i)
+    custom: list[str] = []
+    for i, name in enumerate(names):
+        if not name.startswith(CUSTOM_COLUMN_PREFIX):
+            continue
+        metric = name[len(CUSTOM_COLUMN_PREFIX) :]
+        check_custom_name(metric)
+        if schema.field(i).type != CUSTOM_COLUMN_TYPE:
+            raise _bad(reasons.WRONG_TYPE, f"column {name[:80]!r} is {schema.field(i).type}")
+        keep.append(i)
+        custom.append(metric)
+    return keep, tuple(custom)
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    return bool(np.isfinite(values).all())
+
+
+def _valid_mask(col: pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False))
+
+
+def _check_replica_ids(col: pa.DictionaryArray) -> None:
+    n = len(col)
+    if col.null_count or col.dictionary.null_count:
+        raise _bad(reasons.BAD_VALUE, "replica_id has nulls")
+    if n == 0:
+        return
+    # Index bounds are checked by the caller's full validation (RecordBatch.validate).
+    idx = col.indices.to_numpy(zero_copy_only=False)
+    # Fast path: distinct dictionary and each index used once. Otherwise compare the strings.
+    if np.bincount(idx).max() <= 1 and pc.count_distinct(col.dictionary).as_py() == len(
+        col.dictionary
+    ):
+        return
+    if pc.count_distinct(col.dictionary.take(col.indices)).as_py() != n:
+        raise _bad(reasons.DUPLICATE_REPLICA, "a replica_id appears on more than one row")
+
+
+def check_values(batch: pa.RecordBatch) -> None:
+    """Value rules of a projected batch (fixed columns first, then custom.*) that has passed
+    full Arrow validation, so every buffer read here is in bounds."""
+    _check_replica_ids(batch.column(0))
+    running = batch.column(1)
+    if running.null_count:
+        raise _bad(reasons.BAD_VALUE, "running_requests has nulls")
+    r = running.to_numpy(zero_copy_only=False)
+    if not ((r >= 0.0) & (r < np.inf)).all():
+        raise _bad(reasons.BAD_VALUE, "running_requests must be finite and >= 0")
+    healthy, checked, failures = batch.column(2), batch.column(3), batch.column(4)
+    nulls = healthy.null_count
+    if checked.null_count != nulls or failures.null_count != nulls:
+        raise _bad(reasons.BAD_VALUE, "health columns disagree on which rows are null")
+    if 0 < nulls < len(healthy):
+        mask = _valid_mask(healthy)
+        if not (
+            np.array_equal(mask, _valid_mask(checked))
+            and np.array_equal(mask, _valid_mask(failures))
+        ):
+            raise _bad(reasons.BAD_VALUE, "health columns disagree on which rows are null")
+    if not _all_finite(pc.fill_null(checked, 0.0).to_numpy(zero_copy_only=False)):
+        raise _bad(reasons.BAD_VALUE, "health_checked_at must be finite")
+    if (pc.fill_null(failures, 0).to_numpy(zero_copy_only=False) < 0).any():
+        raise _bad(reasons.BAD_VALUE, "health_failures must be >= 0")
+    for i in range(len(FIXED_NAMES), batch.num_columns):
+        if not _all_finite(pc.fill_null(batch.column(i), 0.0).to_numpy(zero_copy_only=False)):
+            raise _bad(reasons.BAD_VALUE, f"column {batch.schema.field(i).name!r} not finite")

@@ -1,0 +1,489 @@
+"""msgpack codec for every wire message.
+
+How it works: `encode` looks up a per-type function that builds the wire map directly (no
+reflection per call) and packs it with msgpack. `decode` first refuses anything larger than
+MAX_MESSAGE_BYTES, then unpacks with every declared length bounded by the payload size, so a
+header claiming 4 GiB of string fails fast instead of allocating. It checks "v" and "kind" and
+hands the map to a per-kind decoder that reads each field with a strict type check (see
+`_fields`). Unknown fields are ignored; missing or ill-typed ones raise `WireError`. Nothing but
+`WireError` escapes a decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import msgpack
+
+from shared.errors import UsageError, WireError
+from shared.wire import _fields as f
+from shared.wire import reasons
+from shared.wire.limits import MAX_CONTAINERS, MAX_MESSAGE_BYTES, WIRE_VERSION
+from shared.wire.messages import (
+    BODY_KINDS,
+    LIFECYCLE_STATES,
+    Admission,
+    CallArgs,
+    Chunk,
+    End,
+    ErrorReply,
+    HandleReport,
+    HealthFrame,
+    HealthStatus,
+    Heartbeat,
+    HttpRequest,
+    HttpResponse,
+    Lifecycle,
+    ProbeRequest,
+    ReplicaReport,
+    Request,
+    WireMessage,
+)
+
+M = TypeVar("M", bound=WireMessage)
+Map = dict[str, Any]
+
+HTTP_STATUS_MIN = 100
+HTTP_STATUS_MAX = 599
+_V = WIRE_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# encode
+
+
+def _health_map(h: HealthStatus) -> Map:
+    return {
+        "replica_id": h.replica_id,
+        "healthy": h.healthy,
+        "checked_at": h.checked_at,
+        "consecutive_failures": h.consecutive_failures,
+    }
+
+
+def _e_health(m: HealthStatus) -> Map:
+    d = {"v": _V, "kind": "health"}
+    d.update(_health_map(m))
+    return d
+
+
+def _e_request(m: Request) -> Map:
+    return {
+        "v": _V,
+        "kind": "request",
+        "request_id": m.request_id,
+        "method": m.method,
+        "supports_health_frames": m.supports_health_frames,
+        "stream": m.stream,
+        "deadline": m.deadline,
+        "body": m.body,
+        "body_kind": m.body_kind,
+    }
+
+
+def _e_args(m: CallArgs) -> Map:
+    return {"v": _V, "kind": "args", "args": m.args, "kwargs": m.kwargs}
+
+
+def _e_http_request(m: HttpRequest) -> Map:
+    return {
+        "v": _V,
+        "kind": "http_request",
+        "method": m.method,
+        "path": m.path,
+        "query": m.query,
+        "headers": m.headers,
+        "body": m.body,
+    }
+
+
+def _e_http_response(m: HttpResponse) -> Map:
+    return {
+        "v": _V,
+        "kind": "http_response",
+        "status": m.status,
+        "headers": m.headers,
+        "body": m.body,
+    }
+
+
+def _e_admission(m: Admission) -> Map:
+    return {
+        "v": _V,
+        "kind": "admission",
+        "accepted": m.accepted,
+        "num_ongoing": m.num_ongoing,
+        "health": _health_map(m.health),
+        "will_send_health_frames": m.will_send_health_frames,
+    }
+
+
+def _e_health_frame(m: HealthFrame) -> Map:
+    return {"v": _V, "kind": "health_frame", "health": _health_map(m.health)}
+
+
+def _e_chunk(m: Chunk) -> Map:
+    return {"v": _V, "kind": "chunk", "seq": m.seq, "data": m.data}
+
+
+def _e_end(m: End) -> Map:
+    return {"v": _V, "kind": "end"}
+
+
+def _e_error(m: ErrorReply) -> Map:
+    return {
+        "v": _V,
+        "kind": "error",
+        "code": m.code,
+        "message": m.message,
+        "retryable": m.retryable,
+    }
+
+
+def _e_replica_report(m: ReplicaReport) -> Map:
+    return {
+        "v": _V,
+        "kind": "replica_report",
+        "replica_id": m.replica_id,
+        "sent_at": m.sent_at,
+        "seq": m.seq,
+        "running_requests": m.running_requests,
+        "custom": m.custom,
+        "health": None if m.health is None else _health_map(m.health),
+    }
+
+
+def _e_handle_report(m: HandleReport) -> Map:
+    return {
+        "v": _V,
+        "kind": "handle_report",
+        "handle_id": m.handle_id,
+        "app": m.app,
+        "deployment": m.deployment,
+        "sent_at": m.sent_at,
+        "seq": m.seq,
+        "queued_requests": m.queued_requests,
+        "running": m.running,
+        "health": [_health_map(h) for h in m.health],
+        "membership_epoch": m.membership_epoch,
+        "custom": m.custom,
+    }
+
+
+def _e_heartbeat(m: Heartbeat) -> Map:
+    return {"v": _V, "kind": "heartbeat", "health": _health_map(m.health), "sent_at": m.sent_at}
+
+
+def _e_lifecycle(m: Lifecycle) -> Map:
+    return {
+        "v": _V,
+        "kind": "lifecycle",
+        "replica_id": m.replica_id,
+        "agent_id": m.agent_id,
+        "state": m.state,
+        "at": m.at,
+        "rpc_subject": m.rpc_subject,
+        "version": m.version,
+        "exit_code": m.exit_code,
+        "app": m.app,
+        "deployment": m.deployment,
+    }
+
+
+def _e_probe(m: ProbeRequest) -> Map:
+    return {"v": _V, "kind": "probe", "sent_at": m.sent_at}
+
+
+_ENCODERS: dict[type, Callable[[Any], Map]] = {
+    HealthStatus: _e_health,
+    Request: _e_request,
+    CallArgs: _e_args,
+    HttpRequest: _e_http_request,
+    HttpResponse: _e_http_response,
+    Admission: _e_admission,
+    HealthFrame: _e_health_frame,
+    Chunk: _e_chunk,
+    End: _e_end,
+    ErrorReply: _e_error,
+    ReplicaReport: _e_replica_report,
+    HandleReport: _e_handle_report,
+    Heartbeat: _e_heartbeat,
+    Lifecycle: _e_lifecycle,
+    ProbeRequest: _e_probe,
+}
+
+
+def to_wire_map(msg: WireMessage) -> Map:
+    """The msgpack map `encode` would pack (shares containers with `msg`; do not mutate)."""
+    try:
+        enc = _ENCODERS[type(msg)]
+    except KeyError:
+        raise UsageError(f"not a wire message: {type(msg).__name__}") from None
+    return enc(msg)
+
+
+def encode(msg: WireMessage) -> bytes:
+    """Encode one message. Raises `UsageError` (local misuse, not a peer's fault) when a value
+    is not msgpack-serialisable or the result exceeds MAX_MESSAGE_BYTES."""
+    wire = to_wire_map(msg)
+    try:
+        data: bytes = msgpack.packb(wire, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(f"cannot encode {msg.KIND} message: {exc}") from exc
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise UsageError(
+            f"{msg.KIND} message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
+        )
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+
+
+def _health(raw: object, where: str) -> HealthStatus:
+    if type(raw) is not dict:
+        f.wrong_type(where, "health", "map", raw)
+    return _d_health(raw, f"{where}.health")
+
+
+def _d_health(m: Map, where: str = "health") -> HealthStatus:
+    return HealthStatus(
+        replica_id=f.get_str(m, "replica_id", where),
+        healthy=f.get_bool(m, "healthy", where),
+        checked_at=f.get_float(m, "checked_at", where),
+        consecutive_failures=f.get_count(m, "consecutive_failures", where),
+    )
+
+
+def _d_request(m: Map) -> Request:
+    w = "request"
+    return Request(
+        request_id=f.get_str(m, "request_id", w),
+        method=f.get_str(m, "method", w),
+        supports_health_frames=f.get_bool(m, "supports_health_frames", w),
+        stream=f.get_bool(m, "stream", w),
+        deadline=f.get_opt_float(m, "deadline", w),
+        body=f.get_bytes(m, "body", w),
+        body_kind=f.get_choice(m, "body_kind", w, BODY_KINDS),
+    )
+
+
+def _d_args(m: Map) -> CallArgs:
+    args = f.get_list(m, "args", "args")
+    kwargs = f.get_map(m, "kwargs", "args")
+    for k in kwargs:
+        if type(k) is not str:
+            f.wrong_type("args", "kwargs", "str keys", k)
+    return CallArgs(args=tuple(args), kwargs=kwargs)
+
+
+def _d_http_request(m: Map) -> HttpRequest:
+    w = "http_request"
+    return HttpRequest(
+        method=f.get_str(m, "method", w),
+        path=f.get_str(m, "path", w),
+        query=f.get_str(m, "query", w),
+        headers=f.get_headers(m, "headers", w),
+        body=f.get_bytes(m, "body", w),
+    )
+
+
+def _d_http_response(m: Map) -> HttpResponse:
+    w = "http_response"
+    status = f.get_int(m, "status", w)
+    if not HTTP_STATUS_MIN <= status <= HTTP_STATUS_MAX:
+        f.fail(reasons.BAD_VALUE, w, "status", f"{status} is not an HTTP status")
+    return HttpResponse(
+        status=status, headers=f.get_headers(m, "headers", w), body=f.get_bytes(m, "body", w)
+    )
+
+
+def _d_admission(m: Map) -> Admission:
+    w = "admission"
+    return Admission(
+        accepted=f.get_bool(m, "accepted", w),
+        num_ongoing=f.get_count(m, "num_ongoing", w),
+        health=_health(f.require(m, "health", w), w),
+        will_send_health_frames=f.get_bool(m, "will_send_health_frames", w),
+    )
+
+
+def _d_health_frame(m: Map) -> HealthFrame:
+    return HealthFrame(health=_health(f.require(m, "health", "health_frame"), "health_frame"))
+
+
+def _d_chunk(m: Map) -> Chunk:
+    return Chunk(seq=f.get_count(m, "seq", "chunk"), data=f.get_bytes(m, "data", "chunk"))
+
+
+def _d_end(m: Map) -> End:
+    return End()
+
+
+def _d_error(m: Map) -> ErrorReply:
+    return ErrorReply(
+        code=f.get_str(m, "code", "error"),
+        message=f.get_str(m, "message", "error"),
+        retryable=f.get_bool(m, "retryable", "error"),
+    )
+
+
+def _d_replica_report(m: Map) -> ReplicaReport:
+    w = "replica_report"
+    raw_health = m.get("health")
+    return ReplicaReport(
+        replica_id=f.get_str(m, "replica_id", w),
+        sent_at=f.get_float(m, "sent_at", w),
+        seq=f.get_count(m, "seq", w),
+        running_requests=f.get_nonneg_float(m, "running_requests", w),
+        custom=f.get_opt_float_map(m, "custom", w, nonneg=False),
+        health=None if raw_health is None else _health(raw_health, w),
+    )
+
+
+def _d_handle_report(m: Map) -> HandleReport:
+    w = "handle_report"
+    health = tuple(_health(h, f"{w}.health[{i}]") for i, h in enumerate(f.get_list(m, "health", w)))
+    raw_custom = m.get("custom")
+    custom: dict[str, dict[str, float]] = {}
+    if raw_custom is not None:
+        if type(raw_custom) is not dict:
+            f.wrong_type(w, "custom", "map", raw_custom)
+        for name, per_replica in raw_custom.items():
+            if type(name) is not str:
+                f.wrong_type(w, "custom", "str keys", name)
+            custom[name] = f.float_map(per_replica, w, f"custom[{name!r}]", nonneg=False)
+    return HandleReport(
+        handle_id=f.get_str(m, "handle_id", w),
+        app=f.get_str(m, "app", w),
+        deployment=f.get_str(m, "deployment", w),
+        sent_at=f.get_float(m, "sent_at", w),
+        seq=f.get_count(m, "seq", w),
+        queued_requests=f.get_nonneg_float(m, "queued_requests", w),
+        running=f.float_map(f.require(m, "running", w), w, "running", nonneg=True),
+        health=health,
+        membership_epoch=f.get_count(m, "membership_epoch", w),
+        custom=custom,
+    )
+
+
+def _d_heartbeat(m: Map) -> Heartbeat:
+    w = "heartbeat"
+    return Heartbeat(
+        health=_health(f.require(m, "health", w), w), sent_at=f.get_float(m, "sent_at", w)
+    )
+
+
+def _d_lifecycle(m: Map) -> Lifecycle:
+    w = "lifecycle"
+    return Lifecycle(
+        replica_id=f.get_str(m, "replica_id", w),
+        agent_id=f.get_str(m, "agent_id", w),
+        state=f.get_choice(m, "state", w, LIFECYCLE_STATES),
+        at=f.get_float(m, "at", w),
+        rpc_subject=f.get_str(m, "rpc_subject", w),
+        version=f.get_str(m, "version", w),
+        exit_code=f.get_opt_int(m, "exit_code", w),
+        app=f.get_str(m, "app", w),
+        deployment=f.get_str(m, "deployment", w),
+    )
+
+
+def _d_probe(m: Map) -> ProbeRequest:
+    return ProbeRequest(sent_at=f.get_float(m, "sent_at", "probe"))
+
+
+_DECODERS: dict[str, Callable[[Map], WireMessage]] = {
+    "health": _d_health,
+    "request": _d_request,
+    "args": _d_args,
+    "http_request": _d_http_request,
+    "http_response": _d_http_response,
+    "admission": _d_admission,
+    "health_frame": _d_health_frame,
+    "chunk": _d_chunk,
+    "end": _d_end,
+    "error": _d_error,
+    "replica_report": _d_replica_report,
+    "handle_report": _d_handle_report,
+    "heartbeat": _d_heartbeat,
+    "lifecycle": _d_lifecycle,
+    "probe": _d_probe,
+}
+
+
+def unpack_map(data: bytes) -> Map:
+    """Bounded msgpack unpack of one top-level map (the first step of `decode`)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(reasons.NOT_BYTES, f"payload is {type(data).__name__}, not bytes")
+    n = memoryview(data).nbytes
+    if n > MAX_MESSAGE_BYTES:
+        raise WireError(reasons.OVERSIZE, f"{n} bytes > MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}")
+    containers = 0
+
+    def count(obj: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > MAX_CONTAINERS:
+            raise WireError(reasons.MALFORMED, f"more than {MAX_CONTAINERS} arrays/maps")
+        return obj
+
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            list_hook=count,
+            object_hook=count,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n,
+            max_ext_len=n,
+        )
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises ValueError, its own subclasses, TypeError...
+        text = str(exc)
+        reason = reasons.TRUNCATED if "incomplete input" in text else reasons.MALFORMED
+        raise WireError(reason, f"msgpack: {type(exc).__name__}: {text[:200]}") from None
+    if type(obj) is not dict:
+        raise WireError(reasons.NOT_A_MAP, f"top-level value is {type(obj).__name__}")
+    return obj
+
+
+def _kind(m: Map) -> str:
+    if "v" not in m:
+        f.fail(reasons.MISSING_FIELD, "message", "v", "required field is missing")
+    v = m["v"]
+    if type(v) is not int or v != WIRE_VERSION:
+        f.fail(reasons.UNSUPPORTED_VERSION, "message", "v", f"{v!r} (this side speaks 1)")
+    kind = f.get_str(m, "kind", "message")
+    if kind not in _DECODERS:
+        f.fail(reasons.UNKNOWN_KIND, "message", "kind", repr(kind[:64]))
+    return kind
+
+
+def decode(data: bytes) -> WireMessage:
+    """Decode any message. Raises only `WireError` (see `shared.wire.reasons`)."""
+    m = unpack_map(data)
+    return _DECODERS[_kind(m)](m)
+
+
+def decode_as(data: bytes, cls: type[M]) -> M:
+    """Decode a message that must be of type `cls`; another valid kind is "unexpected_kind"."""
+    m = unpack_map(data)
+    kind = _kind(m)
+    if kind != cls.KIND:
+        f.fail(reasons.UNEXPECTED_KIND, "message", "kind", f"{kind!r}, expected {cls.KIND!r}")
+    return cast(M, _DECODERS[kind](m))
+
+
+def decode_body(req: Request) -> CallArgs | HttpRequest:
+    """Decode a request's body according to its `body_kind`."""
+    if req.body_kind == "http":
+        return decode_as(req.body, HttpRequest)
+    return decode_as(req.body, CallArgs)

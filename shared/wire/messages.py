@@ -1,0 +1,246 @@
+"""Wire message types: what crosses the bus, as frozen dataclasses.
+
+These are wire types, kept apart from domain types: the codec (`shared.wire.codec`) validates a
+msgpack map and builds one of these, and code past the decoder trusts it. Constructing one in
+process does no validation (that would cost on the request path); the receiving decoder is the
+gate. On the wire each is a msgpack map with "v": 1 and "kind": `KIND`; field names on the wire
+are the attribute names below. A nested `HealthStatus` is a plain map of its four fields (no "v"
+or "kind" needed). docs/wire.md and schemas/v1/<kind>.schema.json are the language-neutral form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+LIFECYCLE_STATES: Final = ("starting", "ready", "draining", "exited")
+"""Legal values of `Lifecycle.state`, in the order a replica passes through them."""
+
+BODY_KINDS: Final = ("args", "http")
+"""Legal values of `Request.body_kind`: msgpack `CallArgs`, or an encoded `HttpRequest`."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthStatus:
+    """Result of a replica's own health check. `checked_at` is the replica's wall clock (unix s):
+    receivers order entries by it but judge freshness by their own receipt time."""
+
+    KIND: ClassVar[str] = "health"
+    replica_id: str
+    healthy: bool
+    checked_at: float
+    consecutive_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """RequestMeta plus body, router -> replica on `fp.v1.rpc.{app}.{deployment}.{replica}`.
+
+    `body` is `encode(CallArgs(...))` when `body_kind` is "args", `encode(HttpRequest(...))` when
+    it is "http"; the replica decodes it only after admission. `deadline` is unix seconds.
+    """
+
+    KIND: ClassVar[str] = "request"
+    request_id: str
+    method: str
+    supports_health_frames: bool
+    stream: bool
+    deadline: float | None
+    body: bytes
+    body_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallArgs:
+    """Positional and keyword arguments of a call. Values are any msgpack values; arrays decode
+    as lists (the top-level `args` as a tuple), bin as bytes, str as str."""
+
+    KIND: ClassVar[str] = "args"
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """An HTTP request forwarded by the proxy. Headers keep order and repeats."""
+
+    KIND: ClassVar[str] = "http_request"
+    method: str
+    path: str
+    query: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """The reply to an `HttpRequest`, carried in `Chunk` data."""
+
+    KIND: ClassVar[str] = "http_response"
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """First message of every response stream. A rejected admission ends the stream.
+
+    `will_send_health_frames` answers the request's `supports_health_frames` and is binding for
+    that request; `health` rides along so routers can fold it into their handle reports.
+    """
+
+    KIND: ClassVar[str] = "admission"
+    accepted: bool
+    num_ongoing: int
+    health: HealthStatus
+    will_send_health_frames: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFrame:
+    """Health pushed on an open response stream while a request is held long."""
+
+    KIND: ClassVar[str] = "health_frame"
+    health: HealthStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One piece of the result; `seq` counts from 0 within a response stream."""
+
+    KIND: ClassVar[str] = "chunk"
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Normal end of a response stream."""
+
+    KIND: ClassVar[str] = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """Abnormal end of a response stream. `retryable` says the caller may try another replica."""
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    message: str
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """A replica's own metrics on `fp.v1.report.replica.{app}.{deployment}`.
+
+    `running_requests` is a window average, hence a float. `health` is the preferred health
+    channel; None when the replica has nothing new to say.
+    """
+
+    KIND: ClassVar[str] = "replica_report"
+    replica_id: str
+    sent_at: float
+    seq: int
+    running_requests: float
+    custom: dict[str, float]
+    health: HealthStatus | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandleReport:
+    """A router's view of one deployment, object path (narrow reports; wide ones go columnar).
+
+    `running` maps replica_id to requests this handle has in flight there; `custom` maps a metric
+    name to {replica_id: value}; `health` is what the router carried from admissions.
+    """
+
+    KIND: ClassVar[str] = "handle_report"
+    handle_id: str
+    app: str
+    deployment: str
+    sent_at: float
+    seq: int
+    queued_requests: float
+    running: dict[str, float]
+    health: tuple[HealthStatus, ...]
+    membership_epoch: int
+    custom: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Standalone health, sent only when no other channel carried it within the freshness window."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    health: HealthStatus
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Lifecycle:
+    """A replica process changed state. `exit_code` is set only for "exited" (negative = signal)."""
+
+    KIND: ClassVar[str] = "lifecycle"
+    replica_id: str
+    agent_id: str
+    state: str
+    at: float
+    rpc_subject: str
+    version: str
+    exit_code: int | None
+    app: str
+    deployment: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRequest:
+    """Pull health probe on `fp.v1.probe.{replica}`; the reply is a `HealthStatus` message."""
+
+    KIND: ClassVar[str] = "probe"
+    sent_at: float
+
+
+WireMessage = (
+    HealthStatus
+    | Request
+    | CallArgs
+    | HttpRequest
+    | HttpResponse
+    | Admission
+    | HealthFrame
+    | Chunk
+    | End
+    | ErrorReply
+    | ReplicaReport
+    | HandleReport
+    | Heartbeat
+    | Lifecycle
+    | ProbeRequest
+)
+"""Any message `decode` can return."""
+
+MESSAGE_TYPES: Final[tuple[type[WireMessage], ...]] = (
+    HealthStatus,
+    Request,
+    CallArgs,
+    HttpRequest,
+    HttpResponse,
+    Admission,
+    HealthFrame,
+    Chunk,
+    End,
+    ErrorReply,
+    ReplicaReport,
+    HandleReport,
+    Heartbeat,
+    Lifecycle,
+    ProbeRequest,
+)
+
+KINDS: Final[dict[str, type[WireMessage]]] = {t.KIND: t for t in MESSAGE_TYPES}
+"""Message class by wire kind."""
+
+RESPONSE_STREAM_TYPES: Final = (Admission, HealthFrame, Chunk, End, ErrorReply)
+"""Messages a replica sends on a request's reply inbox (Admission first, End/ErrorReply last)."""
