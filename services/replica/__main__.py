@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from shared.bus import NatsBus
+from shared.natsbus import NatsBus
 
 from .config import ReplicaConfig, add_replica_arguments, config_from_args
 from .runtime import ReplicaRuntime

@@ -10,11 +10,13 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from services.router.reports import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.badinput import BadInput
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
@@ -92,8 +94,11 @@ class ReplicaRuntime:
         *,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
+        providers: LocalHealthProviders = DEFAULT_PROVIDERS,
     ) -> None:
         self.cfg = cfg
+        self._providers = providers
+        self._unregister_provider: Callable[[], None] | None = None
         self.bus = bus
         self.user = user
         self.clock = clock
@@ -128,6 +133,8 @@ class ReplicaRuntime:
         self._loops.append(asyncio.create_task(self._tick_loop(), name="tick"))
         if self.cfg.push_metrics:
             self._loops.append(asyncio.create_task(self._report_loop(), name="reports"))
+        # composition: routers in this process carry our health in their handle reports
+        self._unregister_provider = self._providers.register(self.local_health)
         await self._lifecycle("ready")
         log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
 
@@ -147,6 +154,9 @@ class ReplicaRuntime:
 
     async def stop(self, exit_code: int | None = 0) -> None:
         self._stopping.set()
+        if self._unregister_provider is not None:
+            self._unregister_provider()
+            self._unregister_provider = None
         for task in self._loops:
             task.cancel()
         for task in list(self._tasks):
