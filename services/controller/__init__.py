@@ -1,0 +1,1 @@
+"""The controller: ingest, health registry, autoscaler, deployment state (see docs/architecture.md)."""

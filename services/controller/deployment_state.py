@@ -1,0 +1,294 @@
+"""Replicas of one deployment, their states, the target and the deployment status.
+
+How it works: the controller decides *how many* replicas (the policy) and this module decides
+*which*. Each replica record moves through
+
+    PENDING --starting--> STARTING --ready--> RUNNING --(scale down, replace)--> DRAINING --exited--> gone
+       \\________________________\\_________________ exited / startup timeout ______________/
+
+PENDING means "in fp_targets, not yet heard from"; lifecycle events from the replica (or its agent)
+drive the rest. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
+live count meets the target, drains the surplus (pending first, then the newest running), replaces
+replicas with an unhealthy verdict, and rolls a new version one replica at a time (surge of one:
+an old replica drains only when a new one is running). Membership (what routers may call) is the
+RUNNING replicas without a verdict, in start order; it gets a new epoch whenever it changes.
+
+Status follows the brief: UPDATING until the current version first meets its target (or during a
+rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING), HEALTHY when the target is met with healthy replicas (target 0 reached counts),
+UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
+again, DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+STARTUP_TIMEOUT_S = 120.0
+MAX_START_FAILURES = 3
+UNHEALTHY_HOLD_S = 30.0
+
+
+class ReplicaState(enum.Enum):
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    DRAINING = "DRAINING"
+
+
+class DeploymentStatus(enum.Enum):
+    UPDATING = "UPDATING"
+    HEALTHY = "HEALTHY"
+    UPSCALING = "UPSCALING"
+    DOWNSCALING = "DOWNSCALING"
+    UNHEALTHY = "UNHEALTHY"
+    DEPLOY_FAILED = "DEPLOY_FAILED"
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    replica_id: str
+    version: str
+    state: ReplicaState
+    since: float
+    order: int
+    rpc_subject: str = ""
+    agent_id: str = ""
+    verdict: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StateEvent:
+    """Something the shell should log (and count); the core never logs."""
+
+    kind: str
+    replica_id: str
+    detail: str
+
+
+@dataclass(slots=True)
+class DeploymentState:
+    app: str
+    deployment: str
+    version: str
+    id_prefix: str
+    target: int = 0
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    membership: tuple[tuple[str, str], ...] = ()
+    membership_epoch: int = 0
+    start_failures: int = 0
+    settled: bool = False
+    last_trouble: float | None = None
+    status: DeploymentStatus = DeploymentStatus.UPDATING
+    message: str = ""
+    _next_id: int = 0
+    _next_order: int = 0
+
+    # -- ids ---------------------------------------------------------------------------------
+
+    def _new_replica(self, now: float) -> ReplicaRecord:
+        self._next_id += 1
+        rid = f"{self.id_prefix}-{self._next_id:x}"
+        self._next_order += 1
+        rec = ReplicaRecord(rid, self.version, ReplicaState.PENDING, now, self._next_order)
+        self.replicas[rid] = rec
+        return rec
+
+    def adopt(self, replica_id: str, version: str, now: float, *, id_number: int = 0) -> None:
+        """Take over a replica found in fp_targets after a restart (state PENDING until it speaks)."""
+        if replica_id in self.replicas:
+            return
+        self._next_order += 1
+        self._next_id = max(self._next_id, id_number)
+        self.replicas[replica_id] = ReplicaRecord(
+            replica_id, version, ReplicaState.PENDING, now, self._next_order
+        )
+
+    # -- lifecycle input ---------------------------------------------------------------------
+
+    def on_lifecycle(
+        self, replica_id: str, state: str, now: float, *, rpc_subject: str = "", agent_id: str = ""
+    ) -> list[StateEvent]:
+        rec = self.replicas.get(replica_id)
+        if rec is None:
+            return [StateEvent("unknown_replica", replica_id, f"lifecycle {state} ignored")]
+        if agent_id:
+            rec.agent_id = agent_id
+        if rpc_subject:
+            rec.rpc_subject = rpc_subject
+        if state == "starting" and rec.state is ReplicaState.PENDING:
+            rec.state, rec.since = ReplicaState.STARTING, now
+        elif state == "ready" and rec.state in (ReplicaState.PENDING, ReplicaState.STARTING):
+            rec.state, rec.since = ReplicaState.RUNNING, now
+            if rec.version == self.version:
+                self.start_failures = 0
+            return [StateEvent("replica_running", replica_id, "")]
+        elif state == "draining" and rec.state is not ReplicaState.DRAINING:
+            rec.state, rec.since = ReplicaState.DRAINING, now
+        elif state == "exited":
+            return self._exited(rec, now)
+        return []
+
+    def _exited(self, rec: ReplicaRecord, now: float) -> list[StateEvent]:
+        del self.replicas[rec.replica_id]
+        if rec.state is ReplicaState.DRAINING:
+            return [StateEvent("replica_stopped", rec.replica_id, "")]
+        if rec.state in (ReplicaState.PENDING, ReplicaState.STARTING):
+            self.start_failures += 1
+            self.last_trouble = now
+            return [StateEvent("start_failed", rec.replica_id, f"{self.start_failures} in a row")]
+        self.last_trouble = now
+        return [StateEvent("replica_crashed", rec.replica_id, "exited while running")]
+
+    def verdict(self, replica_id: str, reason: str, now: float) -> list[StateEvent]:
+        """The health registry judged this replica unhealthy: replace it."""
+        rec = self.replicas.get(replica_id)
+        if rec is None or rec.verdict:
+            return []
+        rec.verdict = reason
+        self.last_trouble = now
+        if rec.state is not ReplicaState.DRAINING:
+            rec.state, rec.since = ReplicaState.DRAINING, now
+        return [StateEvent("replica_unhealthy", replica_id, reason)]
+
+    def forget(self, replica_id: str) -> None:
+        """The replica is gone for good (its process is known dead): drop the record."""
+        self.replicas.pop(replica_id, None)
+
+    # -- reconcile ---------------------------------------------------------------------------
+
+    def live(self) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if r.state is not ReplicaState.DRAINING]
+
+    def running_ids(self) -> list[str]:
+        return [r.replica_id for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
+
+    def reconcile(self, now: float) -> list[StateEvent]:
+        events = self._time_out_starts(now)
+        if self.status is DeploymentStatus.DEPLOY_FAILED and self.start_failures >= MAX_START_FAILURES:
+            return events  # stop retrying; a new version or a redeploy resets
+        live = self.live()
+        old = [r for r in live if r.version != self.version]
+        new = [r for r in live if r.version == self.version]
+        if old:
+            events += self._roll(old, new, now)
+        else:
+            events += self._resize(new, now)
+        return events
+
+    def _time_out_starts(self, now: float) -> list[StateEvent]:
+        events: list[StateEvent] = []
+        for rec in list(self.replicas.values()):
+            waiting = rec.state in (ReplicaState.PENDING, ReplicaState.STARTING)
+            if waiting and now - rec.since >= STARTUP_TIMEOUT_S:
+                del self.replicas[rec.replica_id]
+                self.start_failures += 1
+                self.last_trouble = now
+                events.append(StateEvent("start_timeout", rec.replica_id, f"{STARTUP_TIMEOUT_S:g} s"))
+        return events
+
+    def _resize(self, new: list[ReplicaRecord], now: float) -> list[StateEvent]:
+        events: list[StateEvent] = []
+        while len(new) < self.target:
+            rec = self._new_replica(now)
+            new.append(rec)
+            events.append(StateEvent("replica_added", rec.replica_id, f"target {self.target}"))
+        surplus = len(new) - self.target
+        if surplus > 0:
+            rank = {ReplicaState.PENDING: 0, ReplicaState.STARTING: 1, ReplicaState.RUNNING: 2}
+            victims = sorted(new, key=lambda r: (rank[r.state], -r.order))[:surplus]
+            for rec in victims:
+                rec.state, rec.since = ReplicaState.DRAINING, now
+                events.append(StateEvent("replica_draining", rec.replica_id, "scale down"))
+        return events
+
+    def _roll(
+        self, old: list[ReplicaRecord], new: list[ReplicaRecord], now: float
+    ) -> list[StateEvent]:
+        events: list[StateEvent] = []
+        new_running = sum(1 for r in new if r.state is ReplicaState.RUNNING)
+        new_waiting = len(new) - new_running
+        # one new replica in flight at a time; retire an old one per new running one
+        if new_waiting == 0 and len(new) < max(self.target, 1) and self.target > 0:
+            rec = self._new_replica(now)
+            events.append(StateEvent("replica_added", rec.replica_id, f"rollout to {self.version}"))
+        retire = len(old) + new_running - self.target
+        if self.target == 0:
+            retire = len(old)
+        for rec in sorted(old, key=lambda r: r.order)[: max(0, retire)]:
+            rec.state, rec.since = ReplicaState.DRAINING, now
+            events.append(StateEvent("replica_draining", rec.replica_id, "replaced by new version"))
+        return events
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def update_membership(self) -> bool:
+        """Recompute the routable set; True (and a new epoch) when it changed."""
+        members = tuple(
+            (r.replica_id, r.rpc_subject)
+            for r in sorted(self.replicas.values(), key=lambda r: r.order)
+            if r.state is ReplicaState.RUNNING and not r.verdict
+        )
+        if members == self.membership:
+            return False
+        self.membership = members
+        self.membership_epoch += 1
+        return True
+
+    def target_ids(self) -> list[ReplicaRecord]:
+        """Replicas the agents must run: everything not draining, in start order."""
+        return sorted(self.live(), key=lambda r: r.order)
+
+    def update_status(self, now: float) -> bool:
+        status, message = self._compute_status(now)
+        if status is DeploymentStatus.HEALTHY:
+            self.settled = True  # later moves from zero are UPSCALING, not UPDATING
+        changed = (status, message) != (self.status, self.message)
+        self.status, self.message = status, message
+        return changed
+
+    def _compute_status(self, now: float) -> tuple[DeploymentStatus, str]:
+        if self.start_failures >= MAX_START_FAILURES:
+            return (
+                DeploymentStatus.DEPLOY_FAILED,
+                f"{self.start_failures} replicas in a row failed to start",
+            )
+        running = [
+            r for r in self.replicas.values()
+            if r.state is ReplicaState.RUNNING and not r.verdict
+        ]  # fmt: skip
+        current = [r for r in running if r.version == self.version]
+        rolling = any(r.version != self.version for r in self.live())
+        if rolling or (not self.settled and len(current) < self.target):
+            return DeploymentStatus.UPDATING, "starting replicas of version " + (self.version or "-")
+        recent_trouble = self.last_trouble is not None and now - self.last_trouble < UNHEALTHY_HOLD_S
+        if recent_trouble and len(current) < self.target:
+            return DeploymentStatus.UNHEALTHY, "replicas failing health checks or crashing"
+        if len(current) < self.target:
+            return DeploymentStatus.UPSCALING, f"{len(current)}/{self.target} replicas running"
+        if len(running) > self.target or any(
+            r.state is ReplicaState.DRAINING and not r.verdict for r in self.replicas.values()
+        ):
+            return DeploymentStatus.DOWNSCALING, f"draining to {self.target}"
+        return DeploymentStatus.HEALTHY, f"{len(current)}/{self.target} replicas running"
+
+    def set_version(self, version: str) -> None:
+        if version != self.version:
+            self.version = version
+            self.settled = False
+            self.start_failures = 0
+
+
+def app_status(statuses: Iterable[DeploymentStatus], deleting: bool = False) -> str:
+    """DEPLOYING, RUNNING, UNHEALTHY, DEPLOY_FAILED or DELETING from the deployments' statuses."""
+    s = set(statuses)
+    if deleting:
+        return "DELETING"
+    if DeploymentStatus.DEPLOY_FAILED in s:
+        return "DEPLOY_FAILED"
+    if DeploymentStatus.UNHEALTHY in s:
+        return "UNHEALTHY"
+    if DeploymentStatus.UPDATING in s:
+        return "DEPLOYING"
+    return "RUNNING"

@@ -1,0 +1,181 @@
+"""Replica records, reconcile, membership epochs and deployment status transitions."""
+
+from __future__ import annotations
+
+from services.controller.deployment_state import (
+    MAX_START_FAILURES,
+    STARTUP_TIMEOUT_S,
+    UNHEALTHY_HOLD_S,
+    DeploymentState,
+    DeploymentStatus,
+    ReplicaState,
+    app_status,
+)
+
+S = DeploymentStatus
+
+
+def new(target: int = 0, version: str = "v1") -> DeploymentState:
+    d = DeploymentState("app", "dep", version, id_prefix="dep-x")
+    d.target = target
+    return d
+
+
+def bring_up(d: DeploymentState, now: float) -> list[str]:
+    """Every pending replica starts and becomes ready."""
+    ids = [r.replica_id for r in d.replicas.values() if r.state is ReplicaState.PENDING]
+    for rid in ids:
+        d.on_lifecycle(rid, "starting", now, rpc_subject=f"fp.v1.rpc.app.dep.{rid}")
+        d.on_lifecycle(rid, "ready", now)
+    return ids
+
+
+def test_cold_start_is_updating_then_healthy_with_membership() -> None:
+    d = new(target=2)
+    d.reconcile(0.0)
+    assert len(d.replicas) == 2 and all(r.state is ReplicaState.PENDING for r in d.replicas.values())
+    d.update_status(0.0)
+    assert d.status is S.UPDATING
+    assert not d.update_membership()  # nobody routable yet
+    ids = bring_up(d, 1.0)
+    assert d.update_membership() and d.membership_epoch == 1
+    assert [m[0] for m in d.membership] == ids
+    d.update_status(1.0)
+    assert d.status is S.HEALTHY
+    assert not d.update_membership()  # unchanged: same epoch
+
+
+def test_ids_are_deterministic() -> None:
+    a, b = new(3), new(3)
+    a.reconcile(0.0)
+    b.reconcile(5.0)
+    assert list(a.replicas) == list(b.replicas) == ["dep-x-1", "dep-x-2", "dep-x-3"]
+
+
+def test_created_at_zero_is_healthy_and_waking_is_upscaling_not_updating() -> None:
+    d = new(target=0)
+    d.reconcile(0.0)
+    d.update_status(0.0)
+    assert d.status is S.HEALTHY  # target 0 reached: serviceable at zero
+    d.target = 1
+    d.reconcile(1.0)
+    d.update_status(1.0)
+    assert d.status is S.UPSCALING
+    bring_up(d, 2.0)
+    d.update_status(2.0)
+    assert d.status is S.HEALTHY
+
+
+def test_scale_down_drains_pending_first_then_newest_running() -> None:
+    d = new(target=3)
+    d.reconcile(0.0)
+    bring_up(d, 1.0)
+    d.target = 4
+    d.reconcile(2.0)  # one pending
+    d.target = 2
+    d.reconcile(3.0)
+    draining = sorted(r.replica_id for r in d.replicas.values() if r.state is ReplicaState.DRAINING)
+    assert draining == ["dep-x-3", "dep-x-4"]  # the pending one, then the newest running
+    d.update_membership()
+    assert [m[0] for m in d.membership] == ["dep-x-1", "dep-x-2"]
+    d.update_status(3.0)
+    assert d.status is S.DOWNSCALING
+    d.on_lifecycle("dep-x-3", "exited", 4.0)
+    d.on_lifecycle("dep-x-4", "exited", 4.0)
+    d.update_status(4.0)
+    assert d.status is S.HEALTHY and d.start_failures == 0
+
+
+def test_unhealthy_verdict_replaces_the_replica() -> None:
+    d = new(target=2)
+    d.reconcile(0.0)
+    bring_up(d, 1.0)
+    d.update_membership()
+    d.update_status(1.0)
+    events = d.verdict("dep-x-1", "3 consecutive failed checks", 10.0)
+    assert [e.kind for e in events] == ["replica_unhealthy"]
+    assert d.verdict("dep-x-1", "again", 11.0) == []  # once
+    d.reconcile(10.0)
+    assert "dep-x-3" in d.replicas  # replacement
+    assert d.update_membership()
+    assert [m[0] for m in d.membership] == ["dep-x-2"]
+    d.update_status(10.0)
+    assert d.status is S.UNHEALTHY
+    bring_up(d, 12.0)
+    d.update_status(12.0)
+    assert d.status is S.HEALTHY  # target met again with healthy replicas
+
+
+def test_crash_while_running_is_unhealthy_until_replaced() -> None:
+    d = new(target=1)
+    d.reconcile(0.0)
+    bring_up(d, 1.0)
+    d.update_status(1.0)
+    assert [e.kind for e in d.on_lifecycle("dep-x-1", "exited", 5.0)] == ["replica_crashed"]
+    d.reconcile(5.0)
+    d.update_status(5.0)
+    assert d.status is S.UNHEALTHY
+    d.update_status(5.0 + UNHEALTHY_HOLD_S)
+    assert d.status is S.UPSCALING  # trouble is old news, still below target
+
+
+def test_repeated_start_failures_are_deploy_failed_and_stop_retrying() -> None:
+    d = new(target=1)
+    for i in range(MAX_START_FAILURES):
+        d.reconcile(float(i))
+        (rid,) = [r.replica_id for r in d.replicas.values()]
+        d.on_lifecycle(rid, "starting", float(i))
+        d.on_lifecycle(rid, "exited", float(i) + 0.5)
+    d.update_status(10.0)
+    assert d.status is S.DEPLOY_FAILED
+    d.reconcile(11.0)
+    assert d.replicas == {}  # no more retries
+    d.set_version("v2")  # a redeploy resets
+    d.reconcile(12.0)
+    assert len(d.replicas) == 1
+
+
+def test_startup_timeout_counts_as_a_start_failure() -> None:
+    d = new(target=1)
+    d.reconcile(0.0)
+    d.reconcile(STARTUP_TIMEOUT_S - 0.1)
+    assert d.start_failures == 0
+    events = d.reconcile(STARTUP_TIMEOUT_S)
+    assert [e.kind for e in events][:2] == ["start_timeout", "replica_added"]
+    assert d.start_failures == 1
+
+
+def test_rolling_update_keeps_capacity() -> None:
+    d = new(target=2)
+    d.reconcile(0.0)
+    bring_up(d, 1.0)
+    d.update_status(1.0)
+    d.set_version("v2")
+    for step in range(6):
+        now = 2.0 + step
+        d.reconcile(now)
+        running = [r for r in d.replicas.values() if r.state is ReplicaState.RUNNING]
+        assert len(running) >= 2  # never below target while rolling
+        d.update_status(now)
+        bring_up(d, now + 0.5)
+        for r in list(d.replicas.values()):
+            if r.state is ReplicaState.DRAINING:
+                d.on_lifecycle(r.replica_id, "exited", now + 0.6)
+    assert {r.version for r in d.replicas.values()} == {"v2"}
+    assert len(d.replicas) == 2
+    d.update_status(9.0)
+    assert d.status is S.HEALTHY
+
+
+def test_unknown_replica_lifecycle_is_reported_not_adopted() -> None:
+    d = new(target=1)
+    events = d.on_lifecycle("stranger", "ready", 0.0)
+    assert events[0].kind == "unknown_replica" and "stranger" not in d.replicas
+
+
+def test_app_status_from_deployments() -> None:
+    assert app_status([S.HEALTHY, S.UPSCALING]) == "RUNNING"
+    assert app_status([S.HEALTHY, S.UPDATING]) == "DEPLOYING"
+    assert app_status([S.UNHEALTHY, S.UPDATING]) == "UNHEALTHY"
+    assert app_status([S.DEPLOY_FAILED, S.UNHEALTHY]) == "DEPLOY_FAILED"
+    assert app_status([S.HEALTHY], deleting=True) == "DELETING"
