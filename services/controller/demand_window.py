@@ -1,0 +1,204 @@
+"""One deployment's total-demand time series, answering time-weighted means over recent windows.
+
+How it works: the controller appends `(monotonic time, demand)` samples at its control-loop tick
+(or in bulk when it rebuilds a window from the retained report stream). The series is a step
+function: each sample holds its value until the next sample, and the last one until the query's
+`now`, but no sample vouches for more than `max_gap_s` after its own time. Time that no sample
+vouches for is *not covered*: after a controller outage or a failover the window has a hole, and
+`coverage` says so instead of the hole silently reading as zero load (missing data is not zero
+load; the policy refuses to scale down until a window is fully covered).
+
+`mean(now, period)` is the integral of the covered step function over `[now - period, now]`
+divided by the covered time; a sample older than the window start still counts for the part of
+its hold that reaches into the window. A sample at the same time as an earlier one supersedes it
+(the earlier one holds for zero time).
+
+Storage is two float64 arrays used as a sliding buffer: `add` writes at the tail, growing by
+doubling or compacting when `trim` has moved the head far enough; queries take the live slice,
+find the window with `searchsorted` and integrate the clipped segments in numpy, so a query costs
+O(log n + samples in the window) with no Python loop per sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.appconfig import AutoscalingConfig
+from shared.errors import UsageError
+
+# Ray Serve's default metrics interval; a window without a sample for two intervals has lost data.
+DEFAULT_MAX_GAP_S = 2 * 10.0
+_INITIAL_CAPACITY = 256
+# Coverage is a sum of float segment lengths; a window that is full up to rounding is full.
+FULL_TOLERANCE_S = 1e-6
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class DemandWindow:
+    """Time-weighted demand samples for one deployment (see the module docstring)."""
+
+    __slots__ = ("_head", "_max_gap_s", "_t", "_tail", "_v")
+
+    def __init__(
+        self, max_gap_s: float = DEFAULT_MAX_GAP_S, *, capacity: int = _INITIAL_CAPACITY
+    ) -> None:
+        if not (math.isfinite(max_gap_s) and max_gap_s > 0):
+            raise UsageError(f"max_gap_s must be a positive number, got {max_gap_s!r}")
+        capacity = max(1, capacity)
+        self._max_gap_s = float(max_gap_s)
+        self._t: FloatArray = np.empty(capacity, dtype=np.float64)
+        self._v: FloatArray = np.empty(capacity, dtype=np.float64)
+        self._head = 0
+        self._tail = 0
+
+    @classmethod
+    def for_policy(cls, cfg: AutoscalingConfig) -> DemandWindow:
+        """A window whose gap limit is two of the deployment's metrics intervals."""
+        return cls(max_gap_s=2 * cfg.metrics_interval_s)
+
+    @property
+    def max_gap_s(self) -> float:
+        return self._max_gap_s
+
+    def __len__(self) -> int:
+        return self._tail - self._head
+
+    @property
+    def last_time(self) -> float | None:
+        return float(self._t[self._tail - 1]) if self._tail > self._head else None
+
+    @property
+    def last_value(self) -> float | None:
+        return float(self._v[self._tail - 1]) if self._tail > self._head else None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(self, t_mono: float, demand: float) -> None:
+        """Append one sample; `t_mono` must not be earlier than the last sample's time."""
+        if not math.isfinite(t_mono):
+            raise UsageError(f"sample time must be finite, got {t_mono!r}")
+        if not (math.isfinite(demand) and demand >= 0):
+            raise UsageError(f"demand must be a finite number >= 0, got {demand!r}")
+        last = self.last_time
+        if last is not None and t_mono < last:
+            raise UsageError(f"sample time {t_mono!r} is before the last sample's {last!r}")
+        self._reserve(1)
+        self._t[self._tail] = t_mono
+        self._v[self._tail] = demand
+        self._tail += 1
+
+    def add_many(
+        self, ts: Sequence[float] | FloatArray, values: Sequence[float] | FloatArray
+    ) -> None:
+        """Append samples in bulk (rebuilding from a replayed stream); same rules as `add`.
+
+        Validates everything before appending anything, so a bad batch leaves the window as it was.
+        """
+        t = np.asarray(ts, dtype=np.float64)
+        v = np.asarray(values, dtype=np.float64)
+        if t.ndim != 1 or v.shape != t.shape:
+            raise UsageError(f"ts and values must be 1-D of equal length, got {t.shape} {v.shape}")
+        n = t.shape[0]
+        if n == 0:
+            return
+        if not bool(np.isfinite(t).all()):
+            raise UsageError("sample times must be finite")
+        if not bool((np.isfinite(v) & (v >= 0)).all()):
+            raise UsageError("demand must be finite numbers >= 0")
+        if n > 1 and bool((np.diff(t) < 0).any()):
+            raise UsageError("sample times must be non-decreasing")
+        last = self.last_time
+        if last is not None and t[0] < last:
+            raise UsageError(f"sample time {float(t[0])!r} is before the last sample's {last!r}")
+        self._reserve(n)
+        self._t[self._tail : self._tail + n] = t
+        self._v[self._tail : self._tail + n] = v
+        self._tail += n
+
+    def trim(self, now: float, keep_s: float) -> None:
+        """Drop samples no window of at most `keep_s` ending at `now` or later can see.
+
+        The newest sample at or before `now - keep_s` is kept: its hold reaches into such windows.
+        """
+        if not (math.isfinite(keep_s) and keep_s >= 0):
+            raise UsageError(f"keep_s must be a finite number >= 0, got {keep_s!r}")
+        live = self._t[self._head : self._tail]
+        first_needed = int(np.searchsorted(live, now - keep_s, side="right")) - 1
+        if first_needed > 0:
+            self._head += first_needed
+        if self._head == self._tail:
+            self._head = self._tail = 0
+
+    def clear(self) -> None:
+        self._head = self._tail = 0
+
+    def _reserve(self, n: int) -> None:
+        capacity = self._t.shape[0]
+        if self._tail + n <= capacity:
+            return
+        live = self._tail - self._head
+        needed = live + n
+        if needed * 2 <= capacity:
+            # Compacting is O(live) and only happens after trim freed at least half the buffer,
+            # so appends stay O(1) amortised without the buffer growing.
+            self._t[:live] = self._t[self._head : self._tail]
+            self._v[:live] = self._v[self._head : self._tail]
+        else:
+            new_capacity = max(capacity * 2, needed * 2)
+            t = np.empty(new_capacity, dtype=np.float64)
+            v = np.empty(new_capacity, dtype=np.float64)
+            t[:live] = self._t[self._head : self._tail]
+            v[:live] = self._v[self._head : self._tail]
+            self._t, self._v = t, v
+        self._head, self._tail = 0, live
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def mean(self, now: float, period_s: float) -> float | None:
+        """Time-weighted mean demand over the covered part of `[now - period_s, now]`.
+
+        None when no time in the window is covered (no data: never read that as zero load).
+        """
+        seg = self._segments(now, period_s)
+        if seg is None:
+            return None
+        durations, values = seg
+        covered = float(durations.sum())
+        if covered <= 0:
+            return None
+        return float(np.dot(durations, values)) / covered
+
+    def coverage(self, now: float, period_s: float) -> float:
+        """Seconds of `[now - period_s, now]` covered by data."""
+        seg = self._segments(now, period_s)
+        return 0.0 if seg is None else float(seg[0].sum())
+
+    def is_full(self, now: float, period_s: float) -> bool:
+        """Whether the whole window `[now - period_s, now]` is covered (up to float rounding)."""
+        return self.coverage(now, period_s) >= period_s - FULL_TOLERANCE_S
+
+    def _segments(self, now: float, period_s: float) -> tuple[FloatArray, FloatArray] | None:
+        if not (math.isfinite(period_s) and period_s > 0):
+            raise UsageError(f"period_s must be a positive number, got {period_s!r}")
+        if not math.isfinite(now):
+            raise UsageError(f"now must be finite, got {now!r}")
+        start = now - period_s
+        live_t = self._t[self._head : self._tail]
+        # The newest sample at or before the window start holds into it; samples after `now`
+        # are in the query's future and do not count.
+        lo = max(int(np.searchsorted(live_t, start, side="right")) - 1, 0)
+        hi = int(np.searchsorted(live_t, now, side="right"))
+        if hi <= lo:
+            return None
+        t = live_t[lo:hi]
+        ends = np.empty_like(t)
+        ends[:-1] = t[1:]
+        ends[-1] = now
+        np.minimum(ends, t + self._max_gap_s, out=ends)
+        durations = np.clip(ends - np.maximum(t, start), 0.0, None)
+        return durations, self._v[self._head + lo : self._head + hi]
