@@ -1,0 +1,313 @@
+"""`NatsBus`: the `shared.bus.Bus` protocol over nats-py.
+
+How it works: each call validates like the fake does (subjects, keys, payload size), then calls
+nats-py and turns its errors into ours (`BusTimeout`, `NoResponders`, `KVConflict`, else
+`BusError`). Handlers run on nats-py's per-subscription task behind a `HandlerGuard`, so a
+raising handler is counted and logged and its subscription lives on. The connection reconnects
+forever; disconnects, reconnects and errors are logged (errors rate-limited, since nats-py
+reports every failed reconnect attempt); after a reconnect every live KV watcher reopens its
+consumer (see `shared.natskv`). `.nc` and `.js` are there for JetStream streams and consumers,
+which the protocol does not cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js import JetStreamContext
+
+from shared.bus import (
+    KV,
+    Bus,
+    Handler,
+    HandlerGuard,
+    MaxPayloadExceeded,
+    Msg,
+    QueueResponseStream,
+    RateLimiter,
+    ResponseStream,
+    Subscription,
+    validate_bucket,
+    validate_subject,
+)
+from shared.clock import SYSTEM_CLOCK, Clock
+from shared.errors import BusError, BusTimeout, NoResponders
+from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_WAIT_S = 1.0
+CONNECTION_ERROR_LOG_INTERVAL_S = 1.0
+
+
+def _seconds(value: float) -> int:
+    # nats-py annotates its timeouts as int but uses them as float seconds
+    return cast(int, value)
+
+
+def _to_msg(m: NatsMsg) -> Msg:
+    return Msg(subject=m.subject, data=m.data, reply=m.reply or None, headers=m.headers or None)
+
+
+class _NatsSubscription:
+    __slots__ = ("_guard", "_sub")
+
+    def __init__(self, sub: NatsSubscription, guard: HandlerGuard) -> None:
+        self._sub = sub
+        self._guard = guard
+
+    @property
+    def handler_errors(self) -> int:
+        return self._guard.errors
+
+    async def unsubscribe(self) -> None:
+        await _unsubscribe(self._sub)
+
+
+async def _unsubscribe(sub: NatsSubscription) -> None:
+    # unsubscribing twice, or after the connection closed, is a no-op
+    with contextlib.suppress(nats.errors.BadSubscriptionError, nats.errors.ConnectionClosedError):
+        await sub.unsubscribe()
+
+
+class NatsBus:
+    """A Bus over one nats-py connection. Create with `await NatsBus.connect(...)`."""
+
+    def __init__(self, nc: NatsClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.clock = clock
+        self._watchers: weakref.WeakSet[NatsKVWatcher] = weakref.WeakSet()
+
+    def remember(self, watcher: NatsKVWatcher) -> None:
+        self._watchers.add(watcher)
+
+    def forget(self, watcher: NatsKVWatcher) -> None:
+        self._watchers.discard(watcher)
+
+    def _reconnected(self) -> None:
+        for watcher in list(self._watchers):
+            watcher.resume_soon()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | Sequence[str],
+        *,
+        name: str,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        creds: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        connect_timeout: float = 5,
+        reconnect_wait: float = RECONNECT_WAIT_S,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> NatsBus:
+        """Connect (BusError if no server answers within `connect_timeout`), then reconnect
+        forever. `url` may list several servers, as a sequence or comma-separated."""
+        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        error_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)
+
+        async def on_error(exc: Exception) -> None:
+            if error_log.allow():
+                logger.warning("nats %s: %s: %s", name, type(exc).__name__, exc)
+
+        async def on_disconnected() -> None:
+            if nc.is_closed:  # our own close(): nothing to warn about
+                logger.debug("nats %s: disconnected on close", name)
+            else:
+                logger.warning("nats %s: disconnected", name)
+
+        async def on_reconnected() -> None:
+            logger.info("nats %s: reconnected to %s", name, _connected(nc))
+            bus._reconnected()
+
+        async def on_closed() -> None:
+            logger.info("nats %s: connection closed", name)
+
+        nc = NatsClient()
+        bus = cls(nc, clock=clock)
+        try:
+            # nats-py retries the first connect forever too when reconnects are unlimited
+            await asyncio.wait_for(
+                nc.connect(
+                    servers,
+                    name=name,
+                    user=user,
+                    password=password,
+                    token=token,
+                    user_credentials=creds,
+                    tls=_tls_context(servers, tls_ca, tls_cert, tls_key),
+                    connect_timeout=_seconds(connect_timeout),
+                    reconnect_time_wait=_seconds(reconnect_wait),
+                    max_reconnect_attempts=-1,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnected,
+                    reconnected_cb=on_reconnected,
+                    closed_cb=on_closed,
+                ),
+                connect_timeout,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise BusError(
+                f"cannot connect to NATS at {','.join(servers)} within {connect_timeout:g}s: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        logger.info("nats %s: connected to %s", name, _connected(nc))
+        return bus
+
+    @property
+    def max_payload(self) -> int:
+        return self.nc.max_payload
+
+    def new_inbox(self) -> str:
+        return self.nc.new_inbox()
+
+    def _check_payload(self, subject: str, data: bytes) -> None:
+        if len(data) > self.max_payload:
+            raise MaxPayloadExceeded(subject, len(data), self.max_payload)
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        reply: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        validate_subject(subject, wildcards=False)
+        self._check_payload(subject, data)
+        with nats_errors(f"publish to {subject!r}"):
+            await self.nc.publish(
+                subject, data, reply=reply or "", headers=dict(headers) if headers else None
+            )
+
+    async def subscribe(
+        self, subject: str, handler: Handler, *, queue: str | None = None
+    ) -> Subscription:
+        validate_subject(subject, wildcards=True)
+        guard = HandlerGuard(subject, handler, self.clock)
+
+        async def callback(m: NatsMsg) -> None:
+            await guard(_to_msg(m))
+
+        with nats_errors(f"subscribe to {subject!r}"):
+            sub = await self.nc.subscribe(subject, queue=queue or "", cb=callback)
+        return _NatsSubscription(sub, guard)
+
+    async def request(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        timeout: float,  # noqa: ASYNC109 - NATS-style API: the timeout is the request's
+        headers: Mapping[str, str] | None = None,
+    ) -> Msg:
+        validate_subject(subject, wildcards=False)
+        self._check_payload(subject, data)
+        try:
+            m = await self.nc.request(
+                subject, data, timeout=timeout, headers=dict(headers) if headers else None
+            )
+        except nats.errors.NoRespondersError:
+            raise NoResponders(f"no responders on {subject!r}") from None
+        except (nats.errors.TimeoutError, TimeoutError):
+            raise BusTimeout(f"no reply on {subject!r} within {timeout:g}s") from None
+        except nats.errors.Error as exc:
+            raise BusError(f"request to {subject!r}: {type(exc).__name__}: {exc}") from exc
+        return _to_msg(m)
+
+    async def request_stream(
+        self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
+    ) -> ResponseStream:
+        validate_subject(subject, wildcards=False)
+        self._check_payload(subject, data)
+        inbox = self.new_inbox()
+        stream = QueueResponseStream(subject)
+
+        async def callback(m: NatsMsg) -> None:
+            await stream.push(_to_msg(m))
+
+        # subscribe before publishing, or the first replies could arrive before the interest
+        with nats_errors(f"request to {subject!r}"):
+            sub = await self.nc.subscribe(inbox, cb=callback)
+        stream.attach(lambda: _unsubscribe(sub))
+        try:
+            await self.publish(subject, data, reply=inbox, headers=headers)
+        except BaseException:
+            await stream.close()
+            raise
+        return stream
+
+    async def kv(
+        self, bucket: str, *, history: int = 1, ttl: float | None = None, create: bool = True
+    ) -> KV:
+        """Bind to `bucket`, creating it (with `history` and `ttl`) when missing and `create`."""
+        validate_bucket(bucket, history, ttl)
+        with nats_errors(f"KV bucket {bucket!r}"):
+            try:
+                return NatsKV(self, bucket, await self.js.key_value(bucket))
+            except nats.js.errors.BucketNotFoundError:
+                if not create:
+                    raise BusError(f"KV bucket {bucket!r} does not exist") from None
+            try:
+                kv = await self.js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+            except nats.js.errors.BadRequestError:
+                # someone else created it between our two calls
+                kv = await self.js.key_value(bucket)
+            return NatsKV(self, bucket, kv)
+
+    async def flush(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Return once the server has processed everything this connection sent so far."""
+        if not self.nc.is_connected:
+            state = "closed" if self.nc.is_closed else "reconnecting"
+            raise BusError(f"flush: the NATS connection is {state}")
+        with nats_errors("flush"):
+            # nats-py writes its PING straight to the socket, ahead of commands still in its
+            # write buffer (a SUB just made, recent PUBs), so its PONG alone proves nothing
+            # about them: first wait until the buffer is written (private API, nats-py < 3).
+            await asyncio.wait_for(self.nc._flush_pending(force_flush=True), timeout)
+            await self.nc.flush(_seconds(timeout))
+
+    async def close(self) -> None:
+        for watcher in list(self._watchers):
+            await watcher.stop()
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.close()
+
+
+def _connected(nc: NatsClient) -> str:
+    uri = nc.connected_url
+    return uri.geturl() if uri is not None else "?"
+
+
+def _tls_context(
+    servers: Sequence[str], ca: str | None, cert: str | None, key: str | None
+) -> ssl.SSLContext | None:
+    if not (ca or cert or any(s.startswith("tls://") for s in servers)):
+        return None
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+if TYPE_CHECKING:  # mypy proves the adapters satisfy the protocols
+    _BUS: type[Bus] = NatsBus
+    _SUBSCRIPTION: type[Subscription] = _NatsSubscription
