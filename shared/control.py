@@ -8,7 +8,9 @@ maps with `"v": 1` and `"kind"`, like every other message; decoding validates an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgpack
@@ -106,3 +108,137 @@ def _str(m: dict[str, Any], field: str) -> str:
     if not isinstance(value, str):
         raise WireError("wrong_type", f"{field} must be a string")
     return value
+
+
+# -- fp_targets and fp_status (JSON: small, human-inspectable with `nats kv get`) -------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaTarget:
+    """One replica an agent must run (state is the controller's view, for restart recovery)."""
+
+    replica_id: str
+    version: str
+    state: str
+    agent_id: str = ""
+    rpc_subject: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSet:
+    """KV `fp_targets`, key `{app}.{deployment}`: the replicas that must run, and how to run them.
+
+    `owner_epoch` fences writes (a controller that lost ownership writes an older epoch);
+    `deployment` holds the DeploymentConfig as JSON (shared.appconfig)."""
+
+    app: str
+    deployment: str
+    version: str
+    owner_epoch: int
+    membership_epoch: int
+    replicas: tuple[ReplicaTarget, ...]
+    config: Mapping[str, Any]
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": 1,
+            "kind": "targets",
+            "app": self.app,
+            "deployment": self.deployment,
+            "version": self.version,
+            "owner_epoch": self.owner_epoch,
+            "membership_epoch": self.membership_epoch,
+            "replicas": [asdict(r) for r in self.replicas],
+            "config": dict(self.config),
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> TargetSet:
+        doc = _load_json(data, "targets")
+        try:
+            replicas = tuple(ReplicaTarget(**r) for r in doc["replicas"])
+            return TargetSet(
+                app=str(doc["app"]),
+                deployment=str(doc["deployment"]),
+                version=str(doc["version"]),
+                owner_epoch=int(doc["owner_epoch"]),
+                membership_epoch=int(doc["membership_epoch"]),
+                replicas=replicas,
+                config=dict(doc["config"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError("wrong_type", f"targets: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentStatusView:
+    status: str
+    message: str
+    target_replicas: int
+    running_replicas: int
+    demand: float
+    healthy_replicas: int
+    unhealthy_replicas: int
+    last_decision: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppStatusView:
+    """KV `fp_status`, key `{app}`: what `fleetpulse status` and the proxy read."""
+
+    app: str
+    status: str
+    route_prefix: str | None
+    ingress: str | None
+    updated_at: float
+    owner_epoch: int
+    deployments: Mapping[str, DeploymentStatusView]
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": 1,
+            "kind": "app_status",
+            "app": self.app,
+            "status": self.status,
+            "route_prefix": self.route_prefix,
+            "ingress": self.ingress,
+            "updated_at": self.updated_at,
+            "owner_epoch": self.owner_epoch,
+            "deployments": {k: asdict(v) for k, v in sorted(self.deployments.items())},
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(data: bytes) -> AppStatusView:
+        doc = _load_json(data, "app_status")
+        try:
+            return AppStatusView(
+                app=str(doc["app"]),
+                status=str(doc["status"]),
+                route_prefix=doc.get("route_prefix"),
+                ingress=doc.get("ingress"),
+                updated_at=float(doc["updated_at"]),
+                owner_epoch=int(doc["owner_epoch"]),
+                deployments={
+                    k: DeploymentStatusView(**v) for k, v in dict(doc["deployments"]).items()
+                },
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError("wrong_type", f"app_status: {exc}") from None
+
+
+def _load_json(data: bytes, kind: str) -> dict[str, Any]:
+    if len(data) > MAX_CONTROL_VALUE_BYTES:
+        raise WireError("oversize", f"{len(data)} bytes > {MAX_CONTROL_VALUE_BYTES}")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError("malformed", f"{kind}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError("wrong_type", f"{kind}: expected an object")
+    if doc.get("v") != 1:
+        raise WireError("unsupported_version", f"{kind}: v={doc.get('v')!r}")
+    if doc.get("kind") != kind:
+        raise WireError("unexpected_kind", f"expected {kind!r}, got {doc.get('kind')!r}")
+    return doc

@@ -166,7 +166,10 @@ class DeploymentState:
 
     def reconcile(self, now: float) -> list[StateEvent]:
         events = self._time_out_starts(now)
-        if self.status is DeploymentStatus.DEPLOY_FAILED and self.start_failures >= MAX_START_FAILURES:
+        if (
+            self.status is DeploymentStatus.DEPLOY_FAILED
+            and self.start_failures >= MAX_START_FAILURES
+        ):
             return events  # stop retrying; a new version or a redeploy resets
         live = self.live()
         old = [r for r in live if r.version != self.version]
@@ -185,7 +188,9 @@ class DeploymentState:
                 del self.replicas[rec.replica_id]
                 self.start_failures += 1
                 self.last_trouble = now
-                events.append(StateEvent("start_timeout", rec.replica_id, f"{STARTUP_TIMEOUT_S:g} s"))
+                events.append(
+                    StateEvent("start_timeout", rec.replica_id, f"{STARTUP_TIMEOUT_S:g} s")
+                )
         return events
 
     def _resize(self, new: list[ReplicaRecord], now: float) -> list[StateEvent]:
@@ -261,8 +266,12 @@ class DeploymentState:
         current = [r for r in running if r.version == self.version]
         rolling = any(r.version != self.version for r in self.live())
         if rolling or (not self.settled and len(current) < self.target):
-            return DeploymentStatus.UPDATING, "starting replicas of version " + (self.version or "-")
-        recent_trouble = self.last_trouble is not None and now - self.last_trouble < UNHEALTHY_HOLD_S
+            return DeploymentStatus.UPDATING, "starting replicas of version " + (
+                self.version or "-"
+            )
+        recent_trouble = (
+            self.last_trouble is not None and now - self.last_trouble < UNHEALTHY_HOLD_S
+        )
         if recent_trouble and len(current) < self.target:
             return DeploymentStatus.UNHEALTHY, "replicas failing health checks or crashing"
         if len(current) < self.target:

@@ -197,7 +197,10 @@ def decide(
     short = inputs.demand_short
 
     # 3. cold start
-    if cur == 0 and (inputs.cold_start or (mean or 0.0) > 0 or (short or 0.0) > 0):
+    # the short window counts only in panic mode: it may reach further back than the look-back
+    # window and would otherwise wake a deployment that just went idle on stale load
+    short_demand = cfg.panic_mode and (short or 0.0) > 0
+    if cur == 0 and (inputs.cold_start or (mean or 0.0) > 0 or short_demand):
         want = max(1, lo, desired_replicas(cfg, 0, mean or 0.0))
         if cfg.panic_mode and short is not None:
             want = max(want, _ceil(short / cfg.target_ongoing_requests))

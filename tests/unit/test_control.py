@@ -62,3 +62,37 @@ def test_deployment_key_round_trip() -> None:
     assert split_deployment_key(deployment_key("shop", "Cart")) == ("shop", "Cart")
     with pytest.raises(WireError):
         split_deployment_key("nodot")
+
+
+def test_targets_and_status_round_trip() -> None:
+    from shared.control import (
+        AppStatusView,
+        DeploymentStatusView,
+        ReplicaTarget,
+        TargetSet,
+    )
+
+    t = TargetSet(
+        "shop",
+        "Cart",
+        "v3",
+        owner_epoch=7,
+        membership_epoch=4,
+        replicas=(ReplicaTarget("Cart-1", "v3", "RUNNING", "agent-a", "fp.v1.rpc.shop.Cart.Cart-1"),),
+        config={"name": "Cart", "import_path": "m:C"},
+    )
+    assert TargetSet.decode(t.encode()) == t
+    s = AppStatusView(
+        "shop",
+        "RUNNING",
+        "/shop",
+        "Cart",
+        1.5,
+        7,
+        {"Cart": DeploymentStatusView("HEALTHY", "1/1", 1, 1, 0.5, 1, 0, "hold")},
+    )
+    assert AppStatusView.decode(s.encode()) == s
+    with pytest.raises(WireError):
+        TargetSet.decode(s.encode())
+    with pytest.raises(WireError):
+        AppStatusView.decode(b"{not json")

@@ -240,7 +240,12 @@ def test_cold_start_is_immediate() -> None:
     assert d.rule == "cold_start"
     _, d = decide(cfg, state(0), inputs(9.0), 5.0)
     assert d.target == 5
+    # short-window demand wakes it only in panic mode (the short window may reach back to load
+    # that the look-back window has already forgotten)
     _, d = decide(cfg, state(0), inputs(None, short=0.5, full=False), 5.0)
+    assert d.target == 0
+    panic = config(upscale_delay_s=1000.0, panic_mode=True)
+    _, d = decide(panic, state(0), inputs(None, short=0.5, full=False), 5.0)
     assert d.target == 1
 
 

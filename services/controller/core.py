@@ -1,0 +1,370 @@
+"""The controller core: inputs in, actions out, no I/O and no clock.
+
+How it works: the shell feeds the core what arrives (report payloads with their local receipt
+time, probe outcomes, the desired apps from KV) and calls `tick(now, wall)` every control
+interval; `tick` returns the actions to carry out (KV writes, probes) and events to log. Every
+input carries its time, so a recorded run fed back in the same order makes the same decisions
+(the what-if replay and the restart rebuild both rely on it).
+
+`rebuild(...)`-style use: while the shell replays the retained stream after a start or a
+takeover, it calls `ingest` with the messages' times and `sample(t)` instead of `tick`, which
+fills the demand windows without deciding anything; then live ticks begin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from shared.appconfig import AppConfig, DeploymentConfig
+from shared.control import (
+    AppStatusView,
+    Membership,
+    TargetSet,
+    deployment_key,
+)
+from shared.errors import UsageError, WireError
+from shared.subjects import Subjects
+from shared.wire.codec import decode_as
+from shared.wire.columnar import decode_handle_report_columnar, detect_format
+from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
+
+from .deployment_state import StateEvent, app_status
+from .health_registry import ProbeOutcome
+from .managed import ManagedDeployment
+from .metrics_types import HealthBatch
+from .policy import PolicyState
+from .stall_guard import ProbeLimiter, StallGuard, StallState
+
+DepKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    namespace: str = "fp"
+    member_id: str = "controller"
+    owner_epoch: int = 1
+    control_interval_s: float = 0.1
+    status_refresh_s: float = 2.0
+    """Status (demand, counts) is rewritten at least this often even without a change."""
+
+
+@dataclass(frozen=True, slots=True)
+class PutTargets:
+    key: str
+    value: TargetSet
+
+
+@dataclass(frozen=True, slots=True)
+class PutMembership:
+    key: str
+    value: Membership
+
+
+@dataclass(frozen=True, slots=True)
+class PutStatus:
+    key: str
+    value: AppStatusView
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKey:
+    bucket: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    app: str
+    deployment: str
+    replica_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something to log once, with structured fields."""
+
+    kind: str
+    app: str
+    deployment: str
+    replica_id: str = ""
+    detail: str = ""
+
+
+Action = PutTargets | PutMembership | PutStatus | DeleteKey | Probe | Event
+
+
+@dataclass(slots=True)
+class CoreStats:
+    ingested: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+    probes: int = 0
+
+
+class ControllerCore:
+    def __init__(self, cfg: ControllerConfig | None = None) -> None:
+        self.cfg = cfg or ControllerConfig()
+        self.subjects = Subjects(self.cfg.namespace)
+        self.apps: dict[str, AppConfig] = {}
+        self.deployments: dict[DepKey, ManagedDeployment] = {}
+        self.deleting: dict[DepKey, ManagedDeployment] = {}
+        self.stall = StallGuard()
+        self.stall_state: StallState | None = None
+        self.probes: ProbeLimiter[tuple[str, str, str]] = ProbeLimiter()
+        self.stats = CoreStats()
+        self._status_written: dict[str, float] = {}
+        self._dirty_apps: set[str] = set()
+        self._pending_events: list[Action] = []
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def set_apps(self, apps: Mapping[str, AppConfig], now: float) -> None:
+        """The desired applications (KV fp_apps). New ones start, changed ones roll, gone ones
+        scale to zero and are deleted once their replicas have stopped."""
+        self.apps = dict(apps)
+        wanted: dict[DepKey, tuple[DeploymentConfig, str]] = {}
+        for app in apps.values():
+            for d in app.deployments:
+                wanted[(app.name, d.name)] = (d, app.version or _config_version(d))
+        for key, (dcfg, version) in wanted.items():
+            m = self.deployments.get(key) or self.deleting.pop(key, None)
+            if m is None:
+                m = ManagedDeployment(
+                    key[0], dcfg, version, now, id_prefix=_id_prefix(key[1]), subjects=self.subjects
+                )
+            elif m.cfg != dcfg or m.state.version != version:
+                m.reconfigure(dcfg, version, now)
+            self.deployments[key] = m
+            self._dirty_apps.add(key[0])
+        for key in [k for k in self.deployments if k not in wanted]:
+            m = self.deployments.pop(key)
+            m.state.target = 0
+            self.deleting[key] = m
+            self._dirty_apps.add(key[0])
+
+    def restore(
+        self, targets: Iterable[TargetSet], memberships: Iterable[Membership], now: float
+    ) -> None:
+        """After a restart: take over the replicas and epochs the previous owner left in KV."""
+        epochs = {(m.app, m.deployment): m.epoch for m in memberships}
+        for t in targets:
+            m = self.deployments.get((t.app, t.deployment))
+            if m is None:
+                continue
+            for r in t.replicas:
+                m.restore_replica(r, now)
+            m.state.membership_epoch = max(
+                m.state.membership_epoch, epochs.get((t.app, t.deployment), 0), t.membership_epoch
+            )
+            m.state.target = max(m.state.target, len(m.state.live()))
+            m.policy = PolicyState(target=m.state.target, watch_start=now)
+
+    def ingest(self, subject: str, data: bytes, recv: float) -> None:
+        """One message from `fp.v1.report.>` received at local monotonic `recv`."""
+        try:
+            where = self.subjects.parse_report(subject)
+        except UsageError:
+            self.stats.dropped["bad_subject"] += 1
+            return
+        m = self.deployments.get((where.app, where.deployment)) or self.deleting.get(
+            (where.app, where.deployment)
+        )
+        if m is None:
+            self.stats.dropped["unknown_deployment"] += 1
+            return
+        try:
+            if where.kind == "handle":
+                self._ingest_handle(m, data, recv)
+            elif where.kind == "replica":
+                r = decode_as(data, ReplicaReport)
+                res = m.metrics.ingest_replica_report(r, recv)
+                self._fold(m, res.health, recv, direct=True)
+                self._count(res.reason)
+            elif where.kind == "heartbeat":
+                hb = decode_as(data, Heartbeat)
+                m.health.observe(hb.health.replica_id, hb.health, recv)
+                self._count("heartbeat")
+            else:
+                self._lifecycle(m, decode_as(data, Lifecycle), recv)
+        except WireError as exc:
+            self.stats.dropped[exc.reason] += 1
+
+    def _ingest_handle(self, m: ManagedDeployment, data: bytes, recv: float) -> None:
+        if detect_format(data) == "columnar":
+            res = m.metrics.ingest_columnar(decode_handle_report_columnar(data), recv)
+            self._count("columnar_" + res.reason)
+        else:
+            res = m.metrics.ingest_handle_report(decode_as(data, HandleReport), recv)
+            self._count("object_" + res.reason)
+        self._fold(m, res.health, recv, direct=False)
+
+    def _fold(
+        self, m: ManagedDeployment, batch: HealthBatch | None, recv: float, *, direct: bool
+    ) -> None:
+        if batch is not None and len(batch):
+            m.health.observe_batch(
+                batch.slots, batch.healthy, batch.checked_at, batch.failures, recv, direct=direct
+            )
+
+    def _lifecycle(self, m: ManagedDeployment, ev: Lifecycle, recv: float) -> None:
+        self._count("lifecycle_" + ev.state)
+        events = m.state.on_lifecycle(
+            ev.replica_id, ev.state, recv, rpc_subject=ev.rpc_subject, agent_id=ev.agent_id
+        )
+        self._pending_events.extend(_events(m, events))
+        m.follow_records(recv)
+
+    def on_probe(
+        self, app: str, deployment: str, replica_id: str, outcome: ProbeOutcome,
+        status: HealthStatus | None, recv: float,
+    ) -> None:  # fmt: skip
+        self.probes.done((app, deployment, replica_id))
+        m = self.deployments.get((app, deployment))
+        if m is not None:
+            m.health.probe_result(replica_id, outcome, recv, status)
+
+    def _count(self, what: str) -> None:
+        self.stats.ingested[what] += 1
+
+    # -- ticks -------------------------------------------------------------------------------
+
+    def sample(self, now: float) -> None:
+        """Rebuild mode: fill demand windows, decide nothing."""
+        for m in self.deployments.values():
+            m.sample(now)
+
+    def tick(
+        self, now: float, wall: float, *, pending: int | None = None, lag_s: float | None = None,
+        overrun: bool = False,
+    ) -> list[Action]:  # fmt: skip
+        actions: list[Action] = list(self._pending_events)
+        self._pending_events.clear()
+        hold = self.stall_state.hold_verdicts if self.stall_state else False
+        stale = known = 0
+        probe_candidates: list[tuple[str, str, str]] = []
+        for key, m in list(self.deployments.items()) + list(self.deleting.items()):
+            res = m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments)
+            actions.extend(_events(m, res.events))
+            if res.decision_changed and m.decision.changed:
+                actions.append(Event("decision", m.app, m.name, detail=m.decision.reason))
+            dkey = deployment_key(*key)
+            if res.membership is not None:
+                actions.append(PutMembership(dkey, res.membership))
+            if res.targets_changed:
+                actions.append(PutTargets(dkey, self._target_set(m)))
+            if res.status_changed or res.targets_changed or res.membership is not None:
+                self._dirty_apps.add(m.app)
+            ev = res.evaluation
+            if ev is not None:
+                stale += ev.stale
+                known += ev.candidates
+                probe_candidates += [
+                    (m.app, m.name, rid)
+                    for rid in (m.index.id_at(s) for s in ev.stale_slots.tolist())
+                    if rid is not None
+                ]
+        self.stall_state = st = self.stall.tick(
+            now, pending=pending, lag_s=lag_s, stale=stale, known=known, overrun=overrun
+        )
+        for e in st.events:
+            reasons = ",".join(r.value for r in e.reasons)
+            actions.append(Event(f"stall_{e.kind.value}", "", "", detail=reasons))
+        for app, dep, rid in self.probes.select(probe_candidates, now, st.cap_probes):
+            self.stats.probes += 1
+            actions.append(Probe(app, dep, rid))
+        actions.extend(self._finish_deletes())
+        actions.extend(self._statuses(now, wall))
+        return actions
+
+    def _finish_deletes(self) -> list[Action]:
+        out: list[Action] = []
+        for key, m in list(self.deleting.items()):
+            if not m.state.replicas:
+                del self.deleting[key]
+                dkey = deployment_key(*key)
+                out += [DeleteKey("fp_targets", dkey), DeleteKey("fp_membership", dkey)]
+                if not any(k[0] == key[0] for k in self.deployments) and not any(
+                    k[0] == key[0] for k in self.deleting
+                ):
+                    out.append(DeleteKey("fp_status", key[0]))
+                    self._status_written.pop(key[0], None)
+                    self._dirty_apps.discard(key[0])
+        return out
+
+    def _statuses(self, now: float, wall: float) -> list[Action]:
+        out: list[Action] = []
+        apps = {k[0] for k in self.deployments} | {k[0] for k in self.deleting}
+        for app in sorted(apps):
+            last = self._status_written.get(app)
+            due = last is None or now - last >= self.cfg.status_refresh_s
+            if app not in self._dirty_apps and not due:
+                continue
+            self._dirty_apps.discard(app)
+            self._status_written[app] = now
+            out.append(PutStatus(app, self.app_status(app, wall)))
+        return out
+
+    def app_status(self, app: str, wall: float) -> AppStatusView:
+        mine = {k[1]: m for k, m in self.deployments.items() if k[0] == app}
+        gone = {k[1]: m for k, m in self.deleting.items() if k[0] == app}
+        cfg = self.apps.get(app)
+        status = app_status(
+            [m.state.status for m in mine.values()], deleting=bool(gone) and not mine
+        )
+        return AppStatusView(
+            app=app,
+            status=status,
+            route_prefix=cfg.route_prefix if cfg else None,
+            ingress=cfg.ingress if cfg else None,
+            updated_at=wall,
+            owner_epoch=self.cfg.owner_epoch,
+            deployments={name: m.status_view() for name, m in {**gone, **mine}.items()},
+        )
+
+    def _target_set(self, m: ManagedDeployment) -> TargetSet:
+        return TargetSet(
+            app=m.app,
+            deployment=m.name,
+            version=m.state.version,
+            owner_epoch=self.cfg.owner_epoch,
+            membership_epoch=m.state.membership_epoch,
+            replicas=m.targets(),
+            config=_config_json(m.cfg),
+        )
+
+
+def _events(m: ManagedDeployment, events: Iterable[StateEvent]) -> list[Action]:
+    return [Event(e.kind, m.app, m.name, e.replica_id, e.detail) for e in events]
+
+
+def _id_prefix(deployment: str) -> str:
+    return deployment[:40]
+
+
+_CODE_FIELDS = (
+    "import_path",
+    "init_args",
+    "init_kwargs",
+    "max_ongoing_requests",
+    "health_check_period_s",
+    "health_check_timeout_s",
+    "graceful_shutdown_timeout_s",
+)
+
+
+def _config_version(d: DeploymentConfig) -> str:
+    """A version from what a replica process is started with: changing the autoscaling policy
+    or the replica count does not restart replicas, changing the code or its arguments does."""
+    cfg = _config_json(d)
+    doc = json.dumps({k: cfg[k] for k in _CODE_FIELDS}, sort_keys=True, default=str).encode()
+    return hashlib.sha256(doc).hexdigest()[:10]
+
+
+def _config_json(d: DeploymentConfig) -> dict[str, object]:
+    app = AppConfig("x", (d,))
+    doc = json.loads(app.to_json())
+    dep: dict[str, object] = doc["deployments"][0]
+    return dep

@@ -1,0 +1,467 @@
+"""The controller's health registry for one deployment: newest health per replica, staleness, verdicts.
+
+How it works: per-replica facts live in numpy arrays indexed by the deployment's `ReplicaIndex`
+slots (the same slots the metrics store uses), so a columnar handle report merges with one sort and
+a few fancy indexes, never a Python loop per row. Every channel that carries a `HealthStatus`
+(handle reports, replica reports, heartbeats, probe answers) is offered here.
+
+- Ordering: the entry with the newest `checked_at` (the replica's own clock) wins; an older or
+  equal one is ignored, so out-of-order delivery resolves itself. Duplicate slots in one batch
+  collapse to their newest row (the first of equals) before the merge.
+- Freshness is judged only by controller receipt time (`recv`, local monotonic seconds), never by
+  `checked_at`: a replica whose wall clock is hours off is judged exactly like any other. An
+  accepted entry makes the replica fresh until `recv + stale_after_s` (a first report ends the
+  startup grace).
+- Direct vs relayed channels. A *direct* message (the replica's own report, a heartbeat, a probe
+  answer) was sent by the replica just now, so receiving the SAME `checked_at` again refreshes
+  receipt time (a replica whose check is slow re-sends its latest status on heartbeats and probe
+  answers, and must not look stale for it). A *relayed* entry (a router's handle report) with an
+  equal `checked_at` is ignored: routers re-send the entries they hold for up to 30 s after they
+  got them, so a repeat proves nothing about the replica now, and a dead replica would look fresh
+  for half a minute. Also, once the held entry is stale, a direct entry is accepted even if its
+  `checked_at` is older: the replica's wall clock stepped back, and what it says now is the truth.
+- Staleness: `stale_after_s` = the freshness window `max(1.5 x period, 1 s)` plus a small slack
+  (the replica heartbeats only once a whole window passed without carriage, checked on a tick of up
+  to 1 s, so receipt gaps of an idle healthy replica run slightly over the window; without slack
+  every idle replica would flap stale and be probed once a window). A replica just added gets a
+  startup grace (`health_check_period_s + health_check_timeout_s` by default) before it counts
+  stale. Stale replicas need a pull probe; `evaluate` lists them, most overdue first.
+- Verdicts (unhealthy -> replace), issued once per replica and kept until it is removed. Facts:
+  exited (`mark_exited`) and the replica's own `consecutive_failures >= failure_threshold`.
+  Absences: `probe_timeout_limit` consecutive probe timeouts, and gone (a probe found no
+  responders: the replica's connection is gone). With `hold_verdicts` (the stall guard says the
+  controller is behind) absences issue no verdict, while facts still do. Probe timeouts seen
+  while held are discarded, not saved up for a burst when the hold ends; gone is kept, because
+  during a bus outage replicas resubscribe at different times and the calm period before a stall
+  ends gives every live one a window to report (any accepted entry clears gone and timeouts). A
+  replica never heard from (maybe still loading its model) with no responders counts a probe
+  timeout, not gone.
+
+Pure: no clock, no I/O, no logging. Membership follows the index: every entry point first syncs
+with it (cheap when `index.version` is unchanged; one pass over the slots when it changed).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.errors import ConfigError, UsageError
+from shared.wire.messages import HealthStatus
+
+from .replica_index import NO_SLOT, ReplicaIndex
+
+DEFAULT_FAILURE_THRESHOLD: Final = 3
+DEFAULT_PROBE_TIMEOUT_LIMIT: Final = 3
+FRESHNESS_PERIODS: Final = 1.5
+MIN_FRESHNESS_S: Final = 1.0
+MAX_STALE_SLACK_S: Final = 2.0
+"""Slack over the freshness window: the replica's heartbeat tick (at most 1 s) plus transport."""
+
+_NEVER: Final = -math.inf
+_T = TypeVar("_T", bound=np.generic)
+
+Int64Array = npt.NDArray[np.int64]
+Int8Array = npt.NDArray[np.int8]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def freshness_window(health_check_period_s: float) -> float:
+    """The same window the replica's suppression rules use (kept equal by a test)."""
+    return max(FRESHNESS_PERIODS * health_check_period_s, MIN_FRESHNESS_S)
+
+
+def default_stale_slack(window_s: float) -> float:
+    return min(MAX_STALE_SLACK_S, window_s / 2)
+
+
+class ProbeOutcome(enum.Enum):
+    ANSWERED = "answered"
+    TIMEOUT = "timeout"
+    NO_RESPONDERS = "no_responders"
+
+
+class VerdictReason(enum.IntEnum):
+    EXITED = 1
+    GONE = 2
+    FAILURES = 3
+    PROBE_TIMEOUTS = 4
+    NEVER_REPORTED = 5
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvaluation:
+    """One `evaluate` result. Slots index the deployment's ReplicaIndex."""
+
+    stale_slots: Int64Array
+    """Live, uncondemned replicas with no fresh push, most overdue first (ties by slot)."""
+    stale_since: FloatArray
+    """When each stale slot went stale (local monotonic), parallel to `stale_slots`."""
+    unhealthy_slots: Int64Array
+    """NEW verdicts of this evaluation only."""
+    unhealthy_reasons: Int8Array
+    """`VerdictReason` values parallel to `unhealthy_slots`."""
+    live: int
+    stale: int
+    unreported: int
+    condemned: int
+    """Replicas holding a verdict (including the new ones)."""
+    held: int
+    """Verdicts withheld by `hold_verdicts` this evaluation."""
+
+    @property
+    def candidates(self) -> int:
+        """Replicas expected to report: live and not condemned (the stale share's denominator)."""
+        return self.live - self.condemned
+
+    @property
+    def stale_share(self) -> float:
+        n = self.candidates
+        return self.stale / n if n > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHealth:
+    """What the registry holds about one replica (for status output and tests)."""
+
+    slot: int
+    replica_id: str
+    healthy: bool | None
+    checked_at: float | None
+    consecutive_failures: int
+    received_at: float | None
+    fresh_until: float
+    exited: bool
+    gone: bool
+    probe_timeouts: int
+    condemned: bool
+
+
+def _grown(arr: npt.NDArray[_T], size: int, fill: object) -> npt.NDArray[_T]:
+    out: npt.NDArray[_T] = np.full(size, fill, dtype=arr.dtype)
+    out[: len(arr)] = arr
+    return out
+
+
+class HealthRegistry:
+    __slots__ = (
+        "_checked",
+        "_condemned",
+        "_exited",
+        "_failures",
+        "_fresh_until",
+        "_gone",
+        "_healthy",
+        "_ids",
+        "_index",
+        "_live",
+        "_probe_timeouts",
+        "_recv",
+        "_synced_version",
+        "failure_threshold",
+        "freshness_s",
+        "probe_timeout_limit",
+        "stale_after_s",
+        "startup_grace_s",
+    )
+
+    def __init__(
+        self,
+        index: ReplicaIndex,
+        health_check_period_s: float,
+        health_check_timeout_s: float,
+        failure_threshold: int = DEFAULT_FAILURE_THRESHOLD,
+        *,
+        probe_timeout_limit: int = DEFAULT_PROBE_TIMEOUT_LIMIT,
+        stale_slack_s: float | None = None,
+        startup_grace_s: float | None = None,
+    ) -> None:
+        if not health_check_period_s > 0 or not health_check_timeout_s > 0:
+            raise ConfigError("health check period and timeout must be > 0", field="health_check")
+        if failure_threshold < 1 or probe_timeout_limit < 1:
+            raise ConfigError("failure threshold and probe timeout limit must be >= 1")
+        self._index = index
+        self.failure_threshold = failure_threshold
+        self.probe_timeout_limit = probe_timeout_limit
+        self.freshness_s = freshness_window(health_check_period_s)
+        slack = default_stale_slack(self.freshness_s) if stale_slack_s is None else stale_slack_s
+        if slack < 0:
+            raise ConfigError("stale slack must be >= 0", field="stale_slack_s")
+        self.stale_after_s = self.freshness_s + slack
+        self.startup_grace_s = (
+            health_check_period_s + health_check_timeout_s
+            if startup_grace_s is None
+            else startup_grace_s
+        )
+        self._ids: list[str | None] = []
+        self._live: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._checked: FloatArray = np.zeros(0, dtype=np.float64)
+        self._healthy: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._failures = np.zeros(0, dtype=np.int32)
+        self._recv: FloatArray = np.zeros(0, dtype=np.float64)
+        self._fresh_until: FloatArray = np.zeros(0, dtype=np.float64)
+        self._exited: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._gone: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._probe_timeouts = np.zeros(0, dtype=np.int32)
+        self._condemned: BoolArray = np.zeros(0, dtype=np.bool_)
+        self._synced_version = -1
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def sync(self, now: float) -> None:
+        """Follow the index: clear removed slots, start added ones (grace from `now`). A slot freed
+        and reused since the last sync is seen by its changed id and starts afresh."""
+        if self._synced_version == self._index.version:
+            return
+        self._grow(self._index.capacity)
+        id_at = self._index.id_at
+        ids = self._ids
+        for slot in range(self._index.capacity):
+            rid = id_at(slot)
+            if rid != ids[slot]:
+                self._reset(slot)
+                if rid is not None:
+                    self._live[slot] = True
+                    self._fresh_until[slot] = now + self.startup_grace_s
+                ids[slot] = rid
+        self._synced_version = self._index.version
+
+    def _grow(self, capacity: int) -> None:
+        old = len(self._live)
+        if capacity <= old:
+            return
+        size = max(capacity, 2 * old)
+        self._ids.extend([None] * (size - old))
+        self._live = _grown(self._live, size, False)
+        self._checked = _grown(self._checked, size, _NEVER)
+        self._healthy = _grown(self._healthy, size, False)
+        self._failures = _grown(self._failures, size, 0)
+        self._recv = _grown(self._recv, size, math.nan)
+        self._fresh_until = _grown(self._fresh_until, size, _NEVER)
+        self._exited = _grown(self._exited, size, False)
+        self._gone = _grown(self._gone, size, False)
+        self._probe_timeouts = _grown(self._probe_timeouts, size, 0)
+        self._condemned = _grown(self._condemned, size, False)
+
+    def _reset(self, slot: int) -> None:
+        self._live[slot] = False
+        self._checked[slot] = _NEVER
+        self._healthy[slot] = False
+        self._failures[slot] = 0
+        self._recv[slot] = math.nan
+        self._fresh_until[slot] = _NEVER
+        self._exited[slot] = False
+        self._gone[slot] = False
+        self._probe_timeouts[slot] = 0
+        self._condemned[slot] = False
+
+    def _slot(self, replica: int | str, now: float) -> int:
+        self.sync(now)
+        slot = self._index.slot(replica) if isinstance(replica, str) else replica
+        if 0 <= slot < len(self._live) and self._live[slot]:
+            return slot
+        return NO_SLOT
+
+    # -- observations --------------------------------------------------------------------------
+
+    def observe_batch(
+        self,
+        slots: npt.ArrayLike,
+        healthy: npt.ArrayLike,
+        checked_at: npt.ArrayLike,
+        failures: npt.ArrayLike,
+        recv: float,
+        *,
+        direct: bool = False,
+    ) -> int:
+        """Merge many entries received at `recv`; return how many became a replica's entry.
+
+        Rows whose slot is NO_SLOT, out of range or not live, and rows with a non-finite
+        `checked_at` (no health in that row), are skipped. `direct` is False for relayed entries
+        (handle reports); pass True for a batch of the replicas' own reports.
+        """
+        self.sync(recv)
+        s = np.asarray(slots, dtype=np.int64)
+        ca = np.asarray(checked_at, dtype=np.float64)
+        h = np.asarray(healthy, dtype=np.bool_)
+        f = np.asarray(failures, dtype=np.int32)
+        if not s.shape == ca.shape == h.shape == f.shape or s.ndim != 1:
+            raise UsageError("observe_batch: columns must be 1-d and of equal length")
+        size = len(self._live)
+        in_range = (s >= 0) & (s < size)
+        ok = in_range & self._live[np.where(in_range, s, 0)] & np.isfinite(ca)
+        rows = np.flatnonzero(ok)
+        if len(rows) == 0:
+            return 0
+        # newest row per slot: sort by slot, checked_at, then reversed arrival, and keep each
+        # slot's last row; among equal checked_at the earliest row wins, as across batches
+        order = rows[np.lexsort((-rows, ca[rows], s[rows]))]
+        sorted_slots = s[order]
+        last = np.ones(len(order), dtype=np.bool_)
+        last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
+        pick = order[last]
+        p, c = s[pick], ca[pick]
+        held = self._checked[p]
+        replace = c > held
+        refresh = replace.copy()
+        if direct:
+            refresh |= c == held
+            expired = recv > self._fresh_until[p]
+            back = (c < held) & expired
+            replace |= back
+            refresh |= back
+        rp = p[replace]
+        self._checked[rp] = c[replace]
+        self._healthy[rp] = h[pick][replace]
+        self._failures[rp] = f[pick][replace]
+        self._mark_heard(p[refresh], recv)
+        return int(replace.sum())
+
+    def _mark_heard(self, slots: Int64Array | int, recv: float) -> None:
+        # the latest receipt decides (a first report ends the startup grace early)
+        self._recv[slots] = np.fmax(self._recv[slots], recv)
+        self._fresh_until[slots] = self._recv[slots] + self.stale_after_s
+        self._probe_timeouts[slots] = 0
+        self._gone[slots] = False
+
+    def observe(
+        self, replica: int | str, status: HealthStatus, recv: float, *, direct: bool = True
+    ) -> bool:
+        """One entry (heartbeat, probe answer, replica report: direct by default). True if it
+        became the replica's entry."""
+        slot = self._slot(replica, recv)
+        if slot == NO_SLOT or not math.isfinite(status.checked_at):
+            return False
+        held = float(self._checked[slot])
+        c = status.checked_at
+        replace = c > held or (direct and c < held and recv > self._fresh_until[slot])
+        if replace:
+            self._checked[slot] = c
+            self._healthy[slot] = status.healthy
+            self._failures[slot] = status.consecutive_failures
+        if replace or (direct and c == held):
+            self._mark_heard(slot, recv)
+        return replace
+
+    def mark_exited(self, replica: int | str, now: float) -> bool:
+        """The replica's process is gone: unhealthy at the next `evaluate`, held or not."""
+        slot = self._slot(replica, now)
+        if slot == NO_SLOT:
+            return False
+        self._exited[slot] = True
+        return True
+
+    def probe_result(
+        self,
+        replica: int | str,
+        outcome: ProbeOutcome,
+        recv: float,
+        status: HealthStatus | None = None,
+    ) -> bool:
+        """Record how a pull probe ended. An answer is a direct observation; an answer without a
+        status still proves the replica is alive. False if the replica is not known."""
+        slot = self._slot(replica, recv)
+        if slot == NO_SLOT:
+            return False
+        if outcome is ProbeOutcome.ANSWERED:
+            if status is None:
+                self._mark_heard(slot, recv)
+            else:
+                self.observe(slot, status, recv, direct=True)
+        elif outcome is ProbeOutcome.NO_RESPONDERS and self._checked[slot] != _NEVER:
+            self._gone[slot] = True
+        else:
+            self._probe_timeouts[slot] += 1
+        return True
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def evaluate(self, now: float, *, hold_verdicts: bool) -> HealthEvaluation:
+        """Stale replicas (to probe) and new unhealthy verdicts at `now`."""
+        self.sync(now)
+        live = self._live
+        failed = self._failures >= self.failure_threshold
+        fact = self._exited | failed
+        absent = self._gone | (self._probe_timeouts >= self.probe_timeout_limit)
+        if hold_verdicts:
+            # timeouts seen while the controller itself is behind are not evidence
+            self._probe_timeouts[:] = 0
+        open_ = live & ~self._condemned
+        new = open_ & fact
+        absent_new = open_ & absent & ~fact
+        held = int(absent_new.sum()) if hold_verdicts else 0
+        if not hold_verdicts:
+            new |= absent_new
+        new_slots = np.flatnonzero(new).astype(np.int64)
+        never = self._checked[new_slots] == _NEVER
+        reasons = np.select(
+            [
+                self._exited[new_slots],
+                self._gone[new_slots],
+                failed[new_slots],
+                never,
+            ],
+            [
+                VerdictReason.EXITED,
+                VerdictReason.GONE,
+                VerdictReason.FAILURES,
+                VerdictReason.NEVER_REPORTED,
+            ],
+            default=VerdictReason.PROBE_TIMEOUTS,
+        ).astype(np.int8)
+        self._condemned[new_slots] = True
+
+        stale_mask = live & ~self._condemned & (now > self._fresh_until)
+        idx = np.flatnonzero(stale_mask).astype(np.int64)
+        since = self._fresh_until[idx]
+        order = np.lexsort((idx, since))
+        n_live = int(live.sum())
+        return HealthEvaluation(
+            stale_slots=idx[order],
+            stale_since=since[order],
+            unhealthy_slots=new_slots,
+            unhealthy_reasons=reasons,
+            live=n_live,
+            stale=len(idx),
+            unreported=int((live & (self._checked == _NEVER)).sum()),
+            condemned=int((live & self._condemned).sum()),
+            held=held,
+        )
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get(self, replica: int | str, now: float) -> ReplicaHealth | None:
+        slot = self._slot(replica, now)
+        if slot == NO_SLOT:
+            return None
+        rid = self._ids[slot]
+        assert rid is not None
+        reported = self._checked[slot] != _NEVER
+        recv = float(self._recv[slot])
+        return ReplicaHealth(
+            slot=slot,
+            replica_id=rid,
+            healthy=bool(self._healthy[slot]) if reported else None,
+            checked_at=float(self._checked[slot]) if reported else None,
+            consecutive_failures=int(self._failures[slot]),
+            received_at=None if math.isnan(recv) else recv,
+            fresh_until=float(self._fresh_until[slot]),
+            exited=bool(self._exited[slot]),
+            gone=bool(self._gone[slot]),
+            probe_timeouts=int(self._probe_timeouts[slot]),
+            condemned=bool(self._condemned[slot]),
+        )
+
+    def condemned_slots(self) -> Int64Array:
+        """Slots holding an unhealthy verdict (to replace)."""
+        return np.flatnonzero(self._live & self._condemned).astype(np.int64)

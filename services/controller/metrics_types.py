@@ -1,0 +1,117 @@
+"""Results of the metrics store: what one ingest did, the health it carried, the aggregates.
+
+Health carried by reports leaves the store as numpy arrays over `ReplicaIndex` slots, so the
+health registry can apply a wide report with vectorised newest-wins instead of a row loop.
+The extraction helpers are pure functions of a report and the slots its rows map to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from services.controller.replica_index import NO_SLOT, ReplicaIndex
+from services.controller.staleness import Verdict
+from shared.wire.columnar import ColumnarHandleReport
+from shared.wire.messages import HealthStatus
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+Mask = npt.NDArray[np.bool_]
+
+ACCEPTED: Final = "accepted"
+STALE: Final = Verdict.STALE.value
+DUPLICATE: Final = Verdict.DUPLICATE.value
+NOT_RUNNING: Final = "not_running"
+"""Replica report from a known replica that is not running: health extracted, metrics not kept."""
+UNKNOWN_REPLICA: Final = "unknown_replica"
+"""Replica report from a replica the index does not know: dropped whole."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HealthBatch:
+    """Health rows carried by one report, for the health registry (which keeps newest-wins).
+    Only rows that carry health and name a replica the index knows (running or not)."""
+
+    slots: I64
+    healthy: Mask
+    checked_at: F64
+    failures: I32
+
+    def __len__(self) -> int:
+        return int(self.slots.size)
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    """What one report did. `reason` is ACCEPTED, STALE, DUPLICATE, NOT_RUNNING or
+    UNKNOWN_REPLICA. `rows` replica rows were merged; `ignored` rows named a replica without a
+    slot or not running. `health` is set whenever the report passed the staleness gate and
+    carried health for a known replica, even if its metrics were not kept (NOT_RUNNING)."""
+
+    accepted: bool
+    reason: str
+    health: HealthBatch | None = None
+    rows: int = 0
+    ignored: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MetricsSnapshot:
+    """Aggregates at one instant. `per_replica` is indexed by slot (0 outside the running set)."""
+
+    total_running: float
+    queued: float
+    total_demand: float
+    per_replica: F64
+    running_replicas: int
+    self_reporting: int
+    """Running replicas whose own report (not handle sums) gives their running requests."""
+    handles: int
+    cold_start_signal: bool
+    """Some live handle has requests queued (the controller combines it with zero replicas)."""
+    expired: tuple[str, ...]
+
+
+def object_health(index: ReplicaIndex, health: Iterable[HealthStatus]) -> HealthBatch | None:
+    """Health of object-path reports (Python per entry, like the msgpack decode before it).
+    A replica listed twice yields two rows: the registry keeps the newest."""
+    rows = [(index.slot(s.replica_id), s) for s in health]
+    rows = [(slot, s) for slot, s in rows if slot != NO_SLOT]
+    if not rows:
+        return None
+    n = len(rows)
+    return HealthBatch(
+        slots=np.fromiter((slot for slot, _ in rows), np.int64, n),
+        healthy=np.fromiter((s.healthy for _, s in rows), np.bool_, n),
+        checked_at=np.fromiter((s.checked_at for _, s in rows), np.float64, n),
+        failures=np.fromiter((s.consecutive_failures for _, s in rows), np.int32, n),
+    )
+
+
+def columnar_health(c: ColumnarHandleReport, slots: I64, known: Mask) -> HealthBatch | None:
+    """Health rows of one FPC1 part; `slots`/`known` are per row. Vectorised."""
+    batch = c.batch
+    nulls = batch.column(2).null_count
+    if nulls == c.num_rows:
+        return None
+    if nulls == 0:
+        # No nulls to fill: read the buffers directly (the accessors' fill_null costs more
+        # than the conversion itself on narrow reports).
+        keep = known
+        healthy = np.asarray(batch.column(2).to_numpy(zero_copy_only=False))
+        checked_at = np.asarray(batch.column(3).to_numpy(zero_copy_only=False))
+        failures = np.asarray(batch.column(4).to_numpy(zero_copy_only=False))
+    else:
+        keep = known & c.health_valid
+        healthy, checked_at, failures = c.health_healthy, c.health_checked_at, c.health_failures
+    if keep.all():
+        return HealthBatch(slots, healthy, checked_at, failures)
+    if not keep.any():
+        return None
+    return HealthBatch(slots[keep], healthy[keep], checked_at[keep], failures[keep])

@@ -1,0 +1,287 @@
+"""The controller core end to end on a simulated clock: reports in, KV writes and probes out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.controller.core import (
+    ControllerConfig,
+    ControllerCore,
+    Event,
+    Probe,
+    PutMembership,
+    PutStatus,
+    PutTargets,
+)
+from services.controller.health_registry import ProbeOutcome
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.control import TargetSet
+from shared.subjects import DEFAULT_SUBJECTS as S
+from shared.wire import encode
+from shared.wire.columnar import handle_report_to_columnar
+from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle
+
+TICK = 0.1
+
+
+def app_with(policy: AutoscalingConfig | None = None, num_replicas: int | None = None) -> AppConfig:
+    dep = DeploymentConfig(
+        name="Model",
+        import_path="m:Model",
+        health_check_period_s=1.0,
+        health_check_timeout_s=1.0,
+        num_replicas=num_replicas,
+        autoscaling=policy,
+    )
+    return AppConfig("shop", (dep,), route_prefix="/shop", ingress="Model", version="v1")
+
+
+FAST = AutoscalingConfig(
+    min_replicas=0,
+    max_replicas=4,
+    target_ongoing_requests=2,
+    upscale_delay_s=1.0,
+    downscale_delay_s=2.0,
+    downscale_to_zero_delay_s=2.0,
+    look_back_period_s=1.0,
+    metrics_interval_s=0.5,
+)
+
+
+class Sim:
+    def __init__(self, app: AppConfig, core: ControllerCore | None = None, t: float = 100.0) -> None:
+        self.core = core or ControllerCore(ControllerConfig())
+        self.t = t
+        self.seq = 0
+        self.targets: TargetSet | None = None
+        self.membership: list[str] = []
+        self.epochs: list[int] = []
+        self.status: dict[str, Any] = {}
+        self.actions: list[Any] = []
+        self.core.set_apps({app.name: app}, self.t)
+
+    def wall(self) -> float:
+        return 1_700_000_000.0 + self.t
+
+    def run(self, seconds: float, **report: Any) -> None:
+        end = self.t + seconds
+        while self.t < end - 1e-9:
+            if report:
+                self.handle_report(**report)
+            self.tick()
+
+    def tick(self) -> list[Any]:
+        self.t = round(self.t + TICK, 6)
+        acts = self.core.tick(self.t, self.wall())
+        self.actions += acts
+        for a in acts:
+            if isinstance(a, PutTargets):
+                self.targets = a.value
+            elif isinstance(a, PutMembership):
+                self.membership = [m.replica_id for m in a.value.replicas]
+                self.epochs.append(a.value.epoch)
+            elif isinstance(a, PutStatus):
+                self.status = {
+                    "app": a.value.status,
+                    **{k: v.status for k, v in a.value.deployments.items()},
+                }
+        return acts
+
+    def target_ids(self) -> list[str]:
+        return [r.replica_id for r in self.targets.replicas] if self.targets else []
+
+    def handle_report(
+        self,
+        queued: float = 0.0,
+        running: dict[str, float] | None = None,
+        health: tuple[HealthStatus, ...] = (),
+        handle: str = "h1",
+        columnar: bool = False,
+    ) -> None:
+        self.seq += 1
+        r = HandleReport(
+            handle, "shop", "Model", self.wall(), self.seq, queued, running or {}, health, 1, {}
+        )
+        subject = S.report("handle", "shop", "Model")
+        if columnar:
+            for part in handle_report_to_columnar(r):
+                self.core.ingest(subject, part, self.t)
+        else:
+            self.core.ingest(subject, encode(r), self.t)
+
+    def lifecycle(self, rid: str, state: str) -> None:
+        ev = Lifecycle(rid, "agent-1", state, self.wall(), S.rpc("shop", "Model", rid), "v1", None, "shop", "Model")
+        self.core.ingest(S.report("lifecycle", "shop", "Model"), encode(ev), self.t)
+
+    def start_all(self) -> None:
+        for rid in self.target_ids():
+            if rid not in self.membership:
+                self.lifecycle(rid, "starting")
+                self.lifecycle(rid, "ready")
+        self.tick()
+
+    def healthy(self, rid: str, failures: int = 0) -> HealthStatus:
+        return HealthStatus(rid, failures == 0, self.wall(), failures)
+
+
+def test_created_at_zero_is_healthy_and_a_queued_request_wakes_it_at_once() -> None:
+    sim = Sim(app_with(FAST))
+    sim.tick()
+    assert sim.target_ids() == [] and sim.status == {"app": "RUNNING", "Model": "HEALTHY"}
+    sim.handle_report(queued=1.0)
+    sim.tick()
+    assert len(sim.target_ids()) == 1  # cold start: no upscale delay
+    assert sim.status["Model"] == "UPSCALING"  # serviceable at zero while waking
+    sim.start_all()
+    assert sim.membership == sim.target_ids() and sim.epochs == [1]
+    assert sim.status["Model"] == "HEALTHY"
+
+
+def test_load_scales_up_after_the_delay_and_idle_scales_to_zero() -> None:
+    sim = Sim(app_with(FAST))
+    sim.handle_report(queued=1.0)
+    sim.tick()
+    sim.start_all()
+    (rid,) = sim.target_ids()
+    sim.run(0.5, running={rid: 2.0}, queued=6.0)  # demand 8 / target 2 -> 4, but delay 1 s
+    assert len(sim.target_ids()) == 1
+    sim.run(1.0, running={rid: 2.0}, queued=6.0)
+    assert len(sim.target_ids()) == 4
+    decisions = [a for a in sim.actions if isinstance(a, Event) and a.kind == "decision"]
+    assert any("upscale 1->4" in d.detail for d in decisions)
+    sim.start_all()
+    sim.run(1.5, running={r: 0.0 for r in sim.target_ids()})  # idle: not yet (downscale delay 2 s)
+    assert len(sim.target_ids()) == 4
+    sizes: list[tuple[float, int]] = []
+    idle_from = sim.t - 1.5
+    for _ in range(60):
+        sim.run(0.1, running={r: 0.0 for r in sim.membership})
+        if not sizes or sizes[-1][1] != len(sim.target_ids()):
+            sizes.append((sim.t - idle_from, len(sim.target_ids())))
+    # down to one after the downscale delay, then to zero after the to-zero delay
+    assert [n for _, n in sizes] == [4, 1, 0]
+    assert sizes[1][0] >= 2.0 and sizes[2][0] - sizes[1][0] >= 2.0 - 1e-6
+    assert sim.membership == []
+
+
+def test_columnar_and_object_reports_drive_the_same_decisions() -> None:
+    runs = []
+    for columnar in (False, True):
+        sim = Sim(app_with(FAST))
+        sim.handle_report(queued=1.0, columnar=columnar)
+        sim.tick()
+        sim.start_all()
+        (rid,) = sim.target_ids()
+        for _ in range(20):
+            sim.handle_report(running={rid: 2.0}, queued=6.0, columnar=columnar)
+            sim.tick()
+        runs.append((sim.target_ids(), sim.epochs))
+    assert runs[0] == runs[1]
+
+
+def test_replica_reporting_three_failures_is_replaced() -> None:
+    sim = Sim(app_with(num_replicas=2))
+    sim.tick()
+    sim.start_all()
+    bad, good = sim.target_ids()
+    sim.handle_report(health=(sim.healthy(good), sim.healthy(bad, failures=2)))
+    sim.tick()
+    assert bad in sim.target_ids()  # 2 failures: not yet
+    sim.handle_report(health=(sim.healthy(good), sim.healthy(bad, failures=3)))
+    sim.tick()
+    assert bad not in sim.target_ids() and len(sim.target_ids()) == 2
+    assert bad not in sim.membership
+    assert any(isinstance(a, Event) and a.kind == "replica_unhealthy" for a in sim.actions)
+    assert sim.status["Model"] == "UNHEALTHY"
+    sim.start_all()
+    assert sim.status["Model"] == "HEALTHY"
+
+
+def test_silent_replica_is_probed_and_replaced_when_gone() -> None:
+    sim = Sim(app_with(num_replicas=1))
+    sim.tick()
+    sim.start_all()
+    (rid,) = sim.target_ids()
+    probes: list[Probe] = []
+    for _ in range(60):  # health carried at first, then silence
+        if sim.t < 101.0:
+            hb = Heartbeat(sim.healthy(rid), sim.wall())
+            sim.core.ingest(S.report("heartbeat", "shop", "Model"), encode(hb), sim.t)
+        probes += [a for a in sim.tick() if isinstance(a, Probe)]
+    assert probes and probes[0].replica_id == rid
+    assert len(probes) <= 3  # no probe storm for one replica
+    sim.core.on_probe("shop", "Model", rid, ProbeOutcome.NO_RESPONDERS, None, sim.t)
+    sim.tick()
+    assert rid not in sim.target_ids() and len(sim.target_ids()) == 1
+
+
+def test_a_probe_answer_keeps_a_quiet_replica() -> None:
+    sim = Sim(app_with(num_replicas=1))
+    sim.tick()
+    sim.start_all()
+    (rid,) = sim.target_ids()
+    for _ in range(80):
+        for a in sim.tick():
+            if isinstance(a, Probe):
+                sim.core.on_probe(
+                    "shop", "Model", rid, ProbeOutcome.ANSWERED, sim.healthy(rid), sim.t
+                )
+    assert sim.target_ids() == [rid]
+
+
+def test_restart_from_kv_keeps_replicas_and_does_not_scale_down_without_a_window() -> None:
+    sim = Sim(app_with(FAST))
+    sim.handle_report(queued=8.0)
+    sim.tick()
+    sim.run(1.5, queued=8.0)
+    sim.start_all()
+    assert len(sim.target_ids()) == 4
+    memberships = [a.value for a in sim.actions if isinstance(a, PutMembership)]
+    # a new controller process: only KV survives
+    fresh = ControllerCore(ControllerConfig(owner_epoch=2))
+    sim2 = Sim(app_with(FAST), core=fresh, t=sim.t)
+    fresh.restore([sim.targets], memberships[-1:], sim.t)  # type: ignore[list-item]
+    sim2.tick()
+    assert sim2.target_ids() == sim.target_ids()  # nothing lost, nothing restarted
+    assert sim2.targets is None or sim2.targets.owner_epoch == 2
+    sim2.run(0.5)  # no reports yet: missing data is not zero load
+    assert len(sim2.target_ids() or sim.target_ids()) == 4
+    next_membership = [a for a in sim2.actions if isinstance(a, PutMembership)]
+    assert all(m.value.epoch > memberships[-1].epoch for m in next_membership)
+
+
+def test_garbage_is_counted_and_dropped() -> None:
+    sim = Sim(app_with(num_replicas=1))
+    subject = S.report("handle", "shop", "Model")
+    sim.core.ingest(subject, b"FPC1 not arrow", sim.t)
+    sim.core.ingest(subject, b"\xff\xff", sim.t)
+    sim.core.ingest("fp.v1.report.bogus.shop.Model", b"", sim.t)
+    sim.core.ingest(S.report("handle", "nope", "Model"), b"", sim.t)
+    d = sim.core.stats.dropped
+    assert sum(d.values()) == 4 and d["bad_subject"] == 1 and d["unknown_deployment"] == 1
+    sim.tick()  # still works
+
+
+def test_deleted_app_drains_to_zero_then_its_keys_go() -> None:
+    sim = Sim(app_with(num_replicas=2))
+    sim.tick()
+    sim.start_all()
+    sim.core.set_apps({}, sim.t)
+    sim.tick()
+    assert sim.target_ids() == [] and sim.status["app"] == "DELETING"
+    for rid in ["Model-1", "Model-2"]:
+        sim.lifecycle(rid, "exited")
+    acts = sim.tick()
+    deleted = {(a.bucket, a.key) for a in acts if type(a).__name__ == "DeleteKey"}
+    assert ("fp_targets", "shop.Model") in deleted and ("fp_status", "shop") in deleted
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_fixed_size_deployment_keeps_its_size(n: int) -> None:
+    sim = Sim(app_with(num_replicas=n))
+    sim.tick()
+    sim.start_all()
+    sim.run(5.0)
+    assert len(sim.target_ids()) == n and sim.status["Model"] == "HEALTHY"
