@@ -48,6 +48,8 @@ class Membership:
     deployment: str
     epoch: int
     replicas: tuple[Member, ...]
+    owner_epoch: int = 0
+    """The writing controller's ownership epoch (fencing, see services/controller/fenced.py)."""
 
     def encode(self) -> bytes:
         return msgpack.packb(
@@ -58,6 +60,7 @@ class Membership:
                 "deployment": self.deployment,
                 "epoch": self.epoch,
                 "replicas": [[m.replica_id, m.rpc_subject] for m in self.replicas],
+                "owner_epoch": self.owner_epoch,
             },
             use_bin_type=True,
         )
@@ -84,7 +87,10 @@ class Membership:
                     "wrong_type", "membership.replicas items are [replica_id, rpc_subject]"
                 )
             members.append(Member(item[0], item[1]))
-        return Membership(app, deployment, epoch, tuple(members))
+        owner = m.get("owner_epoch", 0)
+        if not isinstance(owner, int) or isinstance(owner, bool):
+            raise WireError("wrong_type", "membership.owner_epoch must be an integer")
+        return Membership(app, deployment, epoch, tuple(members), owner)
 
 
 def _load_map(data: bytes, kind: str) -> dict[str, Any]:

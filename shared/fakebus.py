@@ -50,6 +50,8 @@ from shared.bus import (
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, BusTimeout, KVConflict, UsageError
 
+CLOSE_GRACE_S = 1.0
+
 _current_sub: contextvars.ContextVar[_FakeSub | None] = contextvars.ContextVar(
     "fakebus_current_sub", default=None
 )
@@ -175,8 +177,8 @@ class _FakeSub:
         await self.unsubscribe()
         if self.task is not asyncio.current_task() and not self.task.done():
             self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            # bounded: a handler that swallows the cancellation must not hang close()
+            await asyncio.wait({self.task}, timeout=CLOSE_GRACE_S)
 
 
 class FakeBus:
