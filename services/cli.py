@@ -45,6 +45,12 @@ def _cmd_replica(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _cmd_controller(args: argparse.Namespace) -> int:
+    from services.controller.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
 def _cmd_router(args: argparse.Namespace) -> int:
     from services.router.__main__ import run_from_args
 
@@ -78,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flag(rep)
     add_replica_arguments(rep)
     rep.set_defaults(func=_cmd_replica)
+
+    from services.controller.__main__ import add_controller_arguments
+
+    ctl = sub.add_parser(
+        "controller", help="run a controller member: ingest, health verdicts, autoscaling"
+    )
+    add_nats_flag(ctl)
+    add_controller_arguments(ctl)
+    ctl.set_defaults(func=_cmd_controller)
 
     from services.router.config import add_gateway_arguments
 

@@ -86,7 +86,8 @@ class DeploymentConfig:
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
     graceful_shutdown_timeout_s: float = 20.0
-    num_replicas: int | None = 1
+    num_replicas: int | None = None
+    """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None
 
     def __post_init__(self) -> None:
@@ -95,9 +96,9 @@ class DeploymentConfig:
             raise ConfigError("must look like 'package.module:Attribute'", field="import_path")
         if self.max_ongoing_requests < 1:
             raise ConfigError("must be >= 1", field="max_ongoing_requests")
-        if (self.num_replicas is None) == (self.autoscaling is None):
+        if self.num_replicas is not None and self.autoscaling is not None:
             raise ConfigError(
-                "set exactly one of num_replicas and autoscaling_config", field="num_replicas"
+                "set num_replicas or autoscaling_config, not both", field="num_replicas"
             )
         if self.num_replicas is not None and self.num_replicas < 0:
             raise ConfigError("must be >= 0", field="num_replicas")
@@ -115,7 +116,7 @@ class DeploymentConfig:
         """The autoscaling policy; a fixed size is min = max = initial = num_replicas."""
         if self.autoscaling is not None:
             return self.autoscaling
-        n = self.num_replicas or 0
+        n = 1 if self.num_replicas is None else self.num_replicas
         return AutoscalingConfig(min_replicas=n, max_replicas=max(n, 1), initial_replicas=n)
 
 

@@ -37,9 +37,10 @@ from .health_registry import ProbeOutcome
 from .managed import ManagedDeployment
 from .metrics_types import HealthBatch
 from .policy import PolicyState
-from .stall_guard import ProbeLimiter, StallGuard, StallState
+from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 
 DepKey = tuple[str, str]
+REPROBE_AFTER_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,11 @@ class ControllerCore:
         self.deleting: dict[DepKey, ManagedDeployment] = {}
         self.stall = StallGuard()
         self.stall_state: StallState | None = None
-        self.probes: ProbeLimiter[tuple[str, str, str]] = ProbeLimiter()
+        # a replica is a candidate only while stale, and an answer makes it fresh again, so the
+        # re-probe gap only needs to cover a probe's own timeout
+        self.probes: ProbeLimiter[tuple[str, str, str]] = ProbeLimiter(
+            ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
+        )
         self.stats = CoreStats()
         self._status_written: dict[str, float] = {}
         self._dirty_apps: set[str] = set()
@@ -246,7 +251,12 @@ class ControllerCore:
         stale = known = 0
         probe_candidates: list[tuple[str, str, str]] = []
         for key, m in list(self.deployments.items()) + list(self.deleting.items()):
-            res = m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments)
+            res = m.step(
+                now,
+                hold_verdicts=hold,
+                decide_scale=key in self.deployments,
+                owner_epoch=self.cfg.owner_epoch,
+            )
             actions.extend(_events(m, res.events))
             if res.decision_changed and m.decision.changed:
                 actions.append(Event("decision", m.app, m.name, detail=m.decision.reason))

@@ -96,7 +96,9 @@ class ManagedDeployment:
         self.window.add(now, demand)
         return demand
 
-    def step(self, now: float, *, hold_verdicts: bool, decide_scale: bool = True) -> StepResult:
+    def step(
+        self, now: float, *, hold_verdicts: bool, decide_scale: bool = True, owner_epoch: int = 0
+    ) -> StepResult:
         out = StepResult()
         self.sample(now)
         evaluation = self.health.evaluate(now, hold_verdicts=hold_verdicts)
@@ -115,7 +117,7 @@ class ManagedDeployment:
         out.events += self.state.reconcile(now)
         self.follow_records(now)
         if self.state.update_membership():
-            out.membership = self.membership()
+            out.membership = self.membership(owner_epoch)
         targets = self.targets()
         if targets != self._last_targets:
             self._last_targets = targets
@@ -144,9 +146,9 @@ class ManagedDeployment:
 
     # -- outputs -----------------------------------------------------------------------------
 
-    def membership(self) -> Membership:
+    def membership(self, owner_epoch: int = 0) -> Membership:
         members = tuple(Member(rid, subj) for rid, subj in self.state.membership)
-        return Membership(self.app, self.name, self.state.membership_epoch, members)
+        return Membership(self.app, self.name, self.state.membership_epoch, members, owner_epoch)
 
     def targets(self) -> tuple[ReplicaTarget, ...]:
         return tuple(

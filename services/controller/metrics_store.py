@@ -147,6 +147,8 @@ class DeploymentMetrics:
         self._handles: dict[str, _Handle] = {}
         self._handle_gate = SourceGate()
         self._replica_gate = SourceGate()
+        self.slot_map_builds = 0
+        """Columnar dictionary -> slot mappings built (cache misses), for metrics and tests."""
 
     # -- running-replica gate ------------------------------------------------------------------
 
@@ -271,7 +273,7 @@ class DeploymentMetrics:
         if not verdict.accepted:
             return IngestResult(False, verdict.value)
         h = self._handle_for(c.handle_id, COLUMNAR, recv)
-        h.queued = c.queued_requests  # report-level: set, never added over parts
+        h.queued += c.queued_requests  # report-level: set, never added over parts
         split = c.parts > 1
         if verdict is Verdict.NEW_REPORT:
             h.gen += 1
@@ -348,6 +350,7 @@ class DeploymentMetrics:
             or m.index_version != self._index.version
             or not m.dictionary.equals(d)
         ):
+            self.slot_map_builds += 1
             ids = d.to_pylist()
             slots = self._index.slots_for(ids)
             # An owned copy: holding `d` would pin the whole received payload in memory.
@@ -421,9 +424,13 @@ class DeploymentMetrics:
         return any(h.queued > 0.0 for h in self._handles.values())
 
     def custom_names(self) -> list[str]:
-        names = set(self._own_custom)
-        for h in self._handles.values():
-            names.update(h.custom)
+        """Custom metrics some running replica has a value for."""
+        self._sync()
+        names = set()
+        for columns in (self._own_custom, *(h.custom for h in self._handles.values())):
+            for name, a in columns.items():
+                if name not in names and (~np.isnan(a) & self._running).any():
+                    names.add(name)
         return sorted(names)
 
     def custom_total(self, name: str) -> float | None:

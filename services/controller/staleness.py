@@ -4,8 +4,9 @@ How it works. Every source (a replica id for replica reports, a handle id for ha
 keeps the (sent_at, seq) of the last report accepted from it, compared lexicographically: a
 report with an older key is stale, one with a newer key starts a new report. A report may be
 split into columnar parts that share (sent_at, seq) and differ only in `part`; the gate keeps the
-set of parts seen for the latest key, so each part is accepted once and a repeat is a duplicate.
-An object-path report is part 0 of 1. The gate does not care which format a report came in:
+set of parts seen for the latest key, so each part is accepted once and a repeat is a duplicate
+(as is a "part" that disagrees with the accepted one on the number of parts: a sender reused a
+key for another report). An object-path report is part 0 of 1. The gate does not care which format a report came in:
 both formats of one source share one entry, which is what lets a handle switch formats
 mid-rollout without a stale report slipping through.
 
@@ -71,7 +72,9 @@ class SourceGate:
     def __contains__(self, source: object) -> bool:
         return source in self._entries
 
-    def check(self, source: str, sent_at: float, seq: int, part: int = 0) -> Verdict:
+    def check(
+        self, source: str, sent_at: float, seq: int, part: int = 0, parts: int = 1
+    ) -> Verdict:
         """The verdict `admit` would give, without recording anything."""
         e = self._entries.get(source)
         if e is None:
@@ -80,13 +83,15 @@ class SourceGate:
             return Verdict.STALE
         if (sent_at, seq) > (e.sent_at, e.seq):
             return Verdict.NEW_REPORT
-        return Verdict.DUPLICATE if part in e.seen else Verdict.NEW_PART
+        # Same key: another part of the same report, unless already seen. A part that disagrees
+        # on the number of parts cannot belong to the report accepted under this key.
+        return Verdict.DUPLICATE if part in e.seen or parts != e.parts else Verdict.NEW_PART
 
     def admit(
         self, source: str, sent_at: float, seq: int, recv: float, part: int = 0, parts: int = 1
     ) -> Verdict:
         """Judge one report (or part) and record it if accepted."""
-        verdict = self.check(source, sent_at, seq, part)
+        verdict = self.check(source, sent_at, seq, part, parts)
         if verdict is Verdict.NEW_REPORT:
             self._entries[source] = _Entry(sent_at, seq, parts, {part}, recv)
         elif verdict is Verdict.NEW_PART:

@@ -51,7 +51,9 @@ FAST = AutoscalingConfig(
 
 
 class Sim:
-    def __init__(self, app: AppConfig, core: ControllerCore | None = None, t: float = 100.0) -> None:
+    def __init__(
+        self, app: AppConfig, core: ControllerCore | None = None, t: float = 100.0
+    ) -> None:
         self.core = core or ControllerCore(ControllerConfig())
         self.t = t
         self.seq = 0
@@ -112,7 +114,17 @@ class Sim:
             self.core.ingest(subject, encode(r), self.t)
 
     def lifecycle(self, rid: str, state: str) -> None:
-        ev = Lifecycle(rid, "agent-1", state, self.wall(), S.rpc("shop", "Model", rid), "v1", None, "shop", "Model")
+        ev = Lifecycle(
+            rid,
+            "agent-1",
+            state,
+            self.wall(),
+            S.rpc("shop", "Model", rid),
+            "v1",
+            None,
+            "shop",
+            "Model",
+        )
         self.core.ingest(S.report("lifecycle", "shop", "Model"), encode(ev), self.t)
 
     def start_all(self) -> None:

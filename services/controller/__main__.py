@@ -1,0 +1,101 @@
+"""`fleetpulse controller` / `python -m services.controller`: run a controller member."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from prometheus_client import start_http_server
+
+from shared.subjects import DEFAULT_NAMESPACE
+
+from .core import ControllerConfig
+from .service import ControllerService, ServiceConfig
+from .stream import DEFAULT_PARTITIONS, DEFAULT_RETENTION_S
+
+log = logging.getLogger(__name__)
+
+
+def add_controller_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--member-id", default=os.environ.get("FLEETPULSE_MEMBER_ID") or f"c-{uuid.uuid4().hex[:8]}"
+    )
+    p.add_argument(
+        "--owner-epoch",
+        type=int,
+        default=int(os.environ.get("FLEETPULSE_OWNER_EPOCH", "1")),
+        help="fencing epoch written with every KV value (a successor must use a higher one)",
+    )
+    p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
+    p.add_argument(
+        "--partitions", type=int, default=DEFAULT_PARTITIONS, help="FP_REPORTS partitions"
+    )
+    p.add_argument(
+        "--retention-s", type=float, default=DEFAULT_RETENTION_S, help="stream retention"
+    )
+    p.add_argument(
+        "--rebuild-s",
+        type=float,
+        default=60.0,
+        help="history replayed from the stream at start (>= the longest look-back window)",
+    )
+    p.add_argument("--control-interval-s", type=float, default=0.1)
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+
+
+def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+    return ServiceConfig(
+        nats_url=args.nats,
+        core=ControllerConfig(
+            namespace=args.namespace,
+            member_id=args.member_id,
+            owner_epoch=args.owner_epoch,
+            control_interval_s=args.control_interval_s,
+        ),
+        partitions=args.partitions,
+        retention_s=args.retention_s,
+        rebuild_s=args.rebuild_s,
+        metrics_port=args.metrics_port,
+    )
+
+
+async def serve(cfg: ServiceConfig) -> int:
+    service = ControllerService(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service._stop.set)
+    if cfg.metrics_port:
+        start_http_server(cfg.metrics_port)
+    try:
+        await service.run()
+    finally:
+        await service.stop()
+    return 0
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    return asyncio.run(serve(config_from_args(args)))
+
+
+def main() -> int:
+    from services.cli import add_nats_flag, default_nats_url
+
+    parser = argparse.ArgumentParser(prog="python -m services.controller", description=__doc__)
+    add_nats_flag(parser)
+    add_controller_arguments(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args()
+    args.nats = args.nats or default_nats_url()
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

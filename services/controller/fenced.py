@@ -1,0 +1,75 @@
+"""Revision-checked KV writes carrying the writer's owner epoch.
+
+Every value the controller writes to fp_targets / fp_membership / fp_status carries its
+`owner_epoch`. A write is an `update` against the last revision this writer saw; on a conflict the
+writer re-reads: a value written by a higher epoch means ownership moved on, and the write is
+dropped (and reported), never forced. A lower or equal epoch (our own earlier write, or a previous
+incarnation's) is taken over at its revision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from shared.bus import KV
+from shared.errors import KVConflict
+
+log = logging.getLogger(__name__)
+
+EpochOf = Callable[[bytes], int]
+
+
+def json_epoch(value: bytes) -> int:
+    try:
+        doc = json.loads(value)
+        return int(doc.get("owner_epoch", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+class FencedWriter:
+    def __init__(self, kv: KV, owner_epoch: int, epoch_of: EpochOf = json_epoch) -> None:
+        self.kv = kv
+        self.owner_epoch = owner_epoch
+        self.epoch_of = epoch_of
+        self._revisions: dict[str, int] = {}
+        self.fenced = 0
+
+    async def put(self, key: str, value: bytes) -> bool:
+        """Write unless a newer owner wrote the key. True when written."""
+        for _ in range(3):
+            rev = self._revisions.get(key)
+            try:
+                if rev is None:
+                    current = await self.kv.get(key)
+                    if current is None:
+                        self._revisions[key] = await self.kv.create(key, value)
+                        return True
+                    if self.epoch_of(current.value) > self.owner_epoch:
+                        return self._fenced(key)
+                    rev = current.revision
+                self._revisions[key] = await self.kv.update(key, value, rev)
+                return True
+            except KVConflict:
+                self._revisions.pop(key, None)
+                current = await self.kv.get(key)
+                if current is not None and self.epoch_of(current.value) > self.owner_epoch:
+                    return self._fenced(key)
+        log.warning("gave up writing %s after repeated revision conflicts", key)
+        return False
+
+    async def delete(self, key: str) -> None:
+        rev = self._revisions.pop(key, None)
+        try:
+            await self.kv.delete(key, last_revision=rev)
+        except KVConflict:
+            current = await self.kv.get(key)
+            if current is None or self.epoch_of(current.value) <= self.owner_epoch:
+                await self.kv.delete(key)
+
+    def _fenced(self, key: str) -> bool:
+        self.fenced += 1
+        log.warning("not writing %s: a newer owner (epoch > %d) holds it", key, self.owner_epoch)
+        return False

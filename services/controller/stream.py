@@ -1,0 +1,97 @@
+"""The FP_REPORTS JetStream stream: every report, partitioned by {app}.{deployment}.
+
+The stream captures `fp.v1.report.>` and a subject transform stores each message as
+`fp.v1.part.{P}.{kind}.{app}.{deployment}`, where P = hash(app, deployment) mod partitions (the
+server's `partition()` mapping function). A controller member consumes the partitions it owns;
+one deployment's reports always land in one partition, in order. Memory storage: reports are
+worth only as long as the look-back window, and retention covers it with room to spare.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
+from nats.js.errors import NotFoundError
+
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+STREAM_NAME = "FP_REPORTS"
+DEFAULT_PARTITIONS = 16
+DEFAULT_RETENTION_S = 600.0
+
+
+def partition_prefix(subjects: Subjects) -> str:
+    return f"{subjects.prefix}.part"
+
+
+def stream_config(
+    subjects: Subjects, partitions: int, retention_s: float, *, replicas: int = 1
+) -> StreamConfig:
+    src = f"{subjects.prefix}.report.*.*.*"
+    dest = (
+        f"{partition_prefix(subjects)}.{{{{partition({partitions},2,3)}}}}"
+        ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+    )
+    return StreamConfig(
+        name=STREAM_NAME if subjects.namespace == "fp" else f"{STREAM_NAME}_{subjects.namespace}",
+        subjects=[subjects.reports_wildcard()],
+        subject_transform=SubjectTransform(src=src, dest=dest),
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.MEMORY,
+        discard=DiscardPolicy.OLD,
+        max_age=retention_s,
+        num_replicas=replicas,
+    )
+
+
+async def ensure_stream(
+    js: JetStreamContext,
+    subjects: Subjects,
+    partitions: int = DEFAULT_PARTITIONS,
+    retention_s: float = DEFAULT_RETENTION_S,
+    *,
+    replicas: int = 1,
+) -> str:
+    """Create the stream, or update it when its settings differ. Returns its name."""
+    cfg = stream_config(subjects, partitions, retention_s, replicas=replicas)
+    assert cfg.name is not None
+    try:
+        info = await js.stream_info(cfg.name)
+    except NotFoundError:
+        await js.add_stream(cfg)
+        log.info(
+            "created stream %s (%d partitions, %.0f s retention)", cfg.name, partitions, retention_s
+        )
+        return cfg.name
+    current = info.config
+    if (
+        current.subject_transform is None
+        or current.subject_transform.dest != cfg.subject_transform.dest  # type: ignore[union-attr]
+        or current.max_age != cfg.max_age
+    ):
+        await js.update_stream(cfg)
+        log.info("updated stream %s", cfg.name)
+    return cfg.name
+
+
+def partition_subject(subjects: Subjects, partition: int) -> str:
+    return f"{partition_prefix(subjects)}.{partition}.>"
+
+
+def report_subject(subjects: Subjects, stored: str) -> str:
+    """`fp.v1.part.{P}.{kind}.{app}.{dep}` back to `fp.v1.report.{kind}.{app}.{dep}`."""
+    head = partition_prefix(subjects) + "."
+    if not stored.startswith(head):
+        return stored
+    rest = stored[len(head) :].split(".", 1)
+    return f"{subjects.prefix}.report.{rest[1]}" if len(rest) == 2 else stored

@@ -1,0 +1,206 @@
+"""The controller service on a real nats-server: deploy via KV, replicas started per fp_targets
+(the test plays the node agent), membership for routers, probes, replacement, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from services.controller.core import ControllerConfig
+from services.controller.service import ControllerService, ServiceConfig
+from services.router.handle import connect_handle
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.bus import Bus
+from shared.control import AppStatusView, Membership, TargetSet
+from shared.natsbus import NatsBus
+from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
+from tests.procs import ServiceProcesses, replica_args, service_processes
+
+ECHO = "services.examples.echo:Echo"
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    b = await NatsBus.connect(nats_url, name="test")
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def procs() -> Any:
+    with service_processes() as p:
+        yield p
+
+
+def echo_app(**dep: Any) -> AppConfig:
+    d = DeploymentConfig(
+        name="Echo",
+        import_path=ECHO,
+        health_check_period_s=0.5,
+        health_check_timeout_s=1.0,
+        graceful_shutdown_timeout_s=2.0,
+        **dep,
+    )
+    return AppConfig("demo", (d,), route_prefix="/demo", ingress="Echo", version="v1")
+
+
+async def start_controller(
+    url: str, epoch: int = 1
+) -> tuple[ControllerService, asyncio.Task[None]]:
+    svc = ControllerService(
+        ServiceConfig(nats_url=url, core=ControllerConfig(owner_epoch=epoch), rebuild_s=10.0)
+    )
+    task = asyncio.create_task(svc.run())
+    return svc, task
+
+
+async def stop_controller(svc: ControllerService, task: asyncio.Task[None]) -> None:
+    svc._stop.set()
+    await asyncio.wait_for(task, 10)
+    await svc.stop()
+
+
+async def read(bus: Bus, bucket: str, key: str) -> bytes | None:
+    entry = await (await bus.kv(bucket)).get(key)
+    return None if entry is None else entry.value
+
+
+async def wait_for(cond: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await cond()
+        if value:
+            return value
+        await asyncio.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class FakeAgent:
+    """Starts a replica process for every target, stops the ones no longer wanted."""
+
+    def __init__(self, procs: ServiceProcesses, bus: Bus, url: str) -> None:
+        self.procs, self.bus, self.url = procs, bus, url
+        self.running: dict[str, Any] = {}
+
+    async def sync(self) -> list[str]:
+        raw = await read(self.bus, KV_TARGETS, "demo.Echo")
+        wanted = [r.replica_id for r in TargetSet.decode(raw).replicas] if raw else []
+        for rid in wanted:
+            if rid not in self.running:
+                extra = ["--health-check-period-s", "0.5", "--graceful-shutdown-timeout-s", "2"]
+                self.running[rid] = self.procs.start(
+                    replica_args(self.url, rid, app="demo", deployment="Echo", extra=extra)
+                )
+        for rid in [r for r in self.running if r not in wanted]:
+            self.running.pop(rid).send_signal(signal.SIGTERM)
+        return wanted
+
+
+async def members(bus: Bus) -> list[str]:
+    raw = await read(bus, KV_MEMBERSHIP, "demo.Echo")
+    return [m.replica_id for m in Membership.decode(raw).replicas] if raw else []
+
+
+async def status(bus: Bus) -> AppStatusView | None:
+    raw = await read(bus, KV_STATUS, "demo")
+    return AppStatusView.decode(raw) if raw else None
+
+
+async def test_deploy_serve_replace_and_restart(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
+    await (await bus.kv(KV_APPS)).put("demo", echo_app(num_replicas=2).to_json())
+    svc, task = await start_controller(nats_url)
+    agent = FakeAgent(procs, bus, nats_url)
+    try:
+        first = await wait_for(agent.sync)
+        assert len(first) == 2
+        await wait_for(lambda: _eq(members(bus), sorted(first)))
+        st = await wait_for(lambda: _status_is(bus, "HEALTHY"))
+        assert st.status == "RUNNING" and st.deployments["Echo"].running_replicas == 2
+
+        handle = await connect_handle("demo", "Echo", bus=bus)
+        assert await handle.options(method="echo").remote("hi") == "hi"
+
+        # SIGKILL one replica: the controller finds it gone (probe: no responders) and replaces it
+        victim = first[0]
+        agent.running[victim].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        async def replaced() -> list[str] | None:
+            ids = await agent.sync()
+            return ids if victim not in ids and len(ids) == 2 else None
+
+        await wait_for(replaced, timeout=20)
+        detect_s = time.monotonic() - killed_at
+        assert detect_s < 10, f"took {detect_s:.1f} s to replace a killed replica"
+        await wait_for(lambda: _status_is(bus, "HEALTHY"), timeout=20)
+        assert await handle.options(method="echo").remote("still") == "still"
+        before = await read(bus, KV_TARGETS, "demo.Echo")
+        epoch_before = Membership.decode(await read(bus, KV_MEMBERSHIP, "demo.Echo") or b"").epoch
+        await handle.close()
+
+        # restart the controller: it keeps the replicas (no restart, no scale-down)
+        await stop_controller(svc, task)
+        svc, task = await start_controller(nats_url, epoch=2)
+        await asyncio.sleep(2.0)
+        after = TargetSet.decode(await read(bus, KV_TARGETS, "demo.Echo") or b"")
+        assert [r.replica_id for r in after.replicas] == [
+            r.replica_id for r in TargetSet.decode(before or b"").replicas
+        ]
+        m = Membership.decode(await read(bus, KV_MEMBERSHIP, "demo.Echo") or b"")
+        assert m.epoch >= epoch_before and len(m.replicas) == 2
+        st2 = await status(bus)
+        assert st2 is not None and st2.deployments["Echo"].status == "HEALTHY"
+        assert not any(e for e in svc.core.stats.dropped if e != "unknown_deployment")
+    finally:
+        await stop_controller(svc, task)
+
+
+async def test_queued_request_wakes_a_deployment_at_zero(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
+    policy = AutoscalingConfig(
+        min_replicas=0, max_replicas=2, upscale_delay_s=0.5, downscale_delay_s=2.0,
+        look_back_period_s=1.0, metrics_interval_s=0.5,
+    )  # fmt: skip
+    await (await bus.kv(KV_APPS)).put("demo", echo_app(autoscaling=policy).to_json())
+    svc, task = await start_controller(nats_url)
+    agent = FakeAgent(procs, bus, nats_url)
+    try:
+        st = await wait_for(lambda: _status_is(bus, "HEALTHY"))
+        assert st.deployments["Echo"].target_replicas == 0
+        handle = await connect_handle("demo", "Echo", bus=bus)
+        call = asyncio.create_task(handle.options(method="echo", deadline_s=30).remote("wake"))
+        for _ in range(200):
+            await agent.sync()
+            if call.done():
+                break
+            await asyncio.sleep(0.1)
+        assert await call == "wake"
+        await handle.close()
+        # idle again: back to zero
+        await wait_for(lambda: _eq(agent.sync(), []), timeout=20)
+    finally:
+        await stop_controller(svc, task)
+
+
+async def _eq(coro: Any, want: Any) -> bool:
+    got = await coro
+    return bool(sorted(got) == sorted(want))
+
+
+async def _status_is(bus: Bus, dep_status: str) -> AppStatusView | None:
+    st = await status(bus)
+    if (
+        st is not None
+        and st.deployments.get("Echo")
+        and st.deployments["Echo"].status == dep_status
+    ):
+        return st
+    return None
