@@ -287,7 +287,11 @@ class HandlerGuard:
 
 
 class QueueResponseStream:
-    """A ResponseStream fed by a subscription callback (`push`)."""
+    """A ResponseStream fed by a subscription callback (`push` / `push_nowait`).
+
+    `next()` takes a queued message without suspending when one is there (the common case for
+    the second and later replies of a stream) and otherwise waits under `asyncio.timeout`, which
+    costs no extra task (unlike `asyncio.wait_for` on Python 3.11)."""
 
     def __init__(self, subject: str) -> None:
         self._subject = subject
@@ -298,6 +302,9 @@ class QueueResponseStream:
     def attach(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closer = closer
 
+    def push_nowait(self, msg: Msg) -> None:
+        self._queue.put_nowait(msg)
+
     async def push(self, msg: Msg) -> None:
         self._queue.put_nowait(msg)
 
@@ -305,9 +312,13 @@ class QueueResponseStream:
         if self._closed:
             raise UsageError(f"the response stream for {self._subject!r} is closed")
         try:
-            msg = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            raise BusTimeout(f"no reply on {self._subject!r} within {timeout:g}s") from None
+            msg = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            try:
+                async with asyncio.timeout(timeout):
+                    msg = await self._queue.get()
+            except TimeoutError:
+                raise BusTimeout(f"no reply on {self._subject!r} within {timeout:g}s") from None
         if is_no_responders(msg):
             raise NoResponders(f"no responders on {self._subject!r}")
         return msg

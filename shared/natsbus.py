@@ -89,6 +89,11 @@ class NatsBus:
         self.js: JetStreamContext = nc.jetstream()
         self.clock = clock
         self._watchers: weakref.WeakSet[NatsKVWatcher] = weakref.WeakSet()
+        self._mux_prefix = nc.new_inbox()
+        self._mux_sub: NatsSubscription | None = None
+        self._mux_lock = asyncio.Lock()
+        self._mux_seq = 0
+        self._mux_streams: dict[str, QueueResponseStream] = {}
 
     def remember(self, watcher: NatsKVWatcher) -> None:
         self._watchers.add(watcher)
@@ -236,24 +241,42 @@ class NatsBus:
     async def request_stream(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
     ) -> ResponseStream:
+        """Replies arrive on `{mux prefix}.{token}`: one wildcard subscription per connection
+        serves every stream, so a request costs no SUB/UNSUB round and no task of its own."""
         validate_subject(subject, wildcards=False)
         self._check_payload(subject, data)
-        inbox = self.new_inbox()
+        if self._mux_sub is None:
+            await self._start_mux()
+        self._mux_seq += 1
+        token = str(self._mux_seq)
         stream = QueueResponseStream(subject)
+        self._mux_streams[token] = stream
 
-        async def callback(m: NatsMsg) -> None:
-            await stream.push(_to_msg(m))
+        async def close() -> None:
+            self._mux_streams.pop(token, None)
 
-        # subscribe before publishing, or the first replies could arrive before the interest
-        with nats_errors(f"request to {subject!r}"):
-            sub = await self.nc.subscribe(inbox, cb=callback)
-        stream.attach(lambda: _unsubscribe(sub))
+        stream.attach(close)
         try:
-            await self.publish(subject, data, reply=inbox, headers=headers)
+            await self.publish(subject, data, reply=f"{self._mux_prefix}.{token}", headers=headers)
         except BaseException:
             await stream.close()
             raise
         return stream
+
+    async def _start_mux(self) -> None:
+        async with self._mux_lock:
+            if self._mux_sub is not None:
+                return
+
+            async def dispatch(m: NatsMsg) -> None:
+                stream = self._mux_streams.get(m.subject.rpartition(".")[2])
+                if stream is not None:
+                    stream.push_nowait(_to_msg(m))
+
+            with nats_errors("response inbox"):
+                self._mux_sub = await self.nc.subscribe(f"{self._mux_prefix}.*", cb=dispatch)
+                # the interest must be on the server before the first request goes out
+                await self.flush()
 
     async def kv(
         self, bucket: str, *, history: int = 1, ttl: float | None = None, create: bool = True

@@ -134,7 +134,9 @@ def main() -> None:
         ["fleetpulse handle.remote()", fp["n"], fp["p50_ms"], fp["p90_ms"], fp["p99_ms"]],
     ]
     print_table(
-        f"request path, {args.payload} B payload", ["target", "n", "p50 ms", "p90 ms", "p99 ms"], rows
+        f"request path, {args.payload} B payload",
+        ["target", "n", "p50 ms", "p90 ms", "p99 ms"],
+        rows,
     )
     p50_ratio = fp["p50_ms"] / raw["p50_ms"]
     p99_ratio = fp["p99_ms"] / raw["p99_ms"]

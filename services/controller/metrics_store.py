@@ -273,7 +273,7 @@ class DeploymentMetrics:
         if not verdict.accepted:
             return IngestResult(False, verdict.value)
         h = self._handle_for(c.handle_id, COLUMNAR, recv)
-        h.queued += c.queued_requests  # report-level: set, never added over parts
+        h.queued = c.queued_requests  # report-level: set, never added over parts
         split = c.parts > 1
         if verdict is Verdict.NEW_REPORT:
             h.gen += 1

@@ -297,17 +297,20 @@ class ReplicaRuntime:
         frames = req.supports_health_frames and not self.cfg.push_metrics
         self.carriage.carried(latest, now)
         self.running.set(self.admission.ongoing, now)
-        await self._send(msg.reply, Admission(True, self.admission.ongoing, latest, frames))
+        admitted = Admission(True, self.admission.ongoing, latest, frames)
         self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
-        task = asyncio.create_task(self._serve(req, msg.reply))
+        # the task sends the admission itself: a quick result then leaves in the same socket
+        # write (one syscall, not two), and the admission can never trail the first chunk
+        task = asyncio.create_task(self._serve(req, msg.reply, admitted))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, reply: str, message: Any) -> None:
         await self.bus.publish(reply, encode(message))
 
-    async def _serve(self, req: Request, reply: str) -> None:
+    async def _serve(self, req: Request, reply: str, admitted: Admission) -> None:
         try:
+            await self._send(reply, admitted)
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()
             if timeout is not None and timeout <= 0:
                 raise _RequestError("deadline_exceeded", "deadline passed before the request ran")

@@ -430,14 +430,18 @@ def unpack_map(data: bytes) -> Map:
             raise WireError(reasons.MALFORMED, f"more than {MAX_CONTAINERS} arrays/maps")
         return obj
 
+    # every array or map takes at least one byte, so a payload no longer than the container
+    # limit cannot exceed it: small messages (the request path) skip the per-container hook
+    hooks: dict[str, Any] = (
+        {} if n <= MAX_CONTAINERS else {"list_hook": count, "object_hook": count}
+    )
     try:
         obj = msgpack.unpackb(
             data,
             raw=False,
             strict_map_key=True,
             use_list=True,
-            list_hook=count,
-            object_hook=count,
+            **hooks,
             max_str_len=n,
             max_bin_len=n,
             max_array_len=n,

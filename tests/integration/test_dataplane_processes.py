@@ -60,7 +60,9 @@ async def handle_for(bus: Bus, **cfg: Any) -> DeploymentHandle:
     return await connect_handle("app", "dep", bus=bus, config=RouterConfig(**cfg))
 
 
-async def test_unary_streaming_and_typed_errors(procs: ServiceProcesses, bus: Bus, nats_url: str) -> None:
+async def test_unary_streaming_and_typed_errors(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
     await start_replicas(procs, bus, nats_url, ["r1", "r2"])
     await set_members(bus, ["r1", "r2"], 1)
     h = await handle_for(bus)
