@@ -32,9 +32,9 @@ def nats_servers() -> set[int]:
 def test_help_lists_the_commands_that_exist() -> None:
     res = fleetpulse("--help")
     assert res.returncode == 0
-    for command in ("up", "replica", "router"):
+    for command in ("up", "replica", "router", "controller"):
         assert command in res.stdout
-    for command in ("up", "replica", "router"):
+    for command in ("up", "replica", "router", "controller"):
         sub = fleetpulse(command, "--help")
         assert sub.returncode == 0 and "usage: fleetpulse" in sub.stdout
 
@@ -71,8 +71,6 @@ def test_replica_with_a_bad_import_path_says_what_is_wrong() -> None:
 
 
 def test_replica_with_a_bad_name_says_what_is_allowed() -> None:
-    res = fleetpulse(
-        "replica", "--app", "bad.name", "--deployment", "d", "--import-path", "m:X"
-    )
+    res = fleetpulse("replica", "--app", "bad.name", "--deployment", "d", "--import-path", "m:X")
     assert res.returncode == 2
     assert "invalid app 'bad.name'" in res.stderr

@@ -33,7 +33,9 @@ def bring_up(d: DeploymentState, now: float) -> list[str]:
 def test_cold_start_is_updating_then_healthy_with_membership() -> None:
     d = new(target=2)
     d.reconcile(0.0)
-    assert len(d.replicas) == 2 and all(r.state is ReplicaState.PENDING for r in d.replicas.values())
+    assert len(d.replicas) == 2 and all(
+        r.state is ReplicaState.PENDING for r in d.replicas.values()
+    )
     d.update_status(0.0)
     assert d.status is S.UPDATING
     assert not d.update_membership()  # nobody routable yet

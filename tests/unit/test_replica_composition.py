@@ -28,9 +28,7 @@ async def test_in_process_router_reports_carry_the_host_replica_health() -> None
     rt = ReplicaRuntime(cfg, bus, user, providers=providers)
     await rt.start()
     # the host's user code holds a handle to a downstream deployment
-    handle = DeploymentHandle(
-        "back", "model", bus=bus, config=RouterConfig(), providers=providers
-    )
+    handle = DeploymentHandle("back", "model", bus=bus, config=RouterConfig(), providers=providers)
     try:
         assert rt.carriage.heartbeat_due(rt.clock.monotonic())  # nothing carried it yet
         report = handle.router.make_report()
