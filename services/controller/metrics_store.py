@@ -356,11 +356,14 @@ class DeploymentMetrics:
             # An owned copy: holding `d` would pin the whole received payload in memory.
             owned = pa.array(ids, type=pa.utf8())
             identity = pa.array(np.arange(len(ids), dtype=np.int32))
+            # Read-only: these arrays are handed out (HealthBatch.slots) and must stay intact.
+            slots.setflags(write=False)
             m = h.maps[c.part] = _SlotMap(
                 c.membership_epoch, self._index.version, owned, slots, slots >= 0, identity
             )
         if m.running_version != self._running_version:
             m.ok = m.known & self._running[np.where(m.known, m.slots, 0)]
+            m.ok.setflags(write=False)
             m.n_ok = int(np.count_nonzero(m.ok))
             m.running_version = self._running_version
         return m

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -175,7 +175,48 @@ def _valid_mask(col: pa.Array) -> np.ndarray:
     return np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False))
 
 
-def _check_replica_ids(col: pa.DictionaryArray) -> None:
+class DistinctMemo:
+    """Replica-id dictionaries already proven distinct, per (handle_id, part).
+
+    Why: hashing every string (`count_distinct`) is most of a wide part's decode time, yet a
+    router sends the same dictionary report after report. An entry is reused only if the new
+    dictionary `.equals` it (a memcmp), so a hit proves distinctness exactly. Bounded in entries
+    and bytes; a miss just costs the full check."""
+
+    MIN_ROWS = 256  # below this the full check is as cheap as the memo
+    MAX_ENTRIES = 4096
+    MAX_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, int], pa.Array] = OrderedDict()
+        self._bytes = 0
+
+    def known(self, key: tuple[str, int], dictionary: pa.Array) -> bool:
+        held = self._entries.get(key)
+        if held is None or not held.equals(dictionary):
+            return False
+        self._entries.move_to_end(key)
+        return True
+
+    def add(self, key: tuple[str, int], dictionary: pa.Array) -> None:
+        if len(dictionary) < self.MIN_ROWS:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+        owned = pa.concat_arrays([dictionary])  # a copy: do not pin the received payload
+        self._entries[key] = owned
+        self._bytes += owned.nbytes
+        while self._entries and (
+            len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES
+        ):
+            self._bytes -= self._entries.popitem(last=False)[1].nbytes
+
+
+DISTINCT_MEMO = DistinctMemo()
+
+
+def _check_replica_ids(col: pa.DictionaryArray, memo_key: tuple[str, int] | None) -> None:
     n = len(col)
     if col.null_count or col.dictionary.null_count:
         raise _bad(reasons.BAD_VALUE, "replica_id has nulls")
@@ -184,18 +225,29 @@ def _check_replica_ids(col: pa.DictionaryArray) -> None:
     # Index bounds are checked by the caller's full validation (RecordBatch.validate).
     idx = col.indices.to_numpy(zero_copy_only=False)
     # Fast path: distinct dictionary and each index used once. Otherwise compare the strings.
-    if np.bincount(idx).max() <= 1 and pc.count_distinct(col.dictionary).as_py() == len(
-        col.dictionary
-    ):
-        return
+    if np.bincount(idx).max() <= 1:
+        d = col.dictionary
+        if memo_key is not None and DISTINCT_MEMO.known(memo_key, d):
+            return
+        if pc.count_distinct(d).as_py() == len(d):
+            if memo_key is not None:
+                DISTINCT_MEMO.add(memo_key, d)
+            return
     if pc.count_distinct(col.dictionary.take(col.indices)).as_py() != n:
         raise _bad(reasons.DUPLICATE_REPLICA, "a replica_id appears on more than one row")
 
 
-def check_values(batch: pa.RecordBatch) -> None:
+def _numpy(col: pa.Array, fill: float | int) -> np.ndarray:
+    # fill_null costs more than the conversion itself on narrow parts: only when needed.
+    arr = pc.fill_null(col, fill) if col.null_count else col
+    return np.asarray(arr.to_numpy(zero_copy_only=False))
+
+
+def check_values(batch: pa.RecordBatch, memo_key: tuple[str, int] | None = None) -> None:
     """Value rules of a projected batch (fixed columns first, then custom.*) that has passed
-    full Arrow validation, so every buffer read here is in bounds."""
-    _check_replica_ids(batch.column(0))
+    full Arrow validation, so every buffer read here is in bounds. `memo_key` (handle_id, part)
+    lets a repeated replica-id dictionary skip its distinctness check (see `DistinctMemo`)."""
+    _check_replica_ids(batch.column(0), memo_key)
     running = batch.column(1)
     if running.null_count:
         raise _bad(reasons.BAD_VALUE, "running_requests has nulls")
@@ -213,10 +265,10 @@ def check_values(batch: pa.RecordBatch) -> None:
             and np.array_equal(mask, _valid_mask(failures))
         ):
             raise _bad(reasons.BAD_VALUE, "health columns disagree on which rows are null")
-    if not _all_finite(pc.fill_null(checked, 0.0).to_numpy(zero_copy_only=False)):
+    if not _all_finite(_numpy(checked, 0.0)):
         raise _bad(reasons.BAD_VALUE, "health_checked_at must be finite")
-    if (pc.fill_null(failures, 0).to_numpy(zero_copy_only=False) < 0).any():
+    if (_numpy(failures, 0) < 0).any():
         raise _bad(reasons.BAD_VALUE, "health_failures must be >= 0")
     for i in range(len(FIXED_NAMES), batch.num_columns):
-        if not _all_finite(pc.fill_null(batch.column(i), 0.0).to_numpy(zero_copy_only=False)):
+        if not _all_finite(_numpy(batch.column(i), 0.0)):
             raise _bad(reasons.BAD_VALUE, f"column {batch.schema.field(i).name!r} not finite")

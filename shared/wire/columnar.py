@@ -331,14 +331,16 @@ def decode_handle_report_columnar(data: bytes) -> ColumnarHandleReport:
         raise WireError(reasons.BAD_MAGIC, f"payload starts with {bytes(data[:4])!r}, not b'FPC1'")
     try:
         buf = pa.py_buffer(data).slice(len(COLUMNAR_MAGIC))
-        schema = pa.ipc.read_schema(check_stream_shape(buf))
-        keep, _ = check_schema(schema)
-        meta = parse_meta(schema.metadata)
+        check_stream_shape(buf)
         with pa.ipc.open_stream(buf) as reader:
+            # The shape check passed, so the reader's schema is the one read_schema would give.
+            schema = reader.schema
+            keep, _ = check_schema(schema)
+            meta = parse_meta(schema.metadata)
             batch = reader.read_next_batch()
         batch.validate(full=True)
         batch = batch.select(keep)
-        check_values(batch)
+        check_values(batch, (meta.handle_id, meta.part))
     except WireError:
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, struct.error, ...

@@ -430,3 +430,43 @@ def test_parts_merge_back_into_one_report() -> None:
 def test_fixed_fields_are_the_first_columns() -> None:
     c = decode_handle_report_columnar(one())
     assert c.batch.schema.names[:5] == [f.name for f in HANDLE_REPORT_FIXED_FIELDS]
+
+
+def test_remembered_dictionary_does_not_let_duplicates_through() -> None:
+    """The distinctness memo may only skip the check for an exactly equal dictionary."""
+    import numpy as np
+    import pyarrow as pa
+
+    from shared.errors import WireError
+    from shared.wire.columnar import (
+        COLUMNAR_MAGIC,
+        decode_handle_report_columnar,
+        encode_handle_report_columnar,
+    )
+
+    n = 512
+    ids = [f"r{i}" for i in range(n)]
+    (good,) = encode_handle_report_columnar(
+        handle_id="memo-h",
+        app="a",
+        deployment="d",
+        sent_at=1.0,
+        seq=1,
+        queued_requests=0.0,
+        membership_epoch=1,
+        replica_ids=ids,
+        running=np.zeros(n),
+    )
+    batch = decode_handle_report_columnar(good).batch  # proven distinct: now remembered
+    # the same handle and part, a dictionary that differs only by a duplicated id
+    dup_dict = pa.array(ids[:-1] + ["r0"])
+    dup_col = pa.DictionaryArray.from_arrays(pa.array(np.arange(n, dtype=np.int32)), dup_dict)
+    schema = pa.ipc.open_stream(good[len(COLUMNAR_MAGIC) :]).schema  # with the metadata
+    forged = pa.RecordBatch.from_arrays([dup_col, *batch.columns[1:]], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, forged.schema) as writer:
+        writer.write_batch(forged)
+    payload = COLUMNAR_MAGIC + sink.getvalue().to_pybytes()
+    with pytest.raises(WireError) as err:
+        decode_handle_report_columnar(payload)
+    assert err.value.reason == "duplicate_replica"

@@ -78,7 +78,9 @@ def test_targets_and_status_round_trip() -> None:
         "v3",
         owner_epoch=7,
         membership_epoch=4,
-        replicas=(ReplicaTarget("Cart-1", "v3", "RUNNING", "agent-a", "fp.v1.rpc.shop.Cart.Cart-1"),),
+        replicas=(
+            ReplicaTarget("Cart-1", "v3", "RUNNING", "agent-a", "fp.v1.rpc.shop.Cart.Cart-1"),
+        ),
         config={"name": "Cart", "import_path": "m:C"},
     )
     assert TargetSet.decode(t.encode()) == t
