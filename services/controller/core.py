@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from services.agent.info import AgentInfo
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.control import (
     AppStatusView,
@@ -36,6 +37,7 @@ from .deployment_state import StateEvent, app_status
 from .health_registry import ProbeOutcome
 from .managed import ManagedDeployment
 from .metrics_types import HealthBatch
+from .placement import Placement
 from .policy import PolicyState
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 
@@ -123,6 +125,7 @@ class ControllerCore:
         self._status_written: dict[str, float] = {}
         self._dirty_apps: set[str] = set()
         self._pending_events: list[Action] = []
+        self.placement = Placement()
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -250,13 +253,19 @@ class ControllerCore:
         hold = self.stall_state.hold_verdicts if self.stall_state else False
         stale = known = 0
         probe_candidates: list[tuple[str, str, str]] = []
-        for key, m in list(self.deployments.items()) + list(self.deleting.items()):
-            res = m.step(
-                now,
-                hold_verdicts=hold,
-                decide_scale=key in self.deployments,
-                owner_epoch=self.cfg.owner_epoch,
-            )
+        managed = list(self.deployments.items()) + list(self.deleting.items())
+        lost = self.placement.lost_since_last(now)
+        for agent_id in sorted(lost) if not hold else ():
+            for _, m in managed:
+                actions.extend(_events(m, m.lose_agent(agent_id, now)))
+        results = [
+            (key, m, m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments))
+            for key, m in managed
+        ]
+        if self.placement.ever_seen:
+            self._place(managed, now)
+        for key, m, res in results:
+            m.finish(now, res, owner_epoch=self.cfg.owner_epoch)
             actions.extend(_events(m, res.events))
             if res.decision_changed and m.decision.changed:
                 actions.append(Event("decision", m.app, m.name, detail=m.decision.reason))
@@ -288,6 +297,25 @@ class ControllerCore:
         actions.extend(self._finish_deletes())
         actions.extend(self._statuses(now, wall))
         return actions
+
+    def _place(self, managed: list[tuple[DepKey, ManagedDeployment]], now: float) -> None:
+        load: Counter[str] = Counter(
+            r.agent_id for _, m in managed for r in m.state.replicas.values() if r.agent_id
+        )
+        waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
+        chosen = self.placement.assign([rid for _, rid in waiting], load, now)
+        for m, rid in waiting:
+            agent = chosen.get(rid)
+            if agent is not None:
+                m.state.replicas[rid].agent_id = agent
+
+    def on_agent(self, info: AgentInfo, recv: float) -> None:
+        """An agent announced itself (KV fp_agents put)."""
+        self.placement.heard(info, recv)
+
+    def agent_gone(self, agent_id: str) -> None:
+        """An agent removed its entry (clean shutdown)."""
+        self.placement.gone(agent_id)
 
     def _finish_deletes(self) -> list[Action]:
         out: list[Action] = []

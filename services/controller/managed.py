@@ -96,9 +96,7 @@ class ManagedDeployment:
         self.window.add(now, demand)
         return demand
 
-    def step(
-        self, now: float, *, hold_verdicts: bool, decide_scale: bool = True, owner_epoch: int = 0
-    ) -> StepResult:
+    def step(self, now: float, *, hold_verdicts: bool, decide_scale: bool = True) -> StepResult:
         out = StepResult()
         self.sample(now)
         evaluation = self.health.evaluate(now, hold_verdicts=hold_verdicts)
@@ -116,6 +114,13 @@ class ManagedDeployment:
             self._decide(now, out)
         out.events += self.state.reconcile(now)
         self.follow_records(now)
+        self.window.trim(
+            now, max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
+        )
+        return out
+
+    def finish(self, now: float, out: StepResult, *, owner_epoch: int = 0) -> None:
+        """After placement: the outputs that changed this tick."""
         if self.state.update_membership():
             out.membership = self.membership(owner_epoch)
         targets = self.targets()
@@ -123,10 +128,21 @@ class ManagedDeployment:
             self._last_targets = targets
             out.targets_changed = True
         out.status_changed = self.state.update_status(now)
-        self.window.trim(
-            now, max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
-        )
-        return out
+
+    def waiting_for_agent(self) -> list[str]:
+        return [
+            r.replica_id
+            for r in sorted(self.state.replicas.values(), key=lambda r: r.order)
+            if r.state is ReplicaState.PENDING and not r.agent_id
+        ]
+
+    def lose_agent(self, agent_id: str, now: float) -> list[StateEvent]:
+        """The agent is gone and its replicas with it: replace them."""
+        events: list[StateEvent] = []
+        for rid in [r.replica_id for r in self.state.replicas.values() if r.agent_id == agent_id]:
+            events += self.state.verdict(rid, f"agent {agent_id} lost", now)
+            self.state.forget(rid)
+        return events
 
     def _decide(self, now: float, out: StepResult) -> None:
         pc = self.policy_cfg

@@ -25,12 +25,13 @@ from typing import Any
 from nats.aio.msg import Msg as NatsMsg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from services.agent.info import AGENT_TTL_S, AgentInfo
 from shared.appconfig import AppConfig
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.control import Membership, TargetSet
 from shared.errors import BusTimeout, ConfigError, FleetpulseError, NoResponders, WireError
 from shared.natsbus import NatsBus
-from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
+from shared.subjects import KV_AGENTS, KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
 from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
 
@@ -115,6 +116,7 @@ class ControllerService:
         self._next_sample = now - self.cfg.rebuild_s
         await self._subscribe()
         self._spawn(self._watch_apps(), "apps")
+        self._spawn(self._watch_agents(), "agents")
 
     async def _load_apps(self, now: float) -> None:
         assert self.bus is not None
@@ -148,6 +150,22 @@ class ControllerService:
             if not initial:
                 self.core.set_apps(self._apps_raw, self.clock.monotonic())
                 log.info("apps changed: %s", sorted(self._apps_raw))
+
+    async def _watch_agents(self) -> None:
+        """Agents re-put their fp_agents entry every few seconds; each put is a sign of life."""
+        assert self.bus is not None
+        kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
+        async for entry in await kv.watch():
+            if entry is None:
+                continue
+            if entry.op != "PUT":
+                self.core.agent_gone(entry.key)
+                continue
+            try:
+                self.core.on_agent(AgentInfo.decode(entry.value), self.clock.monotonic())
+            except WireError as exc:
+                prom.BAD_INPUT.labels(reason="bad_agent").inc()
+                log.warning("ignoring fp_agents/%s: %s", entry.key, exc)
 
     async def _restore(self, now: float) -> None:
         assert self.bus is not None

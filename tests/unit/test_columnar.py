@@ -459,7 +459,7 @@ def test_remembered_dictionary_does_not_let_duplicates_through() -> None:
     )
     batch = decode_handle_report_columnar(good).batch  # proven distinct: now remembered
     # the same handle and part, a dictionary that differs only by a duplicated id
-    dup_dict = pa.array(ids[:-1] + ["r0"])
+    dup_dict = pa.array([*ids[:-1], "r0"])
     dup_col = pa.DictionaryArray.from_arrays(pa.array(np.arange(n, dtype=np.int32)), dup_dict)
     schema = pa.ipc.open_stream(good[len(COLUMNAR_MAGIC) :]).schema  # with the metadata
     forged = pa.RecordBatch.from_arrays([dup_col, *batch.columns[1:]], schema=schema)

@@ -114,9 +114,10 @@ class Sim:
             self.core.ingest(subject, encode(r), self.t)
 
     def lifecycle(self, rid: str, state: str) -> None:
+        placed = {r.replica_id: r.agent_id for r in self.targets.replicas} if self.targets else {}
         ev = Lifecycle(
             rid,
-            "agent-1",
+            placed.get(rid, ""),
             state,
             self.wall(),
             S.rpc("shop", "Model", rid),
@@ -297,3 +298,50 @@ def test_fixed_size_deployment_keeps_its_size(n: int) -> None:
     sim.start_all()
     sim.run(5.0)
     assert len(sim.target_ids()) == n and sim.status["Model"] == "HEALTHY"
+
+
+def agent(agent_id: str, capacity: int) -> Any:
+    from services.agent.info import AgentInfo
+
+    return AgentInfo(agent_id, capacity, 0, "host", 1, 0.0)
+
+
+def test_replicas_spread_over_agents_within_capacity() -> None:
+    sim = Sim(app_with(num_replicas=5))
+    sim.core.on_agent(agent("a", 2), sim.t)
+    sim.core.on_agent(agent("b", 2), sim.t)
+    sim.tick()
+    assigned = [r.agent_id for r in sim.targets.replicas]  # type: ignore[union-attr]
+    assert sorted(assigned) == ["", "a", "a", "b", "b"]  # the fifth waits for capacity
+    sim.core.on_agent(agent("c", 4), sim.t)
+    sim.tick()
+    assert sorted(r.agent_id for r in sim.targets.replicas) == ["a", "a", "b", "b", "c"]  # type: ignore[union-attr]
+
+
+def test_replicas_of_a_lost_agent_are_replaced_elsewhere() -> None:
+    from services.agent.info import AGENT_TTL_S
+
+    sim = Sim(app_with(num_replicas=2))
+    sim.core.on_agent(agent("a", 4), sim.t)
+    sim.core.on_agent(agent("b", 4), sim.t)
+    sim.tick()
+    sim.start_all()
+    on_b = [r.replica_id for r in sim.targets.replicas if r.agent_id == "b"]  # type: ignore[union-attr]
+    assert len(on_b) == 1
+    for _ in range(int(AGENT_TTL_S / TICK) + 2):  # only "a" keeps announcing itself
+        sim.core.on_agent(agent("a", 4), sim.t)
+        sim.tick()
+    now = {r.replica_id: r.agent_id for r in sim.targets.replicas}  # type: ignore[union-attr]
+    assert on_b[0] not in now and sorted(now.values()) == ["a", "a"]
+
+
+def test_all_agents_silent_at_once_is_not_a_mass_loss() -> None:
+    from services.agent.info import AGENT_TTL_S
+
+    sim = Sim(app_with(num_replicas=2))
+    sim.core.on_agent(agent("a", 4), sim.t)
+    sim.core.on_agent(agent("b", 4), sim.t)
+    sim.tick()
+    before = sim.target_ids()
+    sim.run(AGENT_TTL_S + 1.0)  # nobody heard: our connection is the likelier culprit
+    assert sim.target_ids() == before
