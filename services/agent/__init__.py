@@ -1,0 +1,1 @@
+"""The node agent: runs the replica processes that fp_targets assigns to this machine."""
