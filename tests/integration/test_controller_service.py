@@ -204,3 +204,63 @@ async def _status_is(bus: Bus, dep_status: str) -> AppStatusView | None:
     ):
         return st
     return None
+
+
+async def test_both_report_formats_aggregate_into_one_demand(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
+    from shared.subjects import DEFAULT_SUBJECTS as S
+    from shared.wire import encode
+    from shared.wire.columnar import handle_report_to_columnar
+    from shared.wire.messages import HandleReport
+
+    await (await bus.kv(KV_APPS)).put("demo", echo_app(num_replicas=2).to_json())
+    svc, task = await start_controller(nats_url)
+    agent = FakeAgent(procs, bus, nats_url)
+    try:
+        ids = await wait_for(agent.sync)
+        await wait_for(lambda: _status_is(bus, "HEALTHY"))
+        subject = S.report("handle", "demo", "Echo")
+        for seq in range(1, 30):
+            wall = time.time()
+            old = HandleReport("h-old", "demo", "Echo", wall, seq, 1.0, {ids[0]: 2.0}, (), 1, {})
+            new = HandleReport("h-new", "demo", "Echo", wall, seq, 0.5, {ids[1]: 3.0}, (), 1, {})
+            await bus.publish(subject, encode(old))  # msgpack sender
+            for part in handle_report_to_columnar(new):  # Arrow sender, same deployment
+                await bus.publish(subject, part)
+            await asyncio.sleep(0.1)
+
+        async def demand() -> float | None:
+            st = await status(bus)
+            d = st.deployments["Echo"].demand if st else None
+            return d if d is not None and abs(d - 6.5) < 1e-9 else None
+
+        assert await wait_for(demand, timeout=5) == 6.5  # 2 + 3 running + 1 + 0.5 queued
+        ingested = svc.core.stats.ingested
+        assert ingested["object_accepted"] > 0 and ingested["columnar_accepted"] > 0
+    finally:
+        await stop_controller(svc, task)
+
+
+async def test_a_frozen_replica_is_probed_then_replaced(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
+    await (await bus.kv(KV_APPS)).put("demo", echo_app(num_replicas=1).to_json())
+    svc, task = await start_controller(nats_url)
+    agent = FakeAgent(procs, bus, nats_url)
+    try:
+        (rid,) = await wait_for(agent.sync)
+        await wait_for(lambda: _status_is(bus, "HEALTHY"))
+        agent.running[rid].send_signal(signal.SIGSTOP)  # alive to TCP, silent to everyone
+        try:
+
+            async def replaced() -> list[str] | None:
+                ids = await agent.sync()
+                return ids if rid not in ids and ids else None
+
+            await wait_for(replaced, timeout=30)
+            assert svc.core.stats.probes >= 3  # health stopped: it was probed before the verdict
+        finally:
+            agent.running.get(rid, procs.procs[0]).send_signal(signal.SIGCONT)
+    finally:
+        await stop_controller(svc, task)
