@@ -51,6 +51,30 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from services.agent.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from services.ops.deploy import run_deploy
+
+    return run_deploy(args)
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    from services.ops.deploy import run_delete
+
+    return run_delete(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from services.ops.status import run_status
+
+    return run_status(args)
+
+
 def _cmd_router(args: argparse.Namespace) -> int:
     from services.router.__main__ import run_from_args
 
@@ -93,6 +117,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flag(ctl)
     add_controller_arguments(ctl)
     ctl.set_defaults(func=_cmd_controller)
+
+    from services.agent.config import add_agent_arguments
+
+    agent = sub.add_parser("agent", help="run a node agent: starts and stops replica processes")
+    add_nats_flag(agent)
+    add_agent_arguments(agent)
+    agent.set_defaults(func=_cmd_agent)
+
+    from services.ops.deploy import add_delete_arguments, add_deploy_arguments
+    from services.ops.status import add_status_arguments
+
+    dep = sub.add_parser("deploy", help="validate an app YAML and deploy it (KV fp_apps)")
+    add_nats_flag(dep)
+    add_deploy_arguments(dep)
+    dep.set_defaults(func=_cmd_deploy)
+    rm = sub.add_parser("delete", help="delete an application (its replicas drain and stop)")
+    add_nats_flag(rm)
+    add_delete_arguments(rm)
+    rm.set_defaults(func=_cmd_delete)
+    st = sub.add_parser("status", help="show applications, deployments, replicas and decisions")
+    add_nats_flag(st)
+    add_status_arguments(st)
+    st.set_defaults(func=_cmd_status)
 
     from services.router.config import add_gateway_arguments
 

@@ -1,0 +1,142 @@
+"""AgentConfig: one frozen config for the node agent, built once from flags and env."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import socket
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.errors import ConfigError
+from shared.subjects import DEFAULT_NAMESPACE, validate_name
+
+from .core import KILL_MARGIN_S
+
+AGENT_ID_ENV = "FLEETPULSE_AGENT_ID"
+DEFAULT_MAX_REPLICAS = 8
+_HOST_PREFIX_CHARS = 40  # leaves room for the random suffix within the 64-character token limit
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def default_agent_id(hostname: str | None = None) -> str:
+    """`{hostname}-{6 hex}`: readable in `nats kv ls`, unique across restarts on one host."""
+    host = _NOT_TOKEN.sub("-", hostname if hostname is not None else socket.gethostname())
+    host = host.strip("-")[:_HOST_PREFIX_CHARS] or "agent"
+    return f"{host}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    nats_url: str
+    agent_id: str = field(default_factory=default_agent_id)
+    max_replicas: int = DEFAULT_MAX_REPLICAS
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """Named resources this machine offers (`gpus`), carried in fp_agents for placement."""
+    workdir: str = "."
+    """The replicas' working directory (user code there imports: `python -m` puts it on sys.path)."""
+    pythonpath: tuple[str, ...] = ()
+    """Extra PYTHONPATH entries for the replicas, ahead of the inherited PYTHONPATH."""
+    log_dir: str | None = None
+    """Per-replica log files go here (default: a fresh temporary directory)."""
+    namespace: str = DEFAULT_NAMESPACE
+    python: str = sys.executable
+    kill_margin_s: float = KILL_MARGIN_S
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        validate_name(self.agent_id, "agent id")
+        validate_name(self.namespace, "namespace")
+        if self.max_replicas < 0:
+            raise ConfigError("must be >= 0", field="max_replicas")
+        if not self.kill_margin_s >= 0:
+            raise ConfigError("must be >= 0", field="kill_margin_s")
+        if not Path(self.workdir).is_dir():
+            raise ConfigError(f"{self.workdir!r} is not a directory", field="workdir")
+        for name, amount in self.resources.items():
+            validate_name(name, "resource name")
+            if not (math.isfinite(amount) and amount >= 0):
+                raise ConfigError("must be a finite number >= 0", field=f"resources.{name}")
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--agent-id",
+        default=os.environ.get(AGENT_ID_ENV) or None,
+        help=f"this agent's id (default: ${AGENT_ID_ENV}, else hostname plus a random suffix)",
+    )
+    p.add_argument(
+        "--max-replicas",
+        type=int,
+        default=DEFAULT_MAX_REPLICAS,
+        help=f"most replica processes run at once (default {DEFAULT_MAX_REPLICAS})",
+    )
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="NAME=AMOUNT",
+        help="a named resource this machine offers, e.g. gpus=2 (repeatable)",
+    )
+    p.add_argument("--workdir", default=".", help="replicas' working directory (default: .)")
+    p.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=f"extra PYTHONPATH entry for replicas (repeatable, or '{os.pathsep}'-separated)",
+    )
+    p.add_argument("--log-dir", default=None, help="per-replica log files (default: a temp dir)")
+    p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
+    p.add_argument(
+        "--python", default=sys.executable, help="interpreter for replicas (default: this one)"
+    )
+    p.add_argument(
+        "--kill-margin-s",
+        type=float,
+        default=KILL_MARGIN_S,
+        help="SIGKILL this long after a replica's graceful_shutdown_timeout_s ran out",
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+
+
+def parse_resources(items: Sequence[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, amount = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(amount)
+        except ValueError:
+            raise ConfigError(f"expected NAME=AMOUNT, got {item!r}", field="--resource") from None
+    return out
+
+
+def _split_paths(items: Sequence[str]) -> tuple[str, ...]:
+    # absolute, so that they mean the same from the replicas' working directory
+    return tuple(
+        str(Path(part).resolve()) for item in items for part in item.split(os.pathsep) if part
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    extra = {"agent_id": args.agent_id} if args.agent_id else {}
+    return AgentConfig(
+        nats_url=args.nats,
+        max_replicas=args.max_replicas,
+        resources=parse_resources(args.resource),
+        workdir=str(Path(args.workdir).resolve()),
+        pythonpath=_split_paths(args.pythonpath),
+        log_dir=str(Path(args.log_dir).resolve()) if args.log_dir else None,
+        namespace=args.namespace,
+        python=args.python,
+        kill_margin_s=args.kill_margin_s,
+        metrics_port=args.metrics_port,
+        **extra,
+    )

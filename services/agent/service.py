@@ -1,0 +1,368 @@
+"""The node agent's I/O shell: fp_targets in, replica processes out, fp_agents registration.
+
+How it works:
+1. Register in KV `fp_agents` (TTL bucket) under the agent id, then re-put the entry every TTL/3,
+   and at once whenever the number of running replicas changes.
+2. Watch every key of KV `fp_targets`; each value is turned into the specs of the replicas
+   assigned to this agent (`core.specs_for_agent`). A value that does not decode is counted and
+   dropped, and the last good one for that key stays in force: a garbled write must not stop
+   replicas that are serving. Nothing starts before the initial values are all in, so "the first N
+   in target order" means the same after a restart.
+3. Every tick (and at once on a change) reap exited children, ask `core.plan` what to do, and do
+   it. Every exit is reported as a Lifecycle "exited" (crashes and SIGKILL included, which the
+   replica cannot report itself). Nothing is restarted here: the controller decides.
+4. On stop: stop watching, plan against an empty target set until every child is gone (SIGTERM,
+   SIGKILL past the deadline), then delete the fp_agents entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from prometheus_client import Counter, Gauge
+
+from shared.badinput import BadInput
+from shared.bus import KV, Bus, KVWatcher
+from shared.clock import SYSTEM_CLOCK, Clock
+from shared.control import TargetSet, deployment_key
+from shared.errors import FleetpulseError, WireError
+from shared.natsbus import NatsBus
+from shared.subjects import KV_AGENTS, KV_TARGETS, Subjects
+from shared.wire import reasons
+from shared.wire.codec import encode
+from shared.wire.messages import Lifecycle
+
+from .config import AgentConfig
+from .core import (
+    ChildState,
+    Forget,
+    Kill,
+    OverCapacity,
+    ReplicaSpec,
+    Start,
+    Stop,
+    merge_wanted,
+    plan,
+    replica_argv,
+    specs_for_agent,
+)
+from .info import AGENT_TTL_S, AgentInfo
+from .procs import ChildProcesses, child_env
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.1
+"""How often children are reaped and the plan re-run (exits are seen within a tick)."""
+REGISTER_INTERVAL_S = AGENT_TTL_S / 3
+REGISTER_RETRY_S = 1.0
+DRAIN_EXTRA_S = 10.0
+"""On shutdown, give up waiting for children this long after the last kill deadline."""
+EXIT_SPAWN_FAILED = 127
+"""Reported as the exit code of a replica whose process could not be started at all."""
+
+RUNNING = Gauge("fleetpulse_agent_replicas_running", "Replica processes running (not yet exited)")
+STARTS = Counter("fleetpulse_agent_replica_starts_total", "Replica processes started")
+START_FAILURES = Counter(
+    "fleetpulse_agent_replica_start_failures_total", "Replica processes that could not be spawned"
+)
+STOPS = Counter("fleetpulse_agent_replica_stops_total", "Replicas sent SIGTERM (drain)")
+KILLS = Counter("fleetpulse_agent_replica_kills_total", "Replicas sent SIGKILL after the deadline")
+EXITS = Counter("fleetpulse_agent_replica_exits_total", "Replica process exits by code", ["code"])
+BAD_TARGETS = Counter(
+    "fleetpulse_agent_bad_targets_total", "fp_targets values dropped as invalid", ["reason"]
+)
+
+
+class AgentService:
+    """Run with `await AgentService(cfg).run()`; `stop()` (signal-handler safe) ends it."""
+
+    def __init__(self, cfg: AgentConfig, *, bus: Bus | None = None, clock: Clock = SYSTEM_CLOCK):
+        self.cfg = cfg
+        self.clock = clock
+        self.subjects = Subjects(cfg.namespace)
+        self._given_bus = bus
+        self.bus: Bus | None = bus
+        log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix=f"fleetpulse-agent-{cfg.agent_id}-"))
+        self.procs = ChildProcesses(
+            cwd=cfg.workdir, env=child_env(os.environ, cfg.pythonpath), log_dir=log_dir
+        )
+        self.bad = BadInput(f"agent {cfg.agent_id}", log, clock=clock)
+        self.started_at = clock.wall()
+        self._hostname = socket.gethostname()
+        self.ticks = 0
+        self._children: dict[str, ChildState] = {}
+        self._specs: dict[str, list[ReplicaSpec]] = {}
+        self._synced = False
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._register_now = asyncio.Event()
+        self._skipped: tuple[str, ...] = ()
+        self._agents_kv: KV | None = None
+
+    # -- public view -------------------------------------------------------------------------
+
+    @property
+    def children(self) -> Mapping[str, ChildState]:
+        return MappingProxyType(self._children)
+
+    def pid(self, replica_id: str) -> int | None:
+        return self.procs.pid(replica_id)
+
+    def info(self) -> AgentInfo:
+        return AgentInfo(
+            agent_id=self.cfg.agent_id,
+            capacity=self.cfg.max_replicas,
+            running=self._live(),
+            hostname=self._hostname,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            resources=dict(self.cfg.resources),
+        )
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if self.bus is None:
+            self.bus = await NatsBus.connect(self.cfg.nats_url, name=f"agent-{self.cfg.agent_id}")
+        tasks: list[asyncio.Task[None]] = []
+        watcher: KVWatcher | None = None
+        try:
+            self._agents_kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
+            await self._register()
+            watcher = await (await self.bus.kv(KV_TARGETS)).watch()
+            tasks.append(asyncio.create_task(self._consume(watcher), name="agent-targets"))
+            tasks.append(asyncio.create_task(self._keep_registered(), name="agent-register"))
+            log.info(
+                "agent %s up: capacity %d, logs in %s",
+                self.cfg.agent_id,
+                self.cfg.max_replicas,
+                self.procs.log_dir,
+            )
+            while not self._stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(TICK_S):
+                        await self._wake.wait()
+                self._wake.clear()
+                await self._reconcile()
+        finally:
+            if watcher is not None:
+                await watcher.stop()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._drain()
+            await self._unregister()
+            if self._given_bus is None and self.bus is not None:
+                await self.bus.close()
+
+    async def _consume(self, watcher: KVWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:
+                self._synced = True
+            elif entry.op == "DEL":
+                self._specs.pop(entry.key, None)
+            else:
+                try:
+                    self._on_targets(entry.key, entry.value)
+                except Exception:  # a bug must not blind the agent to every later change
+                    log.exception(
+                        "agent %s: fp_targets/%s not applied", self.cfg.agent_id, entry.key
+                    )
+            self._wake.set()
+
+    def _on_targets(self, key: str, value: bytes) -> None:
+        try:
+            targets = TargetSet.decode(value)
+            if deployment_key(targets.app, targets.deployment) != key:
+                raise WireError(
+                    reasons.BAD_VALUE, f"key {key!r} holds {targets.app}.{targets.deployment}"
+                )
+            specs = specs_for_agent(targets, self.cfg.agent_id, self.subjects)
+        except WireError as exc:
+            BAD_TARGETS.labels(exc.reason).inc()
+            self.bad.drop(exc.reason, f"fp_targets/{key}: {exc.detail}")
+            return
+        if specs:
+            self._specs[key] = specs
+        else:
+            self._specs.pop(key, None)
+
+    async def _reconcile(self) -> None:
+        before = self._live()
+        for rid, code in self.procs.poll():
+            await self._on_exit(rid, code)
+        wanted = merge_wanted(self._specs) if self._synced and not self._stopping.is_set() else {}
+        now = self.clock.monotonic()
+        actions = plan(
+            wanted, self._children, self.cfg.max_replicas, now, kill_margin_s=self.cfg.kill_margin_s
+        )
+        if not any(isinstance(a, OverCapacity) for a in actions):
+            self._skipped = ()
+        for action in actions:
+            if isinstance(action, Start):
+                await self._start(action.spec)
+            elif isinstance(action, Stop):
+                self._signal(action.replica_id, signal.SIGTERM)
+                STOPS.inc()
+                self._children[action.replica_id] = self._children[action.replica_id].stopping(
+                    action.deadline
+                )
+            elif isinstance(action, Kill):
+                log.warning("replica %s did not exit in time: SIGKILL", action.replica_id)
+                self._signal(action.replica_id, signal.SIGKILL)
+                KILLS.inc()
+                self._children[action.replica_id] = self._children[action.replica_id].killed()
+            elif isinstance(action, Forget):
+                del self._children[action.replica_id]
+            elif isinstance(action, OverCapacity):
+                self._over_capacity(action)
+        live = self._live()
+        RUNNING.set(live)
+        if live != before:
+            self._register_now.set()
+        self.ticks += 1
+
+    async def _start(self, spec: ReplicaSpec) -> None:
+        argv = replica_argv(
+            spec,
+            python=self.cfg.python,
+            nats_url=self.cfg.nats_url,
+            agent_id=self.cfg.agent_id,
+            namespace=self.cfg.namespace,
+        )
+        name = f"{spec.app}.{spec.deployment}.{spec.replica_id}"
+        self._children[spec.replica_id] = ChildState(spec)
+        try:
+            pid = self.procs.start(spec.replica_id, argv, name)
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
+            log.error("replica %s could not be started: %s", spec.replica_id, exc)
+            START_FAILURES.inc()
+            await self._on_exit(spec.replica_id, EXIT_SPAWN_FAILED)
+            return
+        STARTS.inc()
+        log.info(
+            "replica %s started: pid %d, log %s", spec.replica_id, pid, self.procs.log_path(name)
+        )
+
+    def _signal(self, replica_id: str, sig: signal.Signals) -> None:
+        if not self.procs.signal(replica_id, sig):
+            log.debug("replica %s already gone before %s", replica_id, sig.name)
+
+    async def _on_exit(self, replica_id: str, code: int) -> None:
+        child = self._children.get(replica_id)
+        if child is None:
+            return
+        self._children[replica_id] = child.exited_with(code)
+        EXITS.labels(str(code)).inc()
+        level = logging.INFO if code == 0 else logging.WARNING
+        log.log(level, "replica %s exited with code %d", replica_id, code)
+        spec = child.spec
+        event = Lifecycle(
+            replica_id=replica_id,
+            agent_id=self.cfg.agent_id,
+            state="exited",
+            at=self.clock.wall(),
+            rpc_subject=spec.rpc_subject,
+            version=spec.version,
+            exit_code=code,
+            app=spec.app,
+            deployment=spec.deployment,
+        )
+        if self.bus is None:
+            return
+        try:
+            subject = self.subjects.report("lifecycle", spec.app, spec.deployment)
+            await self.bus.publish(subject, encode(event))
+        except FleetpulseError as exc:
+            log.warning("could not report the exit of replica %s: %s", replica_id, exc)
+
+    def _over_capacity(self, action: OverCapacity) -> None:
+        if action.skipped == self._skipped:
+            return
+        self._skipped = action.skipped
+        if action.assigned > self.cfg.max_replicas:
+            log.warning(
+                "%d replicas assigned to agent %s, capacity %d: not starting %s",
+                action.assigned,
+                self.cfg.agent_id,
+                self.cfg.max_replicas,
+                ", ".join(action.skipped),
+            )
+        else:
+            log.info(
+                "waiting for %d draining replica(s) to free a slot for %s",
+                action.draining,
+                ", ".join(action.skipped),
+            )
+
+    def _live(self) -> int:
+        return sum(1 for c in self._children.values() if not c.exited)
+
+    # -- registration ------------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        assert self._agents_kv is not None
+        await self._agents_kv.put(self.cfg.agent_id, self.info().encode())
+
+    async def _keep_registered(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REGISTER_INTERVAL_S):
+                    await self._register_now.wait()
+            self._register_now.clear()
+            try:
+                await self._register()
+            except FleetpulseError as exc:
+                log.warning("agent %s: registration failed: %s", self.cfg.agent_id, exc)
+                await asyncio.sleep(REGISTER_RETRY_S)
+                # a nats-server that restarted without its store lost the bucket: bring it back
+                with contextlib.suppress(FleetpulseError):
+                    assert self.bus is not None
+                    self._agents_kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
+                self._register_now.set()
+
+    async def _unregister(self) -> None:
+        if self._agents_kv is None:
+            return
+        try:
+            await self._agents_kv.delete(self.cfg.agent_id)
+        except FleetpulseError as exc:
+            log.warning(
+                "agent %s: could not delete its fp_agents entry: %s", self.cfg.agent_id, exc
+            )
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Stop every child (SIGTERM, SIGKILL past its deadline) and report each exit."""
+        self._stopping.set()
+        if not self._children:
+            return
+        log.info("agent %s: stopping %d replica(s)", self.cfg.agent_id, self._live())
+        longest = max(
+            (c.spec.graceful_shutdown_timeout_s for c in self._children.values()), default=0
+        )
+        give_up = self.clock.monotonic() + longest + self.cfg.kill_margin_s + DRAIN_EXTRA_S
+        while self._live() and self.clock.monotonic() < give_up:
+            await self._reconcile()
+            if self._live():
+                await asyncio.sleep(TICK_S / 2)
+        if self._live():
+            log.error(
+                "agent %s: replicas still running after the drain: killing", self.cfg.agent_id
+            )
+            self.procs.kill_all()
+            await self._reconcile()
