@@ -18,6 +18,8 @@ from shared.errors import FleetpulseError
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 Command = Callable[[argparse.Namespace], int]
+QUIET_COMMANDS = frozenset({"deploy", "delete", "status"})
+"""One-shot tools: their output is the answer, connection chatter stays out of it."""
 
 
 def default_nats_url() -> str:
@@ -91,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"),
-        help="DEBUG, INFO, WARNING or ERROR (default: $FLEETPULSE_LOG_LEVEL or INFO)",
+        default=os.environ.get("FLEETPULSE_LOG_LEVEL"),
+        help="DEBUG, INFO, WARNING or ERROR (default: $FLEETPULSE_LOG_LEVEL, else INFO for "
+        "services and WARNING for the deploy/delete/status tools)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -156,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    level = args.log_level or ("WARNING" if args.command in QUIET_COMMANDS else "INFO")
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, str(level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     func: Command | None = getattr(args, "func", None)

@@ -34,8 +34,8 @@ DEFAULT_ROUTE_PREFIX = "/"
 """Ray Serve's default; `route_prefix: null` means the app is not served over HTTP."""
 DEFAULT_NUM_REPLICAS = 1
 SUGGESTION_CUTOFF = 0.6
-MIN_PREFIX_SUGGESTION = 3
-"""An unknown key this long that starts a known one is taken as a short form of it ('apps')."""
+MAX_ARG_VALUES = 100_000
+"""init_args / init_kwargs hold at most this many values (lists and mappings included)."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _T = TypeVar("_T")
 
@@ -570,9 +570,7 @@ def _unknown_key(key: str, known: Mapping[str, object]) -> str:
         return f"unknown key {key!r} here (it belongs under autoscaling_config)"
     if key in _RENAMED and _RENAMED[key] in known:
         return f"unknown key {key!r} (Ray Serve's older name; use {_RENAMED[key]!r})"
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=SUGGESTION_CUTOFF) or [
-        k for k in known if len(key) >= MIN_PREFIX_SUGGESTION and k.startswith(key)
-    ]
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=SUGGESTION_CUTOFF)
     if close:
         return f"unknown key {key!r} (did you mean {close[0]!r}?)"
     if key in _RAY_ONLY:
@@ -581,23 +579,25 @@ def _unknown_key(key: str, known: Mapping[str, object]) -> str:
 
 
 def _first_non_json(value: Any, path: str) -> tuple[str, str] | None:
-    if value is None or isinstance(value, bool | int | str):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (path, f"must be a finite number, got {value}")
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            bad = _first_non_json(item, f"{path}[{i}]")
-            if bad is not None:
-                return bad
-        return None
-    if isinstance(value, dict):
-        for k, item in value.items():
-            if not isinstance(k, str):
-                return path, f"mapping key {k!r} is not a string (quote it)"
-            bad = _first_non_json(item, f"{path}.{k}")
-            if bad is not None:
-                return bad
-        return None
-    kind = type(value).__name__
-    return path, f"a {kind} cannot be stored as JSON; quote it to pass a string"
+    """(path, problem) of the first part JSON cannot carry, in document order. The walk is
+    bounded: YAML aliases can make a recursive value, or an exponentially large one."""
+    stack = [(value, path)]
+    for _ in range(MAX_ARG_VALUES):
+        if not stack:
+            return None
+        v, at = stack.pop()
+        if v is None or isinstance(v, bool | int | str):
+            continue
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return at, f"must be a finite number, got {v}"
+        elif isinstance(v, list):
+            stack.extend((item, f"{at}[{i}]") for i, item in reversed(list(enumerate(v))))
+        elif isinstance(v, dict):
+            for k in v:
+                if not isinstance(k, str):
+                    return at, f"mapping key {k!r} is not a string (quote it)"
+            stack.extend((item, f"{at}.{k}") for k, item in reversed(list(v.items())))
+        else:
+            return at, f"a {type(v).__name__} cannot be stored as JSON; quote it to pass a string"
+    return path, f"more than {MAX_ARG_VALUES} values (a recursive or much-repeated alias?)"

@@ -67,9 +67,10 @@ _COLORS = {
 }
 
 _TEXT_HEADER = "MESSAGE / LAST DECISION"
+_APP_STATUS_HEADER = "APP STATUS"
 _HEADERS = (
     "APP",
-    "APP STATUS",
+    _APP_STATUS_HEADER,
     "DEPLOYMENT",
     "STATUS",
     "REPLICAS",
@@ -84,7 +85,11 @@ _V = TypeVar("_V")
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--app", metavar="APP", help="show only this application")
-    p.add_argument("--json", action="store_true", help="print JSON (one document per change)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON instead of a table (with --watch: one line per change)",
+    )
     p.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
     p.add_argument(
         "--interval",
@@ -188,14 +193,23 @@ def render_table(
     """The status table; `now` (unix s) dates the ages, `notes` go under the table. Below
     WIDE_MIN_WIDTH columns of terminal `width` the free-text column is left out."""
     wide = width is None or width >= WIDE_MIN_WIDTH
-    table = Table(title="fleetpulse status", title_justify="left", box=box.SIMPLE_HEAD)
-    for header in _HEADERS if wide else [h for h in _HEADERS if h != _TEXT_HEADER]:
+    table = Table(
+        title="fleetpulse status",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    # narrow: the app's status goes under its name, messages and decisions are left out
+    narrow_out = (_TEXT_HEADER, _APP_STATUS_HEADER)
+    for header in _HEADERS if wide else [h for h in _HEADERS if h not in narrow_out]:
         right = header in ("REPLICAS", "DEMAND", "AGE")
         table.add_column(
             header,
             justify="right" if right else "left",
-            no_wrap=header in ("STATUS", "REPLICAS", "DEMAND", "AGE"),
+            no_wrap=header in ("STATUS", "REPLICAS", "HEALTH", "DEMAND", "AGE"),
             max_width=TEXT_WIDTH if header == _TEXT_HEADER else None,
+            min_width=None if wide or header != "APP" else len("DEPLOY_FAILED"),
         )
     rows = merge(statuses, apps)
     stale = False
@@ -204,22 +218,26 @@ def render_table(
             table.add_section()
         age = None if row.updated_at is None else max(0.0, now - row.updated_at)
         stale = stale or (age is not None and age > STALE_AFTER_S)
-        app_cell = Text(row.name, style="bold")
-        if row.route_prefix:
-            app_cell.append(f"\n{row.route_prefix}", style="dim")
         app_status = _colored(row.status)
         if row.updated_at is None:
             app_status.append(f"\n({WAITING})", style="dim")
+        app_cell = Text().append(row.name, style="bold")
+        if not wide:
+            app_cell.append("\n").append_text(app_status)
+        if row.route_prefix:
+            app_cell.append(f"\n{row.route_prefix}", style="dim")
         for j, (name, d) in enumerate(sorted(row.deployments.items()) or [("", None)]):
             first = j == 0
-            cells: list[Text | str] = [app_cell, app_status] if first else ["", ""]
+            cells: list[Text | str] = [app_cell if first else ""]
+            if wide:
+                cells.append(app_status if first else "")
             if d is not None:
                 replicas = f"{d.running_replicas}/{d.target_replicas}"
                 cells += [name, _colored(d.status), replicas, _health(d), f"{d.demand:.1f}"]
                 if wide:
                     cells.append(_notes(d))
             else:
-                cells += [""] * (len(table.columns) - 3)
+                cells += [""] * (len(table.columns) - len(cells) - 1)
             table.add_row(*cells, _age_cell(age) if first else "")
     captions = list(notes)
     if not rows:
