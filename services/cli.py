@@ -144,6 +144,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)
 
+    from services.recorder.__main__ import (
+        add_record_arguments,
+        add_replay_arguments,
+        run_record,
+        run_replay,
+    )
+
+    rec = sub.add_parser("record", help="record NATS subjects (or FP_REPORTS) to Arrow IPC files")
+    add_nats_flag(rec)
+    add_record_arguments(rec)
+    rec.set_defaults(func=run_record)
+    rep = sub.add_parser(
+        "replay", help="republish a recording, or run a what-if of an autoscaling config"
+    )
+    add_nats_flag(rep)
+    add_replay_arguments(rep)
+    rep.set_defaults(func=run_replay)
+
     from services.router.config import add_gateway_arguments
 
     gw = sub.add_parser(
