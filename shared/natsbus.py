@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import logging
 import ssl
 import weakref
@@ -86,6 +87,9 @@ class NatsBus:
 
     def __init__(self, nc: NatsClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.nc = nc
+        # buckets this connection creates get this many replicas (3 on a 3-node cluster, so a
+        # bucket survives losing a node); from $FLEETPULSE_KV_REPLICAS, default 1
+        self.kv_replicas = max(1, int(os.environ.get("FLEETPULSE_KV_REPLICAS", "1") or "1"))
         self.js: JetStreamContext = nc.jetstream()
         self.clock = clock
         self._watchers: weakref.WeakSet[NatsKVWatcher] = weakref.WeakSet()
@@ -290,7 +294,9 @@ class NatsBus:
                 if not create:
                     raise BusError(f"KV bucket {bucket!r} does not exist") from None
             try:
-                kv = await self.js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+                kv = await self.js.create_key_value(
+                    bucket=bucket, history=history, ttl=ttl, replicas=self.kv_replicas
+                )
             except nats.js.errors.BadRequestError:
                 # someone else created it between our two calls
                 kv = await self.js.key_value(bucket)

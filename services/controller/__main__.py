@@ -45,7 +45,18 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
         help="history replayed from the stream at start (>= the longest look-back window)",
     )
     p.add_argument("--control-interval-s", type=float, default=0.1)
+    p.add_argument(
+        "--stream-replicas",
+        type=int,
+        default=int(os.environ.get("FLEETPULSE_STREAM_REPLICAS", "1")),
+        help="FP_REPORTS replicas (3 on a 3-node cluster); KV buckets follow $FLEETPULSE_KV_REPLICAS",
+    )
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument(
+        "--stats-file",
+        default="",
+        help="append per-tick loop stats as JSON lines (benchmarks; see controller/stats.py)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
@@ -61,6 +72,8 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         retention_s=args.retention_s,
         rebuild_s=args.rebuild_s,
         metrics_port=args.metrics_port,
+        stream_replicas=args.stream_replicas,
+        stats_file=args.stats_file,
     )
 
 

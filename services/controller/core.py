@@ -126,6 +126,8 @@ class ControllerCore:
         self._dirty_apps: set[str] = set()
         self._pending_events: list[Action] = []
         self.placement = Placement()
+        self.held: set[str] = set()
+        """Apps whose history is still being replayed (a partition just taken over)."""
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -239,10 +241,22 @@ class ControllerCore:
 
     # -- ticks -------------------------------------------------------------------------------
 
-    def sample(self, now: float) -> None:
-        """Rebuild mode: fill demand windows, decide nothing."""
-        for m in self.deployments.values():
-            m.sample(now)
+    def sample(self, now: float, apps: set[str] | None = None) -> None:
+        """Rebuild mode: fill demand windows (of `apps`, default all), decide nothing."""
+        for (app, _), m in self.deployments.items():
+            if apps is None or app in apps:
+                m.sample(now)
+
+    def release_apps(self, apps: set[str]) -> None:
+        """Another member owns these apps now: forget them without deciding or writing."""
+        for table in (self.deployments, self.deleting):
+            for key in [k for k in table if k[0] in apps]:
+                del table[key]
+        for app in apps:
+            self.apps.pop(app, None)
+            self._status_written.pop(app, None)
+            self._dirty_apps.discard(app)
+            self.held.discard(app)
 
     def tick(
         self, now: float, wall: float, *, pending: int | None = None, lag_s: float | None = None,
@@ -253,7 +267,11 @@ class ControllerCore:
         hold = self.stall_state.hold_verdicts if self.stall_state else False
         stale = known = 0
         probe_candidates: list[tuple[str, str, str]] = []
-        managed = list(self.deployments.items()) + list(self.deleting.items())
+        managed = [
+            (k, m)
+            for k, m in list(self.deployments.items()) + list(self.deleting.items())
+            if k[0] not in self.held  # rebuilding its window from the stream: no decisions yet
+        ]
         lost = self.placement.lost_since_last(now)
         for agent_id in sorted(lost) if not hold else ():
             for _, m in managed:
@@ -335,7 +353,7 @@ class ControllerCore:
     def _statuses(self, now: float, wall: float) -> list[Action]:
         out: list[Action] = []
         apps = {k[0] for k in self.deployments} | {k[0] for k in self.deleting}
-        for app in sorted(apps):
+        for app in sorted(apps - self.held):
             last = self._status_written.get(app)
             due = last is None or now - last >= self.cfg.status_refresh_s
             if app not in self._dirty_apps and not due:

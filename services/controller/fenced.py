@@ -37,8 +37,10 @@ class FencedWriter:
         self._revisions: dict[str, int] = {}
         self.fenced = 0
 
-    async def put(self, key: str, value: bytes) -> bool:
-        """Write unless a newer owner wrote the key. True when written."""
+    async def put(self, key: str, value: bytes, epoch: int | None = None) -> bool:
+        """Write unless a newer owner wrote the key. True when written. `epoch` overrides the
+        writer's own (the group hands out one epoch per partition)."""
+        mine = self.owner_epoch if epoch is None else epoch
         for _ in range(3):
             rev = self._revisions.get(key)
             try:
@@ -47,29 +49,30 @@ class FencedWriter:
                     if current is None:
                         self._revisions[key] = await self.kv.create(key, value)
                         return True
-                    if self.epoch_of(current.value) > self.owner_epoch:
-                        return self._fenced(key)
+                    if self.epoch_of(current.value) > mine:
+                        return self._fenced(key, mine)
                     rev = current.revision
                 self._revisions[key] = await self.kv.update(key, value, rev)
                 return True
             except KVConflict:
                 self._revisions.pop(key, None)
                 current = await self.kv.get(key)
-                if current is not None and self.epoch_of(current.value) > self.owner_epoch:
-                    return self._fenced(key)
+                if current is not None and self.epoch_of(current.value) > mine:
+                    return self._fenced(key, mine)
         log.warning("gave up writing %s after repeated revision conflicts", key)
         return False
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, epoch: int | None = None) -> None:
+        mine = self.owner_epoch if epoch is None else epoch
         rev = self._revisions.pop(key, None)
         try:
             await self.kv.delete(key, last_revision=rev)
         except KVConflict:
             current = await self.kv.get(key)
-            if current is None or self.epoch_of(current.value) <= self.owner_epoch:
+            if current is None or self.epoch_of(current.value) <= mine:
                 await self.kv.delete(key)
 
-    def _fenced(self, key: str) -> bool:
+    def _fenced(self, key: str, epoch: int) -> bool:
         self.fenced += 1
-        log.warning("not writing %s: a newer owner (epoch > %d) holds it", key, self.owner_epoch)
+        log.warning("not writing %s: a newer owner (epoch > %d) holds it", key, epoch)
         return False

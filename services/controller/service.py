@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -48,7 +48,10 @@ from .core import (
     PutTargets,
 )
 from .fenced import FencedWriter
+from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S, GroupCore, partition_of
+from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
+from .stats import StatsDump, ingest_kind
 from .stream import (
     DEFAULT_PARTITIONS,
     DEFAULT_RETENTION_S,
@@ -58,6 +61,9 @@ from .stream import (
 )
 
 log = logging.getLogger(__name__)
+
+EMPTY_PARTITION_QUIET_S = 0.3
+"""A partition with no message this long after subscribing has no history to replay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,10 @@ class ServiceConfig:
     probe_timeout_s: float = 1.0
     metrics_port: int = 0
     stream_replicas: int = 1
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    member_ttl_s: float = DEFAULT_MEMBER_TTL_S
+    stats_file: str = ""
+    """Append per-tick loop stats as JSON lines here (see stats.py); empty: off."""
 
 
 class ControllerService:
@@ -78,17 +88,21 @@ class ControllerService:
         self.clock = clock
         self.core = ControllerCore(cfg.core)
         self.bus: NatsBus | None = None
-        self.live = False
         self._pending: dict[int, int | None] = {}
+        self._epochs: dict[int, int] = {}
+        """Partitions we own -> the lease epoch that fences our writes for their apps."""
+        self._replaying: dict[int, set[str]] = {}
+        self._next_sample: dict[int, float] = {}
+        self.group: GroupRunner | None = None
         self._exported: dict[tuple[str, str], int] = {}
-        self._next_sample = 0.0
-        self._subs: list[Any] = []
+        self._subs: dict[int, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: dict[str, FencedWriter] = {}
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
         self.ticks = 0
         self.stream = ""
+        self.stats = StatsDump(cfg.stats_file) if cfg.stats_file else None
 
     # -- startup -----------------------------------------------------------------------------
 
@@ -104,28 +118,50 @@ class ControllerService:
             self.cfg.retention_s,
             replicas=self.cfg.stream_replicas,
         )
-        epoch = self.cfg.core.owner_epoch
         for bucket in (KV_TARGETS, KV_STATUS):
-            self._writers[bucket] = FencedWriter(await bus.kv(bucket), epoch)
+            self._writers[bucket] = FencedWriter(await bus.kv(bucket), 0)
         self._writers[KV_MEMBERSHIP] = FencedWriter(
-            await bus.kv(KV_MEMBERSHIP), epoch, lambda v: Membership.decode(v).owner_epoch
+            await bus.kv(KV_MEMBERSHIP), 0, lambda v: Membership.decode(v).owner_epoch
         )
-        now = self.clock.monotonic()
-        await self._load_apps(now)
-        await self._restore(now)
-        self._next_sample = now - self.cfg.rebuild_s
-        await self._subscribe()
+        await self._load_apps()
         self._spawn(self._watch_apps(), "apps")
         self._spawn(self._watch_agents(), "agents")
+        self.group = GroupRunner(
+            bus,
+            GroupCore(self.cfg.core.member_id, self.cfg.partitions, self.cfg.member_ttl_s),
+            self._take_partition,
+            self._drop_partition,
+            heartbeat_s=self.cfg.heartbeat_s,
+            describe=self._describe,
+            clock=self.clock,
+        )
+        await self.group.start()
 
-    async def _load_apps(self, now: float) -> None:
+    async def _load_apps(self) -> None:
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
         for key in await kv.keys():
             entry = await kv.get(key)
             if entry is not None:
                 self._apply_app(key, entry.value)
-        self.core.set_apps(self._apps_raw, now)
+
+    def _owned_apps(self) -> dict[str, AppConfig]:
+        parts = self.cfg.partitions
+        return {
+            name: app
+            for name, app in self._apps_raw.items()
+            if partition_of(name, parts) in self._epochs
+        }
+
+    def _apps_in(self, partition: int) -> set[str]:
+        return {a for a in self._apps_raw if partition_of(a, self.cfg.partitions) == partition}
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "partitions": sorted(self._epochs),
+            "pending": sum(v or 0 for v in self._pending.values()),
+            "apps": len(self._owned_apps()),
+        }
 
     def _apply_app(self, key: str, value: bytes | None) -> None:
         if value is None:
@@ -148,7 +184,7 @@ class ControllerService:
                 continue
             self._apply_app(entry.key, entry.value if entry.op == "PUT" else None)
             if not initial:
-                self.core.set_apps(self._apps_raw, self.clock.monotonic())
+                self.core.set_apps(self._owned_apps(), self.clock.monotonic())
                 log.info("apps changed: %s", sorted(self._apps_raw))
 
     async def _watch_agents(self) -> None:
@@ -167,7 +203,7 @@ class ControllerService:
                 prom.BAD_INPUT.labels(reason="bad_agent").inc()
                 log.warning("ignoring fp_agents/%s: %s", entry.key, exc)
 
-    async def _restore(self, now: float) -> None:
+    async def _restore(self, now: float, apps: set[str]) -> None:
         assert self.bus is not None
         targets: list[TargetSet] = []
         memberships: list[Membership] = []
@@ -180,6 +216,8 @@ class ControllerService:
                 entry = await kv.get(key)
                 if entry is None:
                     continue
+                if key.split(".", 1)[0] not in apps:
+                    continue
                 try:
                     sink.append(decode(entry.value))  # type: ignore[arg-type]
                 except WireError as exc:
@@ -188,25 +226,45 @@ class ControllerService:
         if targets:
             log.info("restored %d deployments' replicas from fp_targets", len(targets))
 
-    async def _subscribe(self) -> None:
+    async def _take_partition(self, p: int, epoch: int) -> None:
+        """A partition became ours: restore its apps from KV, replay its history, then act."""
         assert self.bus is not None
+        now = self.clock.monotonic()
+        self._epochs[p] = epoch
+        apps = self._apps_in(p)
+        self.core.set_apps(self._owned_apps(), now)
+        await self._restore(now, apps)
+        self.core.held |= apps
+        self._replaying[p] = apps
+        self._next_sample[p] = now - self.cfg.rebuild_s
+        self._pending[p] = None  # unknown until its first message
         start = datetime.fromtimestamp(self.clock.wall() - self.cfg.rebuild_s).astimezone()
-        for p in range(self.cfg.partitions):
-            self._pending[p] = None  # unknown until its first message
 
-            async def on_msg(msg: NatsMsg, p: int = p) -> None:
-                self._on_msg(p, msg)
+        async def on_msg(msg: NatsMsg) -> None:
+            self._on_msg(p, msg)
 
-            sub = await self.bus.js.subscribe(
-                partition_subject(self.core.subjects, p),
-                stream=self.stream,
-                cb=on_msg,
-                ordered_consumer=True,
-                config=ConsumerConfig(
-                    deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start
-                ),
-            )
-            self._subs.append(sub)
+        self._subs[p] = await self.bus.js.subscribe(
+            partition_subject(self.core.subjects, p),
+            stream=self.stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
+        )
+        self._spawn(self._catch_up(p), f"catch-up-{p}")
+
+    async def _drop_partition(self, p: int) -> None:
+        """A partition is no longer ours: stop reading it and forget its apps, writing nothing."""
+        self._epochs.pop(p, None)
+        self._replaying.pop(p, None)
+        self._pending.pop(p, None)
+        sub = self._subs.pop(p, None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self.core.release_apps(
+            self._apps_in(p)
+            | {a for a, _ in self.core.deployments if partition_of(a, self.cfg.partitions) == p}
+        )
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -215,54 +273,84 @@ class ControllerService:
         meta = msg.metadata
         self._pending[partition] = meta.num_pending
         recv = now
-        if not self.live:
+        apps = self._replaying.get(partition)
+        if apps is not None:
             # replayed history: place it on our monotonic timeline by its age in the stream
             stored = meta.timestamp.timestamp()
             recv = min(now, now - (self.clock.wall() - stored))
-            while self._next_sample <= recv:
-                self.core.sample(self._next_sample)
-                self._next_sample += self.cfg.core.control_interval_s
+            self._sample_until(partition, apps, recv)
         subject = report_subject(self.core.subjects, msg.subject)
         prom.INGEST_BYTES.inc(len(msg.data))
+        if self.stats is None:
+            self.core.ingest(subject, msg.data, recv)
+            return
+        started = time.perf_counter()
         self.core.ingest(subject, msg.data, recv)
+        self.stats.ingested(ingest_kind(subject, msg.data), time.perf_counter() - started)
 
     # -- control loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
         await self.start()
-        await self._catch_up()
         interval = self.cfg.core.control_interval_s
         next_tick = self.clock.monotonic()
         while not self._stop.is_set():
+            late = self.clock.monotonic() - next_tick
             next_tick += interval
             started = time.perf_counter()
             await self._tick()
-            prom.LOOP_SECONDS.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            prom.LOOP_SECONDS.observe(took)
+            if self.stats is not None:
+                self._record_tick(next_tick - interval, took, late)
             delay = next_tick - self.clock.monotonic()
             if delay < 0:
                 next_tick = self.clock.monotonic()  # fell behind: do not try to catch up in a burst
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), max(0.0, delay))
 
-    async def _catch_up(self, timeout_s: float = 30.0) -> None:
-        """Let the ordered consumers deliver the retained history, then go live."""
+    @property
+    def live(self) -> bool:
+        """Every owned partition has replayed its history and acts."""
+        return bool(self._epochs) and not self._replaying
+
+    def _record_tick(self, scheduled: float, took: float, late: float) -> None:
+        assert self.stats is not None
+        self.stats.tick(scheduled + late, took, late)
+        self.stats.maybe_write(
+            self.clock.monotonic(),
+            probes=self.core.stats.probes,
+            pending=sum(v or 0 for v in self._pending.values()),
+            stalled=bool(self.core.stall_state and self.core.stall_state.stalled),
+            live=self.live,
+        )
+
+    def _sample_until(self, partition: int, apps: set[str], until: float) -> None:
+        t = self._next_sample.get(partition, until)
+        while t <= until:
+            self.core.sample(t, apps)
+            t += self.cfg.core.control_interval_s
+        self._next_sample[partition] = t
+
+    async def _catch_up(self, p: int, timeout_s: float = 30.0) -> None:
+        """Let the partition's consumer deliver its retained history, then let its apps act:
+        caught up when a delivered message says nothing is left behind it, or when an empty
+        partition stayed silent for a moment."""
         deadline = self.clock.monotonic() + timeout_s
-        quiet_since = self.clock.monotonic()
-        seen = -1
-        while self.clock.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            total = sum(self.core.stats.ingested.values())
-            if total != seen:
-                seen, quiet_since = total, self.clock.monotonic()
-            caught_up = all(not v for v in self._pending.values())
-            if caught_up and self.clock.monotonic() - quiet_since >= 0.3:
+        started = self.clock.monotonic()
+        while self.clock.monotonic() < deadline and p in self._replaying:
+            pending = self._pending.get(p)
+            if pending == 0:
                 break
-        now = self.clock.monotonic()
-        while self._next_sample <= now:
-            self.core.sample(self._next_sample)
-            self._next_sample += self.cfg.core.control_interval_s
-        self.live = True
-        log.info("rebuilt from the stream (%d messages); controller is live", seen)
+            if pending is None and self.clock.monotonic() - started >= EMPTY_PARTITION_QUIET_S:
+                break
+            await asyncio.sleep(0.02)
+        apps = self._replaying.pop(p, None)
+        if apps is None:
+            return  # dropped meanwhile
+        self._sample_until(p, apps, self.clock.monotonic())
+        self.core.held -= apps
+        log.info("partition %d rebuilt from the stream; %d app(s) live", p, len(apps))
 
     async def _tick(self) -> None:
         now = self.clock.monotonic()
@@ -284,17 +372,18 @@ class ControllerService:
                     metric.labels(label).inc(value - last)
                     self._exported[(family, label)] = value
 
+    def _epoch_of(self, app: str) -> int | None:
+        return self._epochs.get(partition_of(app, self.cfg.partitions))
+
     async def _execute(self, actions: list[Action]) -> None:
         for a in actions:
             try:
-                if isinstance(a, PutMembership):
-                    await self._writers[KV_MEMBERSHIP].put(a.key, a.value.encode())
-                elif isinstance(a, PutTargets):
-                    await self._writers[KV_TARGETS].put(a.key, a.value.encode())
-                elif isinstance(a, PutStatus):
-                    await self._writers[KV_STATUS].put(a.key, a.value.encode())
+                if isinstance(a, PutMembership | PutTargets | PutStatus):
+                    await self._write(a)
                 elif isinstance(a, DeleteKey):
-                    await self._writers[a.bucket].delete(a.key)
+                    epoch = self._epoch_of(a.key.split(".", 1)[0])
+                    if epoch is not None:
+                        await self._writers[a.bucket].delete(a.key, epoch)
                 elif isinstance(a, Probe):
                     prom.PROBES.inc()
                     self._spawn(self._probe(a), "probe")
@@ -306,6 +395,24 @@ class ControllerService:
                     )  # fmt: skip
             except FleetpulseError as exc:
                 log.warning("action %s failed: %s", type(a).__name__, exc)
+
+    async def _write(self, a: PutMembership | PutTargets | PutStatus) -> None:
+        """A fenced write, stamped with the epoch at which we hold the app's partition."""
+        app = a.key if isinstance(a, PutStatus) else a.value.app
+        epoch = self._epoch_of(app)
+        if epoch is None:
+            return  # handed over between decision and write
+        if isinstance(a, PutMembership):
+            value = replace(a.value, owner_epoch=epoch)
+            await self._writers[KV_MEMBERSHIP].put(a.key, value.encode(), epoch)
+        elif isinstance(a, PutTargets):
+            await self._writers[KV_TARGETS].put(
+                a.key, replace(a.value, owner_epoch=epoch).encode(), epoch
+            )
+        else:
+            await self._writers[KV_STATUS].put(
+                a.key, replace(a.value, owner_epoch=epoch).encode(), epoch
+            )
 
     async def _probe(self, a: Probe) -> None:
         assert self.bus is not None
@@ -333,11 +440,17 @@ class ControllerService:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                await self.group.step_down()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sub in self._subs:
+        for sub in list(self._subs.values()):
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         if self.bus is not None:
             await self.bus.close()
+        if self.stats is not None:
+            self.stats.close()
+            self.stats = None

@@ -1,9 +1,11 @@
 """The FP_REPORTS JetStream stream: every report, partitioned by {app}.{deployment}.
 
 The stream captures `fp.v1.report.>` and a subject transform stores each message as
-`fp.v1.part.{P}.{kind}.{app}.{deployment}`, where P = hash(app, deployment) mod partitions (the
-server's `partition()` mapping function). A controller member consumes the partitions it owns;
-one deployment's reports always land in one partition, in order. Memory storage: reports are
+`fp.v1.part.{P}.{kind}.{app}.{deployment}`, where P = FNV-1a(app) mod partitions (the server's
+`partition()` mapping function; `group.partition_of` computes the same). A controller member
+consumes the partitions it owns; one application's reports always land in one partition, in order.
+The partition key is the app, not app.deployment: an app's status (KV fp_status, one key per app)
+then has exactly one writer. Memory storage: reports are
 worth only as long as the look-back window, and retention covers it with room to spare.
 """
 
@@ -39,7 +41,7 @@ def stream_config(
 ) -> StreamConfig:
     src = f"{subjects.prefix}.report.*.*.*"
     dest = (
-        f"{partition_prefix(subjects)}.{{{{partition({partitions},2,3)}}}}"
+        f"{partition_prefix(subjects)}.{{{{partition({partitions},2)}}}}"
         ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
     )
     return StreamConfig(

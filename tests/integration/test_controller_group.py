@@ -1,0 +1,203 @@
+"""The controller as a consumer group on a 3-node NATS cluster with 3 member processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.controller.group import partition_of
+from services.controller.group_shell import KV_LEASES
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.bus import Bus
+from shared.control import AppStatusView, TargetSet
+from shared.natsbus import NatsBus
+from shared.natsserver import NatsCluster
+from shared.subjects import DEFAULT_SUBJECTS as S
+from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
+from shared.wire import encode
+from shared.wire.messages import HandleReport
+from tests.procs import ServiceProcesses
+
+P = 16
+APP = "busy"
+
+
+@pytest.fixture
+def cluster() -> Iterator[NatsCluster]:
+    c = NatsCluster(3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+async def bus(cluster: NatsCluster) -> AsyncIterator[Bus]:
+    os.environ["FLEETPULSE_KV_REPLICAS"] = "3"
+    try:
+        b = await NatsBus.connect(cluster.urls[0], name="test", reconnect_wait=0.1)
+        yield b
+        await b.close()
+    finally:
+        os.environ.pop("FLEETPULSE_KV_REPLICAS", None)
+
+
+class Members:
+    def __init__(self, cluster: NatsCluster, tmp: Path) -> None:
+        self.cluster, self.tmp = cluster, tmp
+        self.procs = ServiceProcesses()
+        self.by_id: dict[str, Any] = {}
+
+    def start(self, member: str, node: int) -> None:
+        env_url = self.cluster.urls[node]
+        os.environ["FLEETPULSE_KV_REPLICAS"] = "3"
+        self.by_id[member] = self.procs.start(
+            ["-m", "services.cli", "controller", "--nats", env_url, "--member-id", member,
+             "--rebuild-s", "20", "--stream-replicas", "3"],
+            log=self.tmp / f"{member}.log",
+        )  # fmt: skip
+
+
+@pytest.fixture
+def members(cluster: NatsCluster, tmp_path: Path) -> Iterator[Members]:
+    m = Members(cluster, tmp_path)
+    try:
+        yield m
+    finally:
+        for p in m.procs.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        m.procs.stop_all(timeout=15)
+
+
+async def leases(bus: Bus) -> dict[int, tuple[str, int]]:
+    kv = await bus.kv(KV_LEASES)
+    out: dict[int, tuple[str, int]] = {}
+    for key in await kv.keys():
+        entry = await kv.get(key)
+        if entry is not None:
+            doc = json.loads(entry.value)
+            out[int(key[1:])] = (doc["owner"], doc["epoch"])
+    return out
+
+
+async def until(cond: Any, within_s: float, what: str) -> Any:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        value = await cond()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {within_s} s: {what}")
+
+
+def busy_app() -> AppConfig:
+    policy = AutoscalingConfig(
+        min_replicas=1, max_replicas=6, target_ongoing_requests=2, upscale_delay_s=0.5,
+        downscale_delay_s=2.0, look_back_period_s=2.0, metrics_interval_s=0.5,
+    )  # fmt: skip
+    d = DeploymentConfig(name="Model", import_path="m:Model", autoscaling=policy)
+    return AppConfig(APP, (d,), version="v1")
+
+
+async def balanced(bus: Bus, ids: set[str]) -> dict[int, tuple[str, int]] | None:
+    got = await leases(bus)
+    owners = [o for o, _ in got.values()]
+    if len(got) != P or set(owners) != ids:
+        return None
+    counts = sorted(owners.count(m) for m in ids)
+    return got if counts[-1] - counts[0] <= 1 else None
+
+
+async def test_balanced_failover_fencing_and_handover(
+    cluster: NatsCluster, bus: Bus, members: Members
+) -> None:
+    await (await bus.kv(KV_APPS)).put(APP, busy_app().to_json())
+    for i, m in enumerate(["c1", "c2", "c3"]):
+        members.start(m, i)
+    ownership = await until(lambda: balanced(bus, {"c1", "c2", "c3"}), 30, "balanced ownership")
+    owner, _ = ownership[partition_of(APP, P)]
+
+    # steady load on the busy deployment: demand 6 -> target 3
+    stop = asyncio.Event()
+
+    async def reports() -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            r = HandleReport("h1", APP, "Model", time.time(), seq, 6.0, {}, (), 1, {})
+            await bus.publish(S.report("handle", APP, "Model"), encode(r))
+            await asyncio.sleep(0.2)
+
+    pump = asyncio.create_task(reports())
+    targets: list[tuple[float, int, int]] = []  # (time, target, owner epoch)
+
+    async def follow_targets() -> None:
+        kv = await bus.kv(KV_TARGETS)
+        async for entry in await kv.watch("busy.Model"):
+            if entry is not None and entry.op == "PUT":
+                t = TargetSet.decode(entry.value)
+                targets.append((time.monotonic(), len(t.replicas), t.owner_epoch))
+
+    follower = asyncio.create_task(follow_targets())
+    try:
+        await until(lambda: _target(targets, 3), 20, "scaled to 3 under load")
+
+        # kill -9 the owner: a new owner within 3 s; the target never drops for lack of data
+        members.by_id[owner].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        survivors = {"c1", "c2", "c3"} - {owner}
+        part = partition_of(APP, P)
+        new = await until(lambda: _owner_in(bus, part, survivors), 10, "new owner")
+        failover_s = time.monotonic() - killed
+        assert failover_s <= 3.0 + 1.0, f"failover took {failover_s:.1f} s"
+        await asyncio.sleep(3.0)  # the new owner decides on rebuilt history
+        after = [n for t, n, _ in targets if t > killed]
+        assert all(n >= 3 for n in after), f"target dropped after failover: {after}"
+
+        # SIGSTOP the new owner past its lease, SIGCONT it: none of its stale writes lands
+        members.by_id[new].send_signal(signal.SIGSTOP)
+        third = (survivors - {new}).pop()
+        await until(lambda: _owner_in(bus, part, {third}), 10, "taken from the paused member")
+        await asyncio.sleep(1.0)
+        members.by_id[new].send_signal(signal.SIGCONT)
+        await asyncio.sleep(3.0)
+        epochs = [e for _, _, e in targets]
+        assert epochs == sorted(epochs), f"a stale owner's write landed: epochs {epochs}"
+        st = await (await bus.kv(KV_STATUS)).get(APP)
+        assert st is not None and AppStatusView.decode(st.value).owner_epoch == max(epochs)
+
+        # graceful SIGTERM of the current owner hands over in about a second
+        members.start("c4", 0)
+        await until(lambda: balanced(bus, {new, third, "c4"}), 20, "rebalanced with c4")
+        holder, _ = (await leases(bus))[part]
+        others = {new, third, "c4"} - {holder}
+        members.by_id[holder].send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        await until(lambda: _owner_in(bus, part, others), 5, "handed over on SIGTERM")
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        stop.set()
+        follower.cancel()
+        await asyncio.gather(pump, follower, return_exceptions=True)
+
+
+def _target(targets: list[tuple[float, int, int]], n: int) -> Any:
+    async def check() -> bool:
+        return bool(targets) and targets[-1][1] == n
+
+    return check()
+
+
+async def _owner_in(bus: Bus, partition: int, allowed: set[str]) -> str | None:
+    owner, _ = (await leases(bus)).get(partition, ("", 0))
+    return owner if owner in allowed else None
