@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import logging
+import os
 import ssl
 import weakref
 from collections.abc import Mapping, Sequence
