@@ -39,7 +39,7 @@ from shared.appconfig import AppConfig
 from shared.bus import Bus
 from shared.control import AppStatusView, DeploymentStatusView
 from shared.errors import ConfigError, UsageError, WireError
-from shared.subjects import KV_APPS, KV_STATUS
+from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS
 
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.05
@@ -381,6 +381,7 @@ def run_status(args: argparse.Namespace) -> int:
             await asyncio.gather(
                 *_follow_both(bus, mirror, ready, live=False, retry_s=args.interval)
             )
+            group = await read_group(bus)
         finally:
             await bus.close()
         statuses, apps = mirror.select(args.app)
@@ -388,10 +389,13 @@ def run_status(args: argparse.Namespace) -> int:
             known = ", ".join(sorted(set(mirror.statuses) | set(mirror.apps))) or "none"
             raise UsageError(f"no application {args.app!r} (known: {known})")
         if args.json:
-            print(json.dumps(status_json(statuses, apps), indent=2, sort_keys=True))
+            doc = status_json(statuses, apps)
+            doc["controllers"] = group
+            print(json.dumps(doc, indent=2, sort_keys=True))
         else:
             console = Console()
-            table = render_table(statuses, apps, time.time(), mirror.notes(), console.width)
+            notes = [*mirror.notes(), *group_notes(group)]
+            table = render_table(statuses, apps, time.time(), notes, console.width)
             console.print(table)
         return EXIT_OK
 
@@ -399,6 +403,40 @@ def run_status(args: argparse.Namespace) -> int:
         return run_command("status", main)
     except KeyboardInterrupt:
         return EXIT_OK  # Ctrl-C is how --watch ends
+
+
+async def read_group(bus: Bus) -> dict[str, Any]:
+    """The controller group as its members announce themselves (KV fp_controllers):
+    member -> {partitions, pending}. Entries expire with the bucket TTL once a member is gone."""
+    kv = await existing_kv(bus, KV_CONTROLLERS)
+    out: dict[str, Any] = {}
+    if kv is None:
+        return out
+    for key in await kv.keys():
+        entry = await kv.get(key)
+        if entry is None:
+            continue
+        try:
+            doc = json.loads(entry.value)
+            out[key] = {
+                "partitions": sorted(int(p) for p in doc.get("partitions", [])),
+                "pending": int(doc.get("pending", 0)),
+            }
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def group_notes(group: Mapping[str, Any]) -> list[str]:
+    if not group:
+        return ["controller group: no member announced itself (is a controller running?)"]
+    lines = [f"controller group: {len(group)} member(s)"]
+    for member, info in sorted(group.items()):
+        parts = info["partitions"]
+        lines.append(
+            f"  {member}: {len(parts)} partition(s) {parts}, {info['pending']} report(s) behind"
+        )
+    return lines
 
 
 def _follow_both(

@@ -253,13 +253,13 @@ async def test_status_table_and_an_empty_server(
     assert await status(nats_url, json=False) == 0
     assert "no applications deployed" in capsys.readouterr().out
     assert await status(nats_url) == 0
-    assert json.loads(capsys.readouterr().out) == {"applications": {}}
+    assert json.loads(capsys.readouterr().out) == {"applications": {}, "controllers": {}}
     with pytest.raises(BusError, match="does not exist"):
         await client.kv(KV_STATUS, create=False)  # a read-only command created nothing
     await client.kv(KV_STATUS)
     await client.kv(KV_APPS)
     assert await status(nats_url) == 0  # buckets that exist but are empty
-    assert json.loads(capsys.readouterr().out) == {"applications": {}}
+    assert json.loads(capsys.readouterr().out) == {"applications": {}, "controllers": {}}
 
     await put_status(
         client, "shop", "UNHEALTHY", Api=health(status="UNHEALTHY", unhealthy_replicas=1)

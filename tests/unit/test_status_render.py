@@ -246,3 +246,14 @@ def test_clock_skew_never_shows_a_negative_age() -> None:
 )
 def test_format_age(seconds: float, text: str) -> None:
     assert format_age(seconds) == text
+
+
+def test_group_notes_name_members_partitions_and_lag() -> None:
+    from services.ops.status import group_notes
+
+    notes = group_notes(
+        {"c1": {"partitions": [0, 3], "pending": 2}, "c2": {"partitions": [1], "pending": 0}}
+    )
+    assert notes[0] == "controller group: 2 member(s)"
+    assert "c1: 2 partition(s) [0, 3], 2 report(s) behind" in notes[1]
+    assert "controller is running" in group_notes({})[0]
