@@ -256,4 +256,4 @@ def test_group_notes_name_members_partitions_and_lag() -> None:
     )
     assert notes[0] == "controller group: 2 member(s)"
     assert "c1: 2 partition(s) [0, 3], 2 report(s) behind" in notes[1]
-    assert "controller is running" in group_notes({})[0]
+    assert "is a controller running?" in group_notes({})[0]
