@@ -35,6 +35,29 @@ def add_nats_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def standalone_main(
+    prog: str,
+    description: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Command,
+) -> int:
+    """`python -m services.X`: the same flags as `fleetpulse X`, for images and supervisors."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_nats_flag(parser)
+    add_arguments(parser)
+    parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
+    args = parser.parse_args()
+    args.nats = args.nats or default_nats_url()
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return run(args)
+    except FleetpulseError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from services.up import run_up
 

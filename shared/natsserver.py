@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ctypes
 import json
 import logging
 import os
@@ -35,12 +34,13 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from shared.errors import BusError, ConfigError, UsageError
+from shared.procutil import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ CLUSTER_POLL_INTERVAL_S = 0.05
 MONITOR_HTTP_TIMEOUT_S = 1.0
 _ERROR_TAIL_LINES = 40
 
-_PR_SET_PDEATHSIG = 1
 _CLIENT_PORT_RE = re.compile(r"Listening for client connections on \S+:(\d+)")
 _MONITOR_PORT_RE = re.compile(r"Starting http monitor on \S+:(\d+)")
 _READY_LINE = "Server is ready"
@@ -109,39 +108,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _load_prctl() -> Callable[..., Any] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., Any] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-_PRCTL = _load_prctl()
-
-
-def _death_signal_setup() -> Callable[[], None] | None:
-    """A preexec_fn making the child die with its parent, or None where that is not possible.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked exits, not the process, so it is only
-    armed when forking from the main thread (which lives as long as the process).
-    """
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
-        return None
-    prctl = _PRCTL
-    parent = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def setup() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return setup
 
 
 _RUNNING: set[NatsServer] = set()
@@ -210,7 +176,7 @@ class NatsServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_death_signal_setup(),
+            preexec_fn=die_with_parent(),
             close_fds=True,
         )
         self._proc = proc

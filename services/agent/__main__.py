@@ -39,18 +39,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    from services.cli import add_nats_flag, default_nats_url
+    from services.cli import standalone_main
 
-    parser = argparse.ArgumentParser(prog="python -m services.agent", description=__doc__)
-    add_nats_flag(parser)
-    add_agent_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args()
-    args.nats = args.nats or default_nats_url()
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return run_from_args(args)
+    return standalone_main("python -m services.agent", __doc__, add_agent_arguments, run_from_args)
 
 
 if __name__ == "__main__":

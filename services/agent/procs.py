@@ -10,52 +10,16 @@ exited, with the exit code (negative: killed by that signal); the agent calls it
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
-import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+
+from shared.procutil import die_with_parent
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., Any] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., Any] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-_PRCTL = _load_prctl()
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGKILL when this process dies (None if impossible).
-
-    The death signal fires when the *thread* that forked exits, so it is only armed when forking
-    from the main thread, which lives as long as the process."""
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
-        return None
-    prctl = _PRCTL
-    parent = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def setup() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return setup
 
 
 def child_env(base: Mapping[str, str], pythonpath: Sequence[str]) -> dict[str, str]:

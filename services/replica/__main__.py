@@ -40,18 +40,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    from services.cli import add_nats_flag, default_nats_url
+    from services.cli import standalone_main
 
-    parser = argparse.ArgumentParser(prog="python -m services.replica", description=__doc__)
-    add_nats_flag(parser)
-    add_replica_arguments(parser)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args()
-    args.nats = args.nats or default_nats_url()
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    return standalone_main(
+        "python -m services.replica", __doc__, add_replica_arguments, run_from_args
     )
-    return run_from_args(args)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ from shared.wire.messages import (
 BAD_RESPONSE: Final = "bad_response"
 """`RequestFailed.code` when a replica's response stream breaks the protocol."""
 MIN_TIMEOUT_S: Final = 0.001
+LOST_GRACE_S: Final = 0.25
+"""After a probe found the replica gone: how long a result already in flight may still arrive."""
 
 
 async def open_call(
@@ -237,9 +239,15 @@ class ResponseReader:
             try:
                 msg = await response.next(max(min(liveness, remaining), MIN_TIMEOUT_S))
             except BusTimeout:
-                if clock.monotonic() < self._deadline:
-                    await self._probe()
-                continue
+                if clock.monotonic() >= self._deadline or not await self._probe():
+                    continue
+                # gone: but a replica that finished and then exited sent its result before it
+                # unsubscribed, so the result may be on its way to us right behind the probe
+                try:
+                    msg = await response.next(LOST_GRACE_S)
+                except (BusTimeout, NoResponders):
+                    self._fail()
+                    raise ReplicaLostError(self.replica_id, "its connection is gone") from None
             except NoResponders:
                 self._fail()
                 raise ReplicaLostError(self.replica_id, "no responders") from None
@@ -279,8 +287,9 @@ class ResponseReader:
         self._done = True
         self._pump_armed = False
 
-    async def _probe(self) -> None:
-        """Silence on an admitted request: is the replica still connected?"""
+    async def _probe(self) -> bool:
+        """Silence on an admitted request: is the replica still connected? True when it is gone
+        (nobody listens on its probe subject any more)."""
         router = self._router
         subject = router.probe_subjects.get(self.replica_id) or router.subjects.probe(
             self.replica_id
@@ -289,16 +298,16 @@ class ResponseReader:
         try:
             reply = await router.bus.request(subject, probe, timeout=router.config.probe_timeout_s)
         except NoResponders:
-            self._fail()
-            raise ReplicaLostError(self.replica_id, "its connection is gone") from None
+            return True
         except BusError:
-            return  # alive but slow, or the bus hiccuped: keep waiting, probe again later
+            return False  # alive but slow, or the bus hiccuped: keep waiting, probe again later
         try:
             status = decode_as(reply.data, HealthStatus)
         except WireError as exc:
             router.bad_input.drop(exc.reason, f"probe reply from {self.replica_id}")
-            return
+            return False
         router.fold_health(status, router.clock.monotonic())
+        return False
 
     # -- the lazy frame pump ----------------------------------------------------------------
     def _arm(self) -> None:
