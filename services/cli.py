@@ -100,6 +100,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return run_status(args)
 
 
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    from services.proxy.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
 def _cmd_router(args: argparse.Namespace) -> int:
     from services.router.__main__ import run_from_args
 
@@ -166,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flag(st)
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)
+
+    from services.proxy.config import add_proxy_arguments
+
+    px = sub.add_parser("proxy", help="run the HTTP ingress: routes by app prefix, holds at zero")
+    add_nats_flag(px)
+    add_proxy_arguments(px)
+    px.set_defaults(func=_cmd_proxy)
 
     from services.recorder.__main__ import (
         add_record_arguments,

@@ -35,6 +35,8 @@ from services.agent.service import AgentService
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
 from services.ops.status import Mirror, follow, render_table
+from services.proxy.config import ProxyConfig
+from services.proxy.server import ProxyServer
 from services.router.config import RouterConfig
 from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
@@ -68,6 +70,7 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a shorter demo (about a minute; used by the tests)"
     )
     p.add_argument("--max-replicas", type=int, default=8, help="this machine's replica capacity")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP ingress port (0: a free port)")
     p.add_argument(
         "--no-live", action="store_true", help="print status lines instead of a live table"
     )
@@ -124,6 +127,7 @@ class Stack:
         self.bus: NatsBus | None = None
         self.controller: ControllerService | None = None
         self.agent: AgentService | None = None
+        self.proxy: ProxyServer | None = None
 
     async def start(self) -> None:
         if not self.url:
@@ -146,8 +150,15 @@ class Stack:
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self.agent.run(), name="agent"),
         ]
+        self.proxy = ProxyServer(
+            self.bus, ProxyConfig(nats_url=self.url, port=_free_or(self.args.http_port))
+        )
+        await self.proxy.start()
 
     async def stop(self) -> None:
+        if self.proxy is not None:
+            with contextlib.suppress(Exception):
+                await self.proxy.stop()
         if self.agent is not None:
             self.agent.stop()  # drains its replicas (SIGTERM, then SIGKILL after their grace)
         if self.controller is not None:
@@ -221,7 +232,31 @@ async def wait_until(cond: Callable[[], bool], within_s: float) -> bool:
     return cond()
 
 
-async def run_demo(handle: DeploymentHandle, view: StatusView, quick: bool) -> DemoReport:
+def _free_or(port: int) -> int:
+    """`port` if it can be bound on loopback, else 0 (a free one): the demo must not fail
+    because something else already serves on 8000."""
+    import socket
+
+    if port == 0:
+        return 0
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
+async def http_call(url: str) -> tuple[int, str]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.post(url, json={"x": 2.0}) as resp:
+        return resp.status, await resp.text()
+
+
+async def run_demo(
+    handle: DeploymentHandle, view: StatusView, quick: bool, http_url: str = ""
+) -> DemoReport:
     report = DemoReport()
     predict = handle.options(method="predict", deadline_s=60)
 
@@ -276,6 +311,13 @@ async def run_demo(handle: DeploymentHandle, view: StatusView, quick: bool) -> D
         report.step("woke again", True, f"answered after {again:.1f} s")
     except RouterError as exc:
         report.step("woke again", False, str(exc))
+    if http_url:
+        view.step = f"an HTTP request through the ingress: POST {http_url}"
+        try:
+            status, body = await http_call(http_url)
+            report.step("answered over HTTP", status == 200, f"{status} {body[:60]}")
+        except Exception as exc:  # the demo reports, it does not crash
+            report.step("answered over HTTP", False, f"{type(exc).__name__}: {exc}")
     view.step = "demo finished"
     return report
 
@@ -312,6 +354,8 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
         await stack.start()
         assert stack.bus is not None
         console.print(f"  NATS:  {stack.url}   (services and callers connect here)")
+        assert stack.proxy is not None
+        console.print(f"  HTTP:  {stack.proxy.url}   (apps by route prefix, e.g. POST /model)")
         console.print(
             f"  logs:  {workdir / 'fleetpulse.log'}  (replica logs in {workdir / 'replicas'})"
         )
@@ -334,7 +378,8 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
                         bus=stack.bus,
                         config=RouterConfig(metrics_interval_s=0.5),
                     )
-                    demo = asyncio.create_task(run_demo(handle, view, args.quick))
+                    http_url = f"{stack.proxy.url.rstrip('/')}/model"
+                    demo = asyncio.create_task(run_demo(handle, view, args.quick, http_url))
                     done, _ = await asyncio.wait(
                         {demo, asyncio.create_task(stop.wait())},
                         return_when=asyncio.FIRST_COMPLETED,

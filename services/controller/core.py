@@ -143,7 +143,7 @@ class ControllerCore:
             m = self.deployments.get(key) or self.deleting.pop(key, None)
             if m is None:
                 m = ManagedDeployment(
-                    key[0], dcfg, version, now, id_prefix=_id_prefix(key[1]), subjects=self.subjects
+                    key[0], dcfg, version, now, id_prefix=_id_prefix(*key), subjects=self.subjects
                 )
             elif m.cfg != dcfg or m.state.version != version:
                 m.reconfigure(dcfg, version, now)
@@ -186,6 +186,11 @@ class ControllerCore:
             self.stats.dropped["unknown_deployment"] += 1
             return
         try:
+            if where.kind != "lifecycle":
+                # lifecycle events only mark the records changed; whatever reads the index,
+                # registry or running gate catches up first (free when nothing changed), so a
+                # burst of N lifecycle events costs O(N), not N passes over the replicas
+                m.follow_records(recv)
             if where.kind == "handle":
                 self._ingest_handle(m, data, recv)
             elif where.kind == "replica":
@@ -225,7 +230,6 @@ class ControllerCore:
             ev.replica_id, ev.state, recv, rpc_subject=ev.rpc_subject, agent_id=ev.agent_id
         )
         self._pending_events.extend(_events(m, events))
-        m.follow_records(recv)
 
     def on_probe(
         self, app: str, deployment: str, replica_id: str, outcome: ProbeOutcome,
@@ -234,6 +238,7 @@ class ControllerCore:
         self.probes.done((app, deployment, replica_id))
         m = self.deployments.get((app, deployment))
         if m is not None:
+            m.follow_records(recv)
             m.health.probe_result(replica_id, outcome, recv, status)
 
     def _count(self, what: str) -> None:
@@ -396,8 +401,11 @@ def _events(m: ManagedDeployment, events: Iterable[StateEvent]) -> list[Action]:
     return [Event(e.kind, m.app, m.name, e.replica_id, e.detail) for e in events]
 
 
-def _id_prefix(deployment: str) -> str:
-    return deployment[:40]
+def _id_prefix(app: str, deployment: str) -> str:
+    """Replica ids are global (probe subjects, agents): `{app}-{deployment}-{tag}`, where the
+    tag, a hash of both full names, keeps ids apart even when long names are cut short."""
+    tag = hashlib.sha256(f"{app}.{deployment}".encode()).hexdigest()[:4]
+    return f"{app[:24]}-{deployment[:24]}-{tag}"
 
 
 _CODE_FIELDS = (

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,27 +38,27 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
-from services.router.call import BAD_RESPONSE, open_call
 from services.router.config import (
     GATEWAY_SERVICE_NAME,
     GATEWAY_SERVICE_VERSION,
     GatewayConfig,
 )
-from services.router.errors import (
-    BackPressureError,
-    DeadlineExceeded,
-    ReplicaLostError,
-    RequestFailed,
-    RouterClosedError,
-    RouterError,
-)
+from services.router.errors import RouterError
 from services.router.handle import DEFAULT_METHOD, release_router, shared_router
+from services.router.http import (
+    HDR_DEADLINE,
+    HDR_ERROR,
+    HDR_RETRYABLE,
+    call_http,
+    failure_of,
+    parse_deadline,
+    response_header_items,
+)
 from services.router.router import Router
 from shared.bus import Bus, NatsBus
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, UsageError, WireError
 from shared.subjects import Subjects
-from shared.wire.codec import decode_as, encode
 from shared.wire.messages import HttpRequest, HttpResponse
 
 logger = logging.getLogger(__name__)
@@ -68,25 +67,10 @@ HDR_METHOD: Final = "Fp-Method"
 HDR_HTTP_METHOD: Final = "Fp-Http-Method"
 HDR_PATH: Final = "Fp-Path"
 HDR_QUERY: Final = "Fp-Query"
-HDR_DEADLINE: Final = "Fp-Deadline-S"
 HDR_STATUS: Final = "Fp-Status"
-HDR_ERROR: Final = "Fp-Error"
-HDR_RETRYABLE: Final = "Fp-Retryable"
 ENDPOINT_NAME: Final = "call"
 MAX_DEPLOYMENTS: Final = 10_000
 """Routers one gateway keeps (each watches a KV key and reports): a bound against junk names."""
-
-_HEADER_NAME_RE: Final = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-
-# RequestFailed.code -> service error code
-_REPLICA_CODES: Final = {
-    "bad_request": "400",
-    "method_not_found": "404",
-    "user_error": "500",
-    "deadline_exceeded": "504",
-    "replica_shutdown": "503",
-    BAD_RESPONSE: "502",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +124,7 @@ class GatewayCore:
         try:
             app, deployment = self.subjects.parse_call(subject)
             hdrs = dict(headers or {})
-            deadline_s = _deadline(hdrs.get(HDR_DEADLINE), self.config.deadline_s)
+            deadline_s = parse_deadline(hdrs.get(HDR_DEADLINE), self.config.deadline_s)
             request = HttpRequest(
                 method=hdrs.get(HDR_HTTP_METHOD, "POST"),
                 path=hdrs.get(HDR_PATH, "/"),
@@ -152,27 +136,17 @@ class GatewayCore:
         except UsageError as exc:
             return error_reply("400", "bad_request", str(exc), False)
         try:
-            reader = await open_call(
+            response = await call_http(
                 router,
+                request,
                 method=hdrs.get(HDR_METHOD, DEFAULT_METHOD),
-                body=encode(request),
-                body_kind="http",
-                stream=False,
                 deadline_s=deadline_s,
             )
-            try:
-                chunk = await reader.next_chunk()
-            finally:
-                await reader.close()
-            if chunk is None:
-                raise RequestFailed(BAD_RESPONSE, "the response ended without a result", False)
-            response = decode_as(chunk.data, HttpResponse)
-        except RouterError as exc:
-            return _router_error(exc)
-        except WireError as exc:
-            return error_reply("502", BAD_RESPONSE, f"bad HttpResponse: {exc}", False)
-        except BusError as exc:
-            return error_reply("503", "bus_error", str(exc), True)
+        except (RouterError, WireError, BusError) as exc:
+            failure = failure_of(exc)
+            return error_reply(
+                str(failure.status), failure.token, failure.message, failure.retryable
+            )
         return GatewayReply(response.body, _response_headers(response))
 
     async def close(self) -> None:
@@ -181,41 +155,12 @@ class GatewayCore:
             await release_router(router)
 
 
-def _deadline(raw: str | None, default: float) -> float:
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"{HDR_DEADLINE}: not a number: {raw!r}") from None
-    if not 0 < value < float("inf"):
-        raise UsageError(f"{HDR_DEADLINE}: must be a positive number of seconds, not {raw!r}")
-    return value
-
-
 def _response_headers(response: HttpResponse) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name, value in response.headers:
-        if not _HEADER_NAME_RE.match(name) or "\r" in value or "\n" in value:
-            continue
+    for name, value in response_header_items(response):
         out[name] = f"{out[name]}, {value}" if name in out else value
     out[HDR_STATUS] = str(response.status)
     return out
-
-
-def _router_error(exc: RouterError) -> GatewayReply:
-    if isinstance(exc, RequestFailed):
-        code = _REPLICA_CODES.get(exc.code, "500")
-        return error_reply(code, exc.code, exc.message or exc.code, exc.retryable)
-    if isinstance(exc, BackPressureError):
-        return error_reply("503", "backpressure", str(exc), True)
-    if isinstance(exc, DeadlineExceeded):
-        return error_reply("504", "deadline_exceeded", str(exc), False)
-    if isinstance(exc, ReplicaLostError):
-        return error_reply("502", "replica_lost", str(exc), True)
-    if isinstance(exc, RouterClosedError):
-        return error_reply("503", "shutting_down", str(exc), True)
-    return error_reply("500", "router_error", str(exc), exc.retryable)
 
 
 class Gateway:

@@ -281,10 +281,11 @@ def test_deleted_app_drains_to_zero_then_its_keys_go() -> None:
     sim = Sim(app_with(num_replicas=2))
     sim.tick()
     sim.start_all()
+    running = sim.target_ids()
     sim.core.set_apps({}, sim.t)
     sim.tick()
     assert sim.target_ids() == [] and sim.status["app"] == "DELETING"
-    for rid in ["Model-1", "Model-2"]:
+    for rid in running:
         sim.lifecycle(rid, "exited")
     acts = sim.tick()
     deleted = {(a.bucket, a.key) for a in acts if type(a).__name__ == "DeleteKey"}
@@ -345,3 +346,14 @@ def test_all_agents_silent_at_once_is_not_a_mass_loss() -> None:
     before = sim.target_ids()
     sim.run(AGENT_TTL_S + 1.0)  # nobody heard: our connection is the likelier culprit
     assert sim.target_ids() == before
+
+
+def test_replica_ids_are_unique_across_apps_with_the_same_deployment_name() -> None:
+    core = ControllerCore(ControllerConfig())
+    a = app_with(num_replicas=2)
+    b = AppConfig("blog", a.deployments, version="v1")
+    core.set_apps({"shop": a, "blog": b}, 0.0)
+    acts = core.tick(0.1, 1.0)
+    ids = [r.replica_id for x in acts if isinstance(x, PutTargets) for r in x.value.replicas]
+    assert len(ids) == 4 and len(set(ids)) == 4
+    assert all(i.startswith(("shop-Model-", "blog-Model-")) for i in ids)

@@ -1,0 +1,179 @@
+"""ProxyConfig: the HTTP ingress's one frozen config, built once from flags, env and defaults."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final, TypeVar
+
+from services.proxy.holding import DEFAULT_MAX_HELD_PER_APP, DEFAULT_MAX_WAIT_S
+from services.router.config import ENV_NAMESPACE, RouterConfig
+from shared.errors import ConfigError
+from shared.subjects import DEFAULT_NAMESPACE, validate_name
+
+ENV_PROXY_HOST: Final = "FLEETPULSE_PROXY_HOST"
+ENV_PROXY_PORT: Final = "FLEETPULSE_PROXY_PORT"
+T = TypeVar("T")
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8000
+DEFAULT_RETRY_AFTER_S: Final = 5
+DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
+DEFAULT_BACKLOG: Final = 2048
+"""Listen backlog: a burst of new connections to a cold app must not overflow the accept queue."""
+MAX_HEADER_OVERHEAD_BYTES: Final = 64 * 1024
+"""Room kept under the bus's max_payload for the request's metadata and headers."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    nats_url: str
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    """0: any free port (the bound one is logged and in `ProxyServer.url`)."""
+    namespace: str = DEFAULT_NAMESPACE
+    max_held_per_app: int = DEFAULT_MAX_HELD_PER_APP
+    """Requests one app may hold while it wakes from zero; one more gets 503 at once."""
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
+    """How long a request may wait for a replica to admit it; then 503 with Retry-After."""
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+    """The Retry-After value of every 503."""
+    request_timeout_s: float | None = None
+    """The deadline of a request (its `Fp-Deadline-S` header overrides); None: none."""
+    publish_routes: bool = True
+    """Write the registry to KV fp_routes."""
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    backlog: int = DEFAULT_BACKLOG
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The proxy's routers (their queue is sized to at least `max_held_per_app`: see
+    `router_config`)."""
+
+    def __post_init__(self) -> None:
+        validate_name(self.namespace, "namespace")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("must be in 0..65535", field="port")
+        if self.max_held_per_app < 0:
+            raise ConfigError("must be >= 0", field="max_held_per_app")
+        if self.retry_after_s < 0:
+            raise ConfigError("must be >= 0", field="retry_after_s")
+        if self.backlog < 1:
+            raise ConfigError("must be >= 1", field="backlog")
+        for name in ("max_wait_s", "drain_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"must be a positive number, not {value!r}", field=name)
+
+    @property
+    def router_config(self) -> RouterConfig:
+        """`router`, with a queue that never refuses what the hold bound admits: a router's
+        queue holds every waiting request, held or not."""
+        if self.router.max_queued_requests >= self.max_held_per_app:
+            return self.router
+        return replace(self.router, max_queued_requests=self.max_held_per_app)
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, env: Mapping[str, str] | None = None
+    ) -> ProxyConfig:
+        env = os.environ if env is None else env
+        router = RouterConfig.from_env(env)
+        if args.metrics_interval is not None:
+            router = replace(router, metrics_interval_s=args.metrics_interval)
+        return cls(
+            nats_url=args.nats,
+            host=_first(args.host, env.get(ENV_PROXY_HOST), DEFAULT_HOST),
+            port=_first(args.port, _int_env(env, ENV_PROXY_PORT), DEFAULT_PORT),
+            namespace=_first(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            max_held_per_app=_first(args.max_held, DEFAULT_MAX_HELD_PER_APP),
+            max_wait_s=_first(args.max_wait, DEFAULT_MAX_WAIT_S),
+            retry_after_s=_first(args.retry_after, DEFAULT_RETRY_AFTER_S),
+            request_timeout_s=args.request_timeout,
+            publish_routes=not args.no_publish_routes,
+            drain_timeout_s=args.drain_timeout,
+            router=router,
+        )
+
+
+def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `fleetpulse proxy` (the caller adds `--nats`)."""
+    p.add_argument(
+        "--host",
+        default=None,
+        help=f"listen address (default: ${ENV_PROXY_HOST} or {DEFAULT_HOST})",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"listen port, 0 for any free one (default: ${ENV_PROXY_PORT} or {DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--namespace", default=None, help=f"subject namespace (default: ${ENV_NAMESPACE} or fp)"
+    )
+    p.add_argument(
+        "--max-held",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"requests one app may hold while it wakes from zero (default {DEFAULT_MAX_HELD_PER_APP})",
+    )
+    p.add_argument(
+        "--max-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"longest wait for a replica before 503 (default {DEFAULT_MAX_WAIT_S:g})",
+    )
+    p.add_argument(
+        "--retry-after",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help=f"Retry-After of a 503 (default {DEFAULT_RETRY_AFTER_S})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="deadline of a request unless its Fp-Deadline-S header says otherwise (default: none)",
+    )
+    p.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="handle report cadence of the proxy's routers (default: $FLEETPULSE_METRICS_INTERVAL_S or 10)",
+    )
+    p.add_argument(
+        "--no-publish-routes",
+        action="store_true",
+        help="do not write the registry to KV fp_routes (e.g. without permission to)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
+    )
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"cannot parse {raw!r}", source="environment", field=name) from None
+
+
+def _first(*values: T | None) -> T:
+    for v in values:
+        if v is not None:
+            return v
+    raise ConfigError("no value")  # unreachable: the last argument is a default

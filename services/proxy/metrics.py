@@ -1,0 +1,90 @@
+"""The proxy's Prometheus metrics, on their own registry (served on `/metrics` by the proxy).
+
+A registry per `ProxyServer` keeps several proxies in one process (tests, `fleetpulse up`) from
+colliding in the process-wide default registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from services.proxy.registry import RouteTable
+
+LATENCY_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+"""Up to the hold bound and beyond: a request held through a cold start lands in the tail."""
+NO_APP: Final = ""
+"""The `app` label of requests that matched no application."""
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(
+            "fleetpulse_proxy_request_duration_seconds",
+            "HTTP requests through the proxy, until the last byte of the response",
+            ["app", "code"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.held = Gauge(
+            "fleetpulse_proxy_held_requests",
+            "Requests held while their app wakes from zero",
+            ["app"],
+            registry=self.registry,
+        )
+        self.held_outcomes = Counter(
+            "fleetpulse_proxy_held_outcomes_total",
+            "Held requests by outcome: admitted, full (refused), timeout, deregistered, failed",
+            ["app", "outcome"],
+            registry=self.registry,
+        )
+        self.apps = Gauge(
+            "fleetpulse_proxy_registry_apps",
+            "Applications the proxy knows, by whether they are registered (serviceable)",
+            ["registered"],
+            registry=self.registry,
+        )
+        self.app_registered = Gauge(
+            "fleetpulse_proxy_app_registered",
+            "1 when the application is registered, 0 when it is known but not serviceable",
+            ["app"],
+            registry=self.registry,
+        )
+        self.registry_changes = Counter(
+            "fleetpulse_proxy_registry_changes_total",
+            "Applications that became registered or deregistered",
+            ["app", "to"],
+            registry=self.registry,
+        )
+        self.stream_errors = Counter(
+            "fleetpulse_proxy_stream_errors_total",
+            "Streamed responses cut short after the head was sent (the connection is closed)",
+            ["app"],
+            registry=self.registry,
+        )
+        self.publish_errors = Counter(
+            "fleetpulse_proxy_route_publish_errors_total",
+            "Failed writes of the registry to KV fp_routes",
+            registry=self.registry,
+        )
+
+    def observe(self, app: str, code: int | str, seconds: float) -> None:
+        self.latency.labels(app, str(code)).observe(seconds)
+
+    def set_registry(self, old: RouteTable, new: RouteTable) -> None:
+        registered = new.registered
+        self.apps.labels("true").set(registered)
+        self.apps.labels("false").set(len(new.routes) - registered)
+        for app in old.routes.keys() - new.routes.keys():
+            with contextlib.suppress(KeyError):  # never set if it came and went in one update
+                self.app_registered.remove(app)
+        for app, route in new.routes.items():
+            self.app_registered.labels(app).set(1 if route.registered else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
