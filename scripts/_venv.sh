@@ -9,11 +9,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.fleetpulse-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)-${FLEETPULSE_EXTRAS:-test,dev}"
+WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)-${FLEETPULSE_EXTRAS:-test,dev,bench}"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  echo "==> installing fleetpulse[${FLEETPULSE_EXTRAS:-test,dev}] into .venv (first run takes a minute)" >&2
+  echo "==> installing fleetpulse[${FLEETPULSE_EXTRAS:-test,dev,bench}] into .venv (first run takes a minute)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' >&2 || true
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[${FLEETPULSE_EXTRAS:-test,dev}]" 2>&1 \
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[${FLEETPULSE_EXTRAS:-test,dev,bench}]" 2>&1 \
     | grep -v '^WARNING: Location' >&2 || true
   "$VENV/bin/python" -c "import nats, pyarrow, msgpack, numpy, shared, services" \
     || { echo "install failed: see the pip output above" >&2; exit 1; }
