@@ -34,7 +34,7 @@ from shared.wire.columnar import decode_handle_report_columnar, detect_format
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
 from .deployment_state import StateEvent, app_status
-from .health_registry import ProbeOutcome
+from .health_registry import Int64Array, ProbeOutcome
 from .managed import ManagedDeployment
 from .metrics_types import HealthBatch
 from .placement import Placement
@@ -271,7 +271,7 @@ class ControllerCore:
         self._pending_events.clear()
         hold = self.stall_state.hold_verdicts if self.stall_state else False
         stale = known = 0
-        probe_candidates: list[tuple[str, str, str]] = []
+        stale_slots: list[tuple[ManagedDeployment, Int64Array]] = []
         managed = [
             (k, m)
             for k, m in list(self.deployments.items()) + list(self.deleting.items())
@@ -303,17 +303,16 @@ class ControllerCore:
             if ev is not None:
                 stale += ev.stale
                 known += ev.candidates
-                probe_candidates += [
-                    (m.app, m.name, rid)
-                    for rid in (m.index.id_at(s) for s in ev.stale_slots.tolist())
-                    if rid is not None
-                ]
+                if ev.stale:
+                    stale_slots.append((m, ev.stale_slots))
         self.stall_state = st = self.stall.tick(
             now, pending=pending, lag_s=lag_s, stale=stale, known=known, overrun=overrun
         )
         for e in st.events:
             reasons = ",".join(r.value for r in e.reasons)
             actions.append(Event(f"stall_{e.kind.value}", "", "", detail=reasons))
+        limit = self.probes.candidate_limit(now, st.cap_probes)
+        probe_candidates = _probe_candidates(stale_slots, limit)
         for app, dep, rid in self.probes.select(probe_candidates, now, st.cap_probes):
             self.stats.probes += 1
             actions.append(Probe(app, dep, rid))
@@ -395,6 +394,23 @@ class ControllerCore:
             replicas=m.targets(),
             config=_config_json(m.cfg),
         )
+
+
+def _probe_candidates(
+    stale: list[tuple[ManagedDeployment, Int64Array]], limit: int
+) -> list[tuple[str, str, str]]:
+    """Stale replicas as probe keys, deployment by deployment, most overdue first within each;
+    only the first `limit` (the limiter never looks further), so a mass staleness of 100,000
+    replicas costs a few hundred keys per tick, not 100,000."""
+    out: list[tuple[str, str, str]] = []
+    for m, slots in stale:
+        for slot in slots:
+            if len(out) >= limit:
+                return out
+            rid = m.index.id_at(int(slot))
+            if rid is not None:
+                out.append((m.app, m.name, rid))
+    return out
 
 
 def _events(m: ManagedDeployment, events: Iterable[StateEvent]) -> list[Action]:

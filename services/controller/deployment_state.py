@@ -17,13 +17,21 @@ Status follows the brief: UPDATING until the current version first meets its tar
 rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING), HEALTHY when the target is met with healthy replicas (target 0 reached counts),
 UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
 again, DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
+
+Cost: every tick asks for the live set, the running ids, the membership, the targets and the
+status, and at tens of thousands of replicas a pass over the records each time is the whole
+control loop. So what is derived from the records is computed once per `revision` and cached: a
+record counts every assignment to any of its fields (its `__setattr__`), and adding or removing a
+record counts too, so the cache can never serve a view older than the records. A steady
+deployment costs no pass over its replicas at all.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
@@ -46,6 +54,15 @@ class DeploymentStatus(enum.Enum):
     DEPLOY_FAILED = "DEPLOY_FAILED"
 
 
+class Revision:
+    """A counter of changes to one deployment's records (shared by the records)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 @dataclass(slots=True)
 class ReplicaRecord:
     replica_id: str
@@ -56,6 +73,41 @@ class ReplicaRecord:
     rpc_subject: str = ""
     agent_id: str = ""
     verdict: str = ""
+    rev: Revision | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        # any change may alter what the deployment derived from its records
+        rev = getattr(self, "rev", None)
+        if rev is not None:
+            rev.n += 1
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """What the per-tick logic needs from the records, computed in one pass (see `view()`)."""
+
+    key: tuple[int, str]
+    live: tuple[ReplicaRecord, ...]
+    """Not draining, in dict (= start) order."""
+    by_order: tuple[ReplicaRecord, ...]
+    """`live` sorted by start order."""
+    old: tuple[ReplicaRecord, ...]
+    """Live replicas of another version than the deployment's."""
+    new: tuple[ReplicaRecord, ...]
+    waiting: tuple[ReplicaRecord, ...]
+    """PENDING or STARTING."""
+    running: tuple[str, ...]
+    """RUNNING replica ids in dict order."""
+    members: tuple[tuple[str, str], ...]
+    """RUNNING without a verdict, by start order: (replica id, rpc subject)."""
+    running_current: int
+    """RUNNING, no verdict, current version."""
+    running_condemned: int
+    condemned: int
+    """Records holding a verdict."""
+    draining_clean: bool
+    """Some replica drains without a verdict (scale-down or rollout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +136,62 @@ class DeploymentState:
     message: str = ""
     _next_id: int = 0
     _next_order: int = 0
+    _rev: Revision = field(default_factory=Revision, repr=False, compare=False)
+    _view: RecordView | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def revision(self) -> int:
+        """Changes to the records so far (a cache key for views of them)."""
+        return self._rev.n
+
+    def view(self) -> RecordView:
+        """The records' derived view, recomputed only after a change."""
+        key = (self._rev.n, self.version)
+        v = self._view
+        if v is not None and v.key == key:
+            return v
+        self._view = v = self._compute_view(key)
+        return v
+
+    def _compute_view(self, key: tuple[int, str]) -> RecordView:
+        live: list[ReplicaRecord] = []
+        waiting: list[ReplicaRecord] = []
+        running: list[str] = []
+        members: list[ReplicaRecord] = []
+        current = running_condemned = condemned = 0
+        draining_clean = False
+        for r in self.replicas.values():
+            state = r.state
+            if r.verdict:
+                condemned += 1
+            if state is ReplicaState.DRAINING:
+                draining_clean = draining_clean or not r.verdict
+                continue
+            live.append(r)
+            if state is ReplicaState.RUNNING:
+                running.append(r.replica_id)
+                if r.verdict:
+                    running_condemned += 1
+                else:
+                    members.append(r)
+                    current += r.version == self.version
+            else:
+                waiting.append(r)
+        by_order = tuple(sorted(live, key=_by_order))
+        return RecordView(
+            key=key,
+            live=tuple(live),
+            by_order=by_order,
+            old=tuple(r for r in live if r.version != self.version),
+            new=tuple(r for r in live if r.version == self.version),
+            waiting=tuple(waiting),
+            running=tuple(running),
+            members=tuple((r.replica_id, r.rpc_subject) for r in sorted(members, key=_by_order)),
+            running_current=current,
+            running_condemned=running_condemned,
+            condemned=condemned,
+            draining_clean=draining_clean,
+        )
 
     # -- ids ---------------------------------------------------------------------------------
 
@@ -91,8 +199,11 @@ class DeploymentState:
         self._next_id += 1
         rid = f"{self.id_prefix}-{self._next_id:x}"
         self._next_order += 1
-        rec = ReplicaRecord(rid, self.version, ReplicaState.PENDING, now, self._next_order)
+        rec = ReplicaRecord(
+            rid, self.version, ReplicaState.PENDING, now, self._next_order, rev=self._rev
+        )
         self.replicas[rid] = rec
+        self._rev.n += 1
         return rec
 
     def adopt(self, replica_id: str, version: str, now: float, *, id_number: int = 0) -> None:
@@ -102,8 +213,9 @@ class DeploymentState:
         self._next_order += 1
         self._next_id = max(self._next_id, id_number)
         self.replicas[replica_id] = ReplicaRecord(
-            replica_id, version, ReplicaState.PENDING, now, self._next_order
+            replica_id, version, ReplicaState.PENDING, now, self._next_order, rev=self._rev
         )
+        self._rev.n += 1
 
     # -- lifecycle input ---------------------------------------------------------------------
 
@@ -131,7 +243,7 @@ class DeploymentState:
         return []
 
     def _exited(self, rec: ReplicaRecord, now: float) -> list[StateEvent]:
-        del self.replicas[rec.replica_id]
+        self._remove(rec.replica_id)
         if rec.state is ReplicaState.DRAINING:
             return [StateEvent("replica_stopped", rec.replica_id, "")]
         if rec.state in (ReplicaState.PENDING, ReplicaState.STARTING):
@@ -154,15 +266,23 @@ class DeploymentState:
 
     def forget(self, replica_id: str) -> None:
         """The replica is gone for good (its process is known dead): drop the record."""
-        self.replicas.pop(replica_id, None)
+        if replica_id in self.replicas:
+            self._remove(replica_id)
+
+    def _remove(self, replica_id: str) -> None:
+        del self.replicas[replica_id]
+        self._rev.n += 1
+
+    def assign_agent(self, replica_id: str, agent_id: str) -> None:
+        self.replicas[replica_id].agent_id = agent_id
 
     # -- reconcile ---------------------------------------------------------------------------
 
     def live(self) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if r.state is not ReplicaState.DRAINING]
+        return list(self.view().live)
 
     def running_ids(self) -> list[str]:
-        return [r.replica_id for r in self.replicas.values() if r.state is ReplicaState.RUNNING]
+        return list(self.view().running)
 
     def reconcile(self, now: float) -> list[StateEvent]:
         events = self._time_out_starts(now)
@@ -171,21 +291,18 @@ class DeploymentState:
             and self.start_failures >= MAX_START_FAILURES
         ):
             return events  # stop retrying; a new version or a redeploy resets
-        live = self.live()
-        old = [r for r in live if r.version != self.version]
-        new = [r for r in live if r.version == self.version]
-        if old:
-            events += self._roll(old, new, now)
+        view = self.view()
+        if view.old:
+            events += self._roll(list(view.old), list(view.new), now)
         else:
-            events += self._resize(new, now)
+            events += self._resize(view.new, now)
         return events
 
     def _time_out_starts(self, now: float) -> list[StateEvent]:
         events: list[StateEvent] = []
-        for rec in list(self.replicas.values()):
-            waiting = rec.state in (ReplicaState.PENDING, ReplicaState.STARTING)
-            if waiting and now - rec.since >= STARTUP_TIMEOUT_S:
-                del self.replicas[rec.replica_id]
+        for rec in self.view().waiting:
+            if now - rec.since >= STARTUP_TIMEOUT_S:
+                self._remove(rec.replica_id)
                 self.start_failures += 1
                 self.last_trouble = now
                 events.append(
@@ -193,11 +310,10 @@ class DeploymentState:
                 )
         return events
 
-    def _resize(self, new: list[ReplicaRecord], now: float) -> list[StateEvent]:
+    def _resize(self, new: Sequence[ReplicaRecord], now: float) -> list[StateEvent]:
         events: list[StateEvent] = []
-        while len(new) < self.target:
+        for _ in range(self.target - len(new)):
             rec = self._new_replica(now)
-            new.append(rec)
             events.append(StateEvent("replica_added", rec.replica_id, f"target {self.target}"))
         surplus = len(new) - self.target
         if surplus > 0:
@@ -230,12 +346,8 @@ class DeploymentState:
 
     def update_membership(self) -> bool:
         """Recompute the routable set; True (and a new epoch) when it changed."""
-        members = tuple(
-            (r.replica_id, r.rpc_subject)
-            for r in sorted(self.replicas.values(), key=lambda r: r.order)
-            if r.state is ReplicaState.RUNNING and not r.verdict
-        )
-        if members == self.membership:
+        members = self.view().members
+        if members is self.membership or members == self.membership:
             return False
         self.membership = members
         self.membership_epoch += 1
@@ -243,7 +355,7 @@ class DeploymentState:
 
     def target_ids(self) -> list[ReplicaRecord]:
         """Replicas the agents must run: everything not draining, in start order."""
-        return sorted(self.live(), key=lambda r: r.order)
+        return list(self.view().by_order)
 
     def update_status(self, now: float) -> bool:
         status, message = self._compute_status(now)
@@ -259,34 +371,34 @@ class DeploymentState:
                 DeploymentStatus.DEPLOY_FAILED,
                 f"{self.start_failures} replicas in a row failed to start",
             )
-        running = [
-            r for r in self.replicas.values()
-            if r.state is ReplicaState.RUNNING and not r.verdict
-        ]  # fmt: skip
-        current = [r for r in running if r.version == self.version]
-        rolling = any(r.version != self.version for r in self.live())
-        if rolling or (not self.settled and len(current) < self.target):
+        view = self.view()
+        running = len(view.running) - view.running_condemned
+        current = view.running_current
+        rolling = bool(view.old)
+        if rolling or (not self.settled and current < self.target):
             return DeploymentStatus.UPDATING, "starting replicas of version " + (
                 self.version or "-"
             )
         recent_trouble = (
             self.last_trouble is not None and now - self.last_trouble < UNHEALTHY_HOLD_S
         )
-        if recent_trouble and len(current) < self.target:
+        if recent_trouble and current < self.target:
             return DeploymentStatus.UNHEALTHY, "replicas failing health checks or crashing"
-        if len(current) < self.target:
-            return DeploymentStatus.UPSCALING, f"{len(current)}/{self.target} replicas running"
-        if len(running) > self.target or any(
-            r.state is ReplicaState.DRAINING and not r.verdict for r in self.replicas.values()
-        ):
+        if current < self.target:
+            return DeploymentStatus.UPSCALING, f"{current}/{self.target} replicas running"
+        if running > self.target or view.draining_clean:
             return DeploymentStatus.DOWNSCALING, f"draining to {self.target}"
-        return DeploymentStatus.HEALTHY, f"{len(current)}/{self.target} replicas running"
+        return DeploymentStatus.HEALTHY, f"{current}/{self.target} replicas running"
 
     def set_version(self, version: str) -> None:
         if version != self.version:
             self.version = version
             self.settled = False
             self.start_failures = 0
+
+
+def _by_order(r: ReplicaRecord) -> int:
+    return r.order
 
 
 def app_status(statuses: Iterable[DeploymentStatus], deleting: bool = False) -> str:

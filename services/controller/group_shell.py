@@ -4,6 +4,15 @@ See group.py for the rules. This shell only moves KV entries in and out of `Grou
 the controller service when a partition starts or stops being its own (`on_take`, `on_drop`).
 A member that cannot refresh its own entry for a whole member TTL stops processing everything
 (self-fencing): by then the others may have taken over.
+
+A watch can go quiet without an error: it is an R1 consumer on one node of the bucket's stream,
+and when that node dies nats-py notices only after 10-20 s. A quiet membership watch would make
+every other member look dead after one TTL, and this member would take every partition. So each
+heartbeat put must come back on our own watch: when one has not within half a TTL, the watch is
+reopened and nothing is taken until it echoes again (a reopened watch repeats old entries, so
+only a newer revision counts as a sign of life). Leases are re-read every `LEASE_RESYNC_S` with
+gets (served by any replica), so a quiet lease watch neither hides a successor nor keeps a
+compare-and-set retrying a revision long gone.
 """
 
 from __future__ import annotations
@@ -12,10 +21,11 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.bus import Bus
+from shared.bus import Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, KVConflict, WireError
 from shared.subjects import KV_CONTROLLERS
@@ -25,6 +35,8 @@ from .group import GroupCore, Lease, Lose, Release, Take, lease_key, lease_parti
 log = logging.getLogger(__name__)
 
 KV_LEASES = "fp_leases"
+LEASE_RESYNC_S = 2.0
+_UNECHOED_KEPT = 64
 
 OnTake = Callable[[int, int], Awaitable[None]]
 OnDrop = Callable[[int], Awaitable[None]]
@@ -52,26 +64,60 @@ class GroupRunner:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_beat_ok = clock.monotonic()
         self._ready = (asyncio.Event(), asyncio.Event())
+        self._members_task: asyncio.Task[None] | None = None
+        self._members_watch: KVWatcher | None = None
+        self._member_revs: dict[str, int] = {}
+        self._unechoed: deque[tuple[int, float]] = deque(maxlen=_UNECHOED_KEPT)
+        """Our heartbeat puts (revision, when) that our own watch has not shown yet."""
+        self._echo_timeout_s = core.member_ttl_s / 2
+        self._reopened_at = clock.monotonic()
 
     async def start(self) -> None:
         self.members_kv = await self.bus.kv(KV_CONTROLLERS, ttl=self.core.member_ttl_s * 2)
         self.leases_kv = await self.bus.kv(KV_LEASES)
         await self._beat()
-        self._tasks = [
-            asyncio.create_task(self._watch_members(), name="group-members"),
-            asyncio.create_task(self._watch_leases(), name="group-leases"),
-        ]
+        self._members_task = asyncio.create_task(self._watch_members(), name="group-members")
+        self._tasks = [asyncio.create_task(self._watch_leases(), name="group-leases")]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._ready)), 10)
         self._tasks.append(asyncio.create_task(self._loop(), name="group-loop"))
+        self._tasks.append(asyncio.create_task(self._resync_leases(), name="group-resync"))
 
     async def _watch_members(self) -> None:
-        async for entry in await self.members_kv.watch():
+        try:
+            watcher = self._members_watch = await self.members_kv.watch()
+        except BusError as exc:
+            log.warning("cannot watch the group's members: %s", exc)
+            return  # our heartbeats go unechoed, so the loop opens it again
+        async for entry in watcher:
             if entry is None:
                 self._ready[0].set()
             elif entry.op == "PUT":
-                self.core.member_seen(entry.key, self.clock.monotonic())
+                self._member_put(entry.key, entry.revision)
             else:
+                self._member_revs.pop(entry.key, None)
                 self.core.member_left(entry.key)
+
+    def _member_put(self, member: str, revision: int) -> None:
+        if member == self.core.member_id:
+            while self._unechoed and self._unechoed[0][0] <= revision:
+                self._unechoed.popleft()
+        if revision > self._member_revs.get(member, 0):
+            self._member_revs[member] = revision
+            self.core.member_seen(member, self.clock.monotonic())
+
+    def _members_view_stale(self, now: float) -> bool:
+        return bool(self._unechoed) and now - self._unechoed[0][1] > self._echo_timeout_s
+
+    async def _reopen_members_watch(self) -> None:
+        log.warning("the group's member watch went quiet: reopening it, taking nothing meanwhile")
+        if self._members_task is not None:
+            self._members_task.cancel()
+            await asyncio.gather(self._members_task, return_exceptions=True)
+        if self._members_watch is not None:
+            with contextlib.suppress(BusError):
+                await self._members_watch.stop()
+            self._members_watch = None
+        self._members_task = asyncio.create_task(self._watch_members(), name="group-members")
 
     async def _watch_leases(self) -> None:
         async for entry in await self.leases_kv.watch():
@@ -99,14 +145,35 @@ class GroupRunner:
                     await self.on_drop(p)
                     self.core.released(p)
             else:
-                await self._apply(self.core.plan(now))
+                actions = self.core.plan(now)
+                if self._members_view_stale(now):
+                    # others may only look dead: stop what we lost, take nothing
+                    actions = [a for a in actions if isinstance(a, Lose)]
+                    if now - self._reopened_at > self._echo_timeout_s:
+                        self._reopened_at = now
+                        await self._reopen_members_watch()
+                await self._apply(actions)
             await asyncio.sleep(self.heartbeat_s)
+
+    async def _resync_leases(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_RESYNC_S)
+            for p in range(self.core.partitions):
+                try:
+                    entry = await self.leases_kv.get(lease_key(p))
+                except BusError:
+                    break  # NATS is busy recovering: next round
+                if entry is None:
+                    continue
+                with contextlib.suppress(WireError):  # the watch logs it
+                    self.core.lease_seen(Lease.decode(p, entry.value, entry.revision))
 
     async def _beat(self) -> None:
         doc = {"v": 1, "kind": "controller", "member_id": self.core.member_id, **self.describe()}
         try:
-            await self.members_kv.put(self.core.member_id, json.dumps(doc).encode())
+            rev = await self.members_kv.put(self.core.member_id, json.dumps(doc).encode())
             self._last_beat_ok = self.clock.monotonic()
+            self._unechoed.append((rev, self._last_beat_ok))
             self.core.member_seen(self.core.member_id, self._last_beat_ok)
         except BusError as exc:
             log.warning("membership refresh failed: %s", exc)
@@ -146,9 +213,10 @@ class GroupRunner:
 
     async def step_down(self) -> None:
         """SIGTERM: hand every partition over and leave, so successors take over at once."""
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._members_task] if self._members_task else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for p in sorted(self.core.owned):
             await self.on_drop(p)
             lease = self.core.leases.get(p)

@@ -23,7 +23,13 @@ a few fancy indexes, never a Python loop per row. Every channel that carries a `
 - Staleness: `stale_after_s` = the freshness window `max(1.5 x period, 1 s)` plus a small slack
   (the replica heartbeats only once a whole window passed without carriage, checked on a tick of up
   to 1 s, so receipt gaps of an idle healthy replica run slightly over the window; without slack
-  every idle replica would flap stale and be probed once a window). A replica just added gets a
+  every idle replica would flap stale and be probed once a window). A relayed entry is late by
+  construction: the router holds it until its next report, up to one metrics interval after the
+  replica's check went out, so a replica whose health only rides on handle reports sees receipt
+  gaps of up to a period (+10% jitter) plus one report interval; an entry refreshed by a relayed
+  channel therefore stays fresh `relay_slack_s` (the deployment's metrics interval) longer, or
+  about one replica in a hundred would be probed every period at a 10 s interval
+  (docs/benchmarks.md, "Fleet scale"). A replica just added gets a
   startup grace (`health_check_period_s + health_check_timeout_s` by default) before it counts
   stale. Stale replicas need a pull probe; `evaluate` lists them, most overdue first.
 - Verdicts (unhealthy -> replace), issued once per replica and kept until it is removed. Facts:
@@ -171,6 +177,7 @@ class HealthRegistry:
         "failure_threshold",
         "freshness_s",
         "probe_timeout_limit",
+        "relay_slack_s",
         "stale_after_s",
         "startup_grace_s",
     )
@@ -185,6 +192,7 @@ class HealthRegistry:
         probe_timeout_limit: int = DEFAULT_PROBE_TIMEOUT_LIMIT,
         stale_slack_s: float | None = None,
         startup_grace_s: float | None = None,
+        relay_slack_s: float = 0.0,
     ) -> None:
         if not health_check_period_s > 0 or not health_check_timeout_s > 0:
             raise ConfigError("health check period and timeout must be > 0", field="health_check")
@@ -197,6 +205,9 @@ class HealthRegistry:
         slack = default_stale_slack(self.freshness_s) if stale_slack_s is None else stale_slack_s
         if slack < 0:
             raise ConfigError("stale slack must be >= 0", field="stale_slack_s")
+        if not relay_slack_s >= 0:
+            raise ConfigError("relay slack must be >= 0", field="relay_slack_s")
+        self.relay_slack_s = relay_slack_s
         self.stale_after_s = self.freshness_s + slack
         self.startup_grace_s = (
             health_check_period_s + health_check_timeout_s
@@ -303,13 +314,17 @@ class HealthRegistry:
         rows = np.flatnonzero(ok)
         if len(rows) == 0:
             return 0
-        # newest row per slot: sort by slot, checked_at, then reversed arrival, and keep each
-        # slot's last row; among equal checked_at the earliest row wins, as across batches
-        order = rows[np.lexsort((-rows, ca[rows], s[rows]))]
-        sorted_slots = s[order]
-        last = np.ones(len(order), dtype=np.bool_)
-        last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
-        pick = order[last]
+        pick = rows
+        if np.bincount(s[rows]).max() > 1:
+            # newest row per slot: sort by slot, checked_at, then reversed arrival, and keep each
+            # slot's last row; among equal checked_at the earliest row wins, as across batches.
+            # (Only when a slot repeats: a router's report names each replica once, and the
+            # sort is most of the cost of a wide report.)
+            order = rows[np.lexsort((-rows, ca[rows], s[rows]))]
+            sorted_slots = s[order]
+            last = np.ones(len(order), dtype=np.bool_)
+            last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
+            pick = order[last]
         p, c = s[pick], ca[pick]
         held = self._checked[p]
         replace = c > held
@@ -324,13 +339,13 @@ class HealthRegistry:
         self._checked[rp] = c[replace]
         self._healthy[rp] = h[pick][replace]
         self._failures[rp] = f[pick][replace]
-        self._mark_heard(p[refresh], recv)
+        self._mark_heard(p[refresh], recv, 0.0 if direct else self.relay_slack_s)
         return int(replace.sum())
 
-    def _mark_heard(self, slots: Int64Array | int, recv: float) -> None:
+    def _mark_heard(self, slots: Int64Array | int, recv: float, slack: float = 0.0) -> None:
         # the latest receipt decides (a first report ends the startup grace early)
         self._recv[slots] = np.fmax(self._recv[slots], recv)
-        self._fresh_until[slots] = self._recv[slots] + self.stale_after_s
+        self._fresh_until[slots] = self._recv[slots] + (self.stale_after_s + slack)
         self._probe_timeouts[slots] = 0
         self._gone[slots] = False
 

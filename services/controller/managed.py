@@ -56,14 +56,15 @@ class ManagedDeployment:
         self.state = DeploymentState(app, cfg.name, version, id_prefix=id_prefix)
         self.index = ReplicaIndex()
         self.metrics = DeploymentMetrics(self.index, self.policy_cfg.metrics_interval_s)
-        self.health = HealthRegistry(
-            self.index, cfg.health_check_period_s, cfg.health_check_timeout_s
-        )
+        self.health = self._registry()
         self.window = DemandWindow.for_policy(self.policy_cfg)
         self.policy: PolicyState = initial_state(self.policy_cfg, now)
         self.state.target = self.policy.target
         self.decision = Decision(self.policy.target, self.policy.target, "initial", False)
         self._last_targets: tuple[ReplicaTarget, ...] = ()
+        self._targets: tuple[int, tuple[ReplicaTarget, ...]] = (-1, ())
+        self._followed = -1
+        """The records' revision the index, registry and metrics last followed."""
         self._last_rule = ""
 
     @property
@@ -77,16 +78,28 @@ class ManagedDeployment:
         if new_policy.metrics_interval_s != self.policy_cfg.metrics_interval_s:
             self.window = DemandWindow.for_policy(new_policy)
         self.policy_cfg = new_policy
-        self.health = HealthRegistry(
-            self.index, cfg.health_check_period_s, cfg.health_check_timeout_s
-        )
+        self.health = self._registry()
+        self._followed = -1
         self.state.set_version(version)
 
+    def _registry(self) -> HealthRegistry:
+        # health relayed by routers arrives up to one report interval late (health_registry.py)
+        return HealthRegistry(
+            self.index,
+            self.cfg.health_check_period_s,
+            self.cfg.health_check_timeout_s,
+            relay_slack_s=self.policy_cfg.metrics_interval_s,
+        )
+
     def follow_records(self, now: float) -> None:
-        """Index, registry and metrics track the replica records (cheap when unchanged)."""
+        """Index, registry and metrics track the replica records (free when unchanged)."""
+        revision = self.state.revision
+        if revision == self._followed:
+            return
         self.index.sync(self.state.replicas)
         self.health.sync(now)
         self.metrics.set_running(self.state.running_ids())
+        self._followed = revision
 
     def sample(self, now: float) -> float:
         """Add one demand sample (also used while rebuilding the window from the stream)."""
@@ -124,7 +137,7 @@ class ManagedDeployment:
         if self.state.update_membership():
             out.membership = self.membership(owner_epoch)
         targets = self.targets()
-        if targets != self._last_targets:
+        if targets is not self._last_targets and targets != self._last_targets:
             self._last_targets = targets
             out.targets_changed = True
         out.status_changed = self.state.update_status(now)
@@ -146,7 +159,7 @@ class ManagedDeployment:
 
     def _decide(self, now: float, out: StepResult) -> None:
         pc = self.policy_cfg
-        running = len(self.state.running_ids())
+        running = len(self.state.view().running)
         inputs = PolicyInputs(
             demand_mean=self.window.mean(now, pc.look_back_period_s),
             demand_short=self.window.mean(now, pc.panic_window_s),
@@ -167,7 +180,10 @@ class ManagedDeployment:
         return Membership(self.app, self.name, self.state.membership_epoch, members, owner_epoch)
 
     def targets(self) -> tuple[ReplicaTarget, ...]:
-        return tuple(
+        revision, cached = self._targets
+        if revision == self.state.revision:
+            return cached
+        targets = tuple(
             ReplicaTarget(
                 r.replica_id,
                 r.version,
@@ -175,20 +191,21 @@ class ManagedDeployment:
                 r.agent_id,
                 r.rpc_subject or self.subjects.rpc(self.app, self.name, r.replica_id),
             )
-            for r in self.state.target_ids()
+            for r in self.state.view().by_order
         )
+        self._targets = (self.state.revision, targets)
+        return targets
 
     def status_view(self) -> DeploymentStatusView:
-        running = self.state.running_ids()
-        condemned = {r.replica_id for r in self.state.replicas.values() if r.verdict}
+        view = self.state.view()
         return DeploymentStatusView(
             status=self.state.status.value,
             message=self.state.message,
             target_replicas=self.state.target,
-            running_replicas=len(running),
+            running_replicas=len(view.running),
             demand=round(float(self.metrics.total_demand()), 3),
-            healthy_replicas=len([r for r in running if r not in condemned]),
-            unhealthy_replicas=len(condemned),
+            healthy_replicas=len(view.running) - view.running_condemned,
+            unhealthy_replicas=view.condemned,
             last_decision=self.decision.reason,
         )
 

@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 
 EMPTY_PARTITION_QUIET_S = 0.3
 """A partition with no message this long after subscribing has no history to replay."""
+PARTITION_IDLE_HEARTBEAT_S = 1.0
+"""The server heartbeats an idle partition consumer this often. A partition consumer is an R1
+ordered consumer on any node of the stream; when that node dies, nats-py recreates it after two
+missed heartbeats, so reading resumes within seconds (its default of 5 s meant 10-20 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,8 @@ class ControllerService:
         """Partitions we own -> the lease epoch that fences our writes for their apps."""
         self._replaying: dict[int, set[str]] = {}
         self._next_sample: dict[int, float] = {}
+        self._since: dict[int, float] = {}
+        """Owned partition -> wall time its replay starts at; nothing older is ours to read."""
         self.group: GroupRunner | None = None
         self._exported: dict[tuple[str, str], int] = {}
         self._subs: dict[int, Any] = {}
@@ -103,6 +109,8 @@ class ControllerService:
         self.ticks = 0
         self.stream = ""
         self.stats = StatsDump(cfg.stats_file) if cfg.stats_file else None
+        self.core_seconds = 0.0
+        """How long the last tick's `core.tick` took (the rest of a tick is carrying it out)."""
 
     # -- startup -----------------------------------------------------------------------------
 
@@ -232,24 +240,33 @@ class ControllerService:
         now = self.clock.monotonic()
         self._epochs[p] = epoch
         apps = self._apps_in(p)
+        # held before the first await: a control tick during the KV restore below would
+        # otherwise decide on an empty window and sample ahead of the replayed history
+        self.core.held |= apps
         self.core.set_apps(self._owned_apps(), now)
         await self._restore(now, apps)
-        self.core.held |= apps
         self._replaying[p] = apps
         self._next_sample[p] = now - self.cfg.rebuild_s
         self._pending[p] = None  # unknown until its first message
-        start = datetime.fromtimestamp(self.clock.wall() - self.cfg.rebuild_s).astimezone()
+        self._since[p] = self.clock.wall() - self.cfg.rebuild_s
+        start = datetime.fromtimestamp(self._since[p]).astimezone()
 
         async def on_msg(msg: NatsMsg) -> None:
             self._on_msg(p, msg)
 
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)
         self._subs[p] = await self.bus.js.subscribe(
             partition_subject(self.core.subjects, p),
             stream=self.stream,
             cb=on_msg,
             ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
+            idle_heartbeat=PARTITION_IDLE_HEARTBEAT_S,
+            config=config,
         )
+        # nats-py recreates a lost ordered consumer from this very config object, switched to
+        # "by start sequence"; a start time left in it makes the server refuse every recreation,
+        # and the partition would never be read again
+        config.opt_start_time = None
         self._spawn(self._catch_up(p), f"catch-up-{p}")
 
     async def _drop_partition(self, p: int) -> None:
@@ -257,6 +274,7 @@ class ControllerService:
         self._epochs.pop(p, None)
         self._replaying.pop(p, None)
         self._pending.pop(p, None)
+        self._since.pop(p, None)
         sub = self._subs.pop(p, None)
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -272,11 +290,13 @@ class ControllerService:
         now = self.clock.monotonic()
         meta = msg.metadata
         self._pending[partition] = meta.num_pending
+        stored = meta.timestamp.timestamp()
+        if stored < self._since.get(partition, stored):
+            return  # a recreated consumer that had delivered nothing restarts at sequence 1
         recv = now
         apps = self._replaying.get(partition)
         if apps is not None:
             # replayed history: place it on our monotonic timeline by its age in the stream
-            stored = meta.timestamp.timestamp()
             recv = min(now, now - (self.clock.wall() - stored))
             self._sample_until(partition, apps, recv)
         subject = report_subject(self.core.subjects, msg.subject)
@@ -316,7 +336,7 @@ class ControllerService:
 
     def _record_tick(self, scheduled: float, took: float, late: float) -> None:
         assert self.stats is not None
-        self.stats.tick(scheduled + late, took, late)
+        self.stats.tick(scheduled + late, took, late, self.core_seconds)
         self.stats.maybe_write(
             self.clock.monotonic(),
             probes=self.core.stats.probes,
@@ -355,7 +375,9 @@ class ControllerService:
     async def _tick(self) -> None:
         now = self.clock.monotonic()
         pending = sum(v or 0 for v in self._pending.values())
+        started = time.perf_counter()
         actions = self.core.tick(now, self.clock.wall(), pending=pending)
+        self.core_seconds = time.perf_counter() - started
         self.ticks += 1
         await self._execute(actions)
         self._export_counts()

@@ -286,6 +286,13 @@ class ProbeLimiter(Generic[K]):
         self._tokens = min(self._tokens, cap)
         return self._tokens
 
+    def candidate_limit(self, now: float, stalled: bool) -> int:
+        """The most candidates `select(..., now, stalled)` can look at: its budget plus every key
+        it would skip (outstanding or probed recently). A caller need not build more than this
+        many, which keeps a tick cheap when thousands of replicas are stale at once."""
+        budget = math.floor(self.tokens(now, stalled) + _TOKEN_EPSILON)
+        return max(0, budget) + len(self._outstanding) + len(self._last_sent)
+
     def select(
         self,
         candidates: Sequence[K],

@@ -2,16 +2,19 @@
 
 How it works: the service reports every tick's duration (and how late it started against its
 schedule) and the time spent ingesting each message, by kind; every `interval_s` the collected
-ticks go out as one JSON line appended to the file, with cumulative counters. The Prometheus
+ticks go out as one JSON line appended to the file, with cumulative counters. A tick's `duration`
+is all of it (deciding, then carrying out the actions: KV writes are awaited, and other callbacks
+such as ingest may run meanwhile); `core` is the decision alone (`ControllerCore.tick`). The Prometheus
 histogram `fleetpulse_controller_loop_seconds` has coarse buckets; this file gives exact per-tick
 samples so a benchmark can take p50/p99 over any window of its choosing.
 
 One line (all times in seconds; `mono` is the controller's monotonic clock, `wall` unix time):
 
-    {"wall": ..., "mono": ..., "ticks": [[mono_start, duration, late], ...],
+    {"wall": ..., "mono": ..., "ticks": [[mono_start, duration, late, core], ...],
      "ingest_s": {"handle_columnar": ..., "handle_msgpack": ..., "replica": ...,
                   "heartbeat": ..., "lifecycle": ...},            # cumulative
      "ingest_n": {...},                                           # cumulative messages
+     "gc_s": [gen0, gen1, gen2], "gc_n": [...],                  # cumulative collections
      "probes": N, "pending": N, "stalled": bool, "live": bool}
 
 Off unless the flag is given; when on, the cost is two `perf_counter` calls per message and one
@@ -20,6 +23,7 @@ small write per `interval_s`.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections import Counter, defaultdict
@@ -44,17 +48,30 @@ class StatsDump:
     def __init__(self, path: str, interval_s: float = DEFAULT_STATS_INTERVAL_S) -> None:
         self.interval_s = interval_s
         self._file: IO[str] = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._ticks: list[tuple[float, float, float]] = []
+        self._ticks: list[tuple[float, float, float, float]] = []
         self.ingest_s: defaultdict[str, float] = defaultdict(float)
         self.ingest_n: Counter[str] = Counter()
         self._next_write = 0.0
+        self.gc_s = [0.0, 0.0, 0.0]
+        self.gc_n = [0, 0, 0]
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # collector pauses land inside whatever allocated: count them to explain tick outliers
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        gen = min(info.get("generation", 0), 2)
+        self.gc_s[gen] += time.perf_counter() - self._gc_started
+        self.gc_n[gen] += 1
 
     def ingested(self, kind: str, seconds: float) -> None:
         self.ingest_s[kind] += seconds
         self.ingest_n[kind] += 1
 
-    def tick(self, start_mono: float, duration_s: float, late_s: float) -> None:
-        self._ticks.append((start_mono, duration_s, late_s))
+    def tick(self, start_mono: float, duration_s: float, late_s: float, core_s: float) -> None:
+        self._ticks.append((start_mono, duration_s, late_s, core_s))
 
     def maybe_write(self, now_mono: float, **extra: Any) -> None:
         if now_mono < self._next_write:
@@ -63,9 +80,11 @@ class StatsDump:
         doc = {
             "wall": time.time(),
             "mono": now_mono,
-            "ticks": [[round(a, 6), round(b, 7), round(c, 6)] for a, b, c in self._ticks],
+            "ticks": [[round(x, 7) for x in t] for t in self._ticks],
             "ingest_s": {k: round(v, 6) for k, v in self.ingest_s.items()},
             "ingest_n": dict(self.ingest_n),
+            "gc_s": [round(x, 6) for x in self.gc_s],
+            "gc_n": list(self.gc_n),
             **extra,
         }
         self._ticks.clear()
@@ -73,4 +92,6 @@ class StatsDump:
         self._file.flush()
 
     def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self._file.close()

@@ -1,0 +1,552 @@
+"""Fleet benchmark: N simulated replicas and H routers against one real controller process.
+
+What runs: an embedded nats-server; the controller as its own process
+(`python -m services.controller --nats URL --stats-file F`); and, in this process, the fleet
+simulator (scripts/bench/fleet_sim.py), which reads fp_targets and becomes the replicas the
+controller asks for, and publishes what they and their routers would: lifecycle events, handle
+reports with running requests and carried health at their cadence, replica reports for the share
+that pushes its own, heartbeats when the suppression rules say so, probe answers.
+
+Per replica count N and metrics interval (10 s and 1 s; health period 10 s, check timeout 30 s,
+pinned replica count, `--deployments` deployments of N/D replicas, no agents so placement is off):
+startup until every replica is a member, a warm-up, a steady-state window, then a fault injection
+(replicas turning unhealthy, replicas going silent) timed until the controller drops them from
+fp_targets.
+
+Measured in the steady window: control-loop tick p50/p99 (exact per-tick samples from the
+controller's --stats-file), controller CPU (/proc/PID/stat), ingest ms per second by format,
+health gap p50/p99/max (time between fresh observations the controller was offered, per
+replica), deadline misses (probes the controller sent to healthy replicas per replica-period),
+standalone heartbeats by reason, probes/s, messages/s on the bus (nats-server /varz).
+
+    .venv/bin/python -m scripts.bench.fleet [--quick] [--sizes 1024 4096 ...] [--intervals 10 1]
+
+Output: a table, bench-results/fleet.json, docs/img/fleet_scale.png, one RESULT line per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scripts.bench.common import RESULTS_DIR, ROOT, print_table, result_line, write_json
+from scripts.bench.fleet_sim import (
+    GAP_BIN_S,
+    SILENT,
+    UNHEALTHY,
+    FleetSim,
+    SimConfig,
+    SimCounters,
+)
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.natsbus import NatsBus
+from shared.natsserver import NatsServer, free_ports
+from shared.subjects import KV_APPS
+from shared.wire.limits import DEFAULT_MAX_PAYLOAD
+
+log = logging.getLogger("fleet")
+
+APP = "bench"
+SIZES = (1024, 4096, 16384, 65536)
+QUICK_SIZES = (1024, 16384)
+INTERVALS = (10.0, 1.0)
+HEALTH_PERIOD_S = 10.0
+HEALTH_TIMEOUT_S = 30.0
+STALE_AFTER_S = 1.5 * HEALTH_PERIOD_S + 2.0  # health_registry: freshness window + slack
+TARGET_BYTES_PER_REPLICA = 160
+"""fp_targets JSON per replica (measured ~130 B with these ids): sizes the server's max_payload."""
+PLOT_PATH = ROOT / "docs" / "img" / "fleet_scale.png"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- process and server probes -----------------------------------------------------------------
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def varz(server: NatsServer) -> dict[str, Any]:
+    with urllib.request.urlopen(server.monitor_url + "/varz", timeout=2) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return doc
+
+
+class StatsFile:
+    """Reads the controller's --stats-file as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[dict[str, Any]] = []
+        self._offset = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return self.lines
+        with self.path.open() as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind("\n") + 1
+        self._offset += len(chunk[:end].encode())
+        self.lines += [json.loads(x) for x in chunk[:end].splitlines() if x]
+        return self.lines
+
+    def ticks(self, t0: float, t1: float) -> np.ndarray:
+        rows = [t[:4] for line in self.poll() for t in line["ticks"] if t0 <= t[0] < t1]
+        return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+    def last(self) -> dict[str, Any]:
+        lines = self.poll()
+        return lines[-1] if lines else {}
+
+
+# -- one point -------------------------------------------------------------------------------
+
+
+def app_config(n: int, deployments: int, interval: float) -> AppConfig:
+    sizes = [n // deployments + (1 if i < n % deployments else 0) for i in range(deployments)]
+    return AppConfig(
+        APP,
+        tuple(
+            DeploymentConfig(
+                name=f"d{i:02d}",
+                import_path="bench.fleet:Simulated",
+                health_check_period_s=HEALTH_PERIOD_S,
+                health_check_timeout_s=HEALTH_TIMEOUT_S,
+                autoscaling=AutoscalingConfig(
+                    min_replicas=k, max_replicas=k, initial_replicas=k, metrics_interval_s=interval
+                ),
+            )
+            for i, k in enumerate(sizes)
+        ),
+        version="v1",
+    )
+
+
+def max_payload_for(n: int, deployments: int) -> int:
+    """The server's max_payload: the default unless one deployment's fp_targets needs more."""
+    need = math.ceil(n / deployments) * TARGET_BYTES_PER_REPLICA
+    size = DEFAULT_MAX_PAYLOAD
+    while size < need:
+        size *= 2
+    return size
+
+
+class Point:
+    """One replica count: servers up, fleet running, measured at each interval."""
+
+    def __init__(self, n: int, args: argparse.Namespace, workdir: Path) -> None:
+        self.n, self.args, self.workdir = n, args, workdir
+        self.deployments = max(1, min(args.deployments, n // 64))
+        self.max_payload = max_payload_for(n, self.deployments)
+        self.server = NatsServer(max_payload=self.max_payload, monitoring=True)
+        self.stats = StatsFile(workdir / f"controller-{n}.jsonl")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sim: FleetSim | None = None
+        self.bus: NatsBus | None = None
+
+    async def run(self) -> list[dict[str, Any]]:
+        a = self.args
+        self.server.start()
+        try:
+            self.bus = await NatsBus.connect(self.server.url, name="fleet-bench")
+            names = [f"d{i:02d}" for i in range(self.deployments)]
+            cfg = SimConfig(
+                APP, HEALTH_PERIOD_S, a.intervals[0], a.routers, a.request_rate, a.idle_share,
+                a.push_share,
+            )  # fmt: skip
+            self.sim = FleetSim(cfg, names, seed=a.seed)
+            await self.sim.start(self.server.url)
+            self.sim.set_interval(a.intervals[0])
+            await self._put_app(a.intervals[0])
+            self._start_controller()
+            startup = await self._wait_members(time.monotonic())
+            rows = []
+            for i, interval in enumerate(a.intervals):
+                if i:
+                    await self._put_app(interval)
+                    self.sim.set_interval(interval)
+                row = await self._measure(interval)
+                row["startup_s"] = startup
+                rows.append(row)
+                print(f"  N={self.n} interval={interval:g}s: {_brief(row)}", flush=True)
+            return rows
+        finally:
+            await self._shutdown()
+
+    async def _put_app(self, interval: float) -> None:
+        assert self.bus is not None
+        kv = await self.bus.kv(KV_APPS)
+        await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+
+    def _start_controller(self) -> None:
+        (port,) = free_ports(1)
+        cmd = [
+            sys.executable, "-m", "services.controller", "--nats", self.server.url,
+            "--stats-file", str(self.stats.path), "--metrics-port", str(port),
+            "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", "bench",
+        ]  # fmt: skip
+        log_path = self.workdir / f"controller-{self.n}.log"
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    async def _wait_members(self, since: float) -> float:
+        assert self.sim is not None
+        deadline = since + self.args.startup_timeout_s + self.n / 500
+        while self.sim.members() < self.n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"N={self.n}: only {self.sim.members()} members after "
+                    f"{time.monotonic() - since:.0f} s"
+                )
+            self._check_controller()
+            await asyncio.sleep(0.25)
+        return time.monotonic() - since
+
+    def _check_controller(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = (self.workdir / f"controller-{self.n}.log").read_text()[-3000:]
+            raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{tail}")
+
+    async def _measure(self, interval: float) -> dict[str, Any]:
+        a, sim = self.args, self.sim
+        assert sim is not None and self.proc is not None
+        await asyncio.sleep(a.warm_s)
+        self._check_controller()
+        spy = self._py_spy(interval)
+        before = self._sample()
+        await asyncio.sleep(a.measure_s)
+        after = self._sample()
+        if spy is not None:
+            spy.wait(30)
+        self._check_controller()
+        row = self._window(interval, before, after)
+        row.update(await self._faults())
+        # replacements must be members again before the next phase
+        await self._wait_members(time.monotonic())
+        return row
+
+    def _py_spy(self, interval: float) -> subprocess.Popen[bytes] | None:
+        """With --py-spy: sample the controller over the window into collapsed stacks."""
+        if not self.args.py_spy or self.proc is None:
+            return None
+        out = RESULTS_DIR / f"fleet-pyspy-{self.n}-{interval:g}s.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "-p",
+            str(self.proc.pid),
+            "-d",
+            str(int(self.args.measure_s)),
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+        ]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _sample(self) -> dict[str, Any]:
+        assert self.sim is not None and self.proc is not None
+        v = varz(self.server)
+        return {
+            "t": time.monotonic(),
+            "ctl_cpu": cpu_seconds(self.proc.pid),
+            "nats_cpu": cpu_seconds(self.server.pid or 0),
+            "sim_cpu": cpu_seconds(),
+            "in_msgs": v["in_msgs"], "out_msgs": v["out_msgs"],
+            "in_bytes": v["in_bytes"], "out_bytes": v["out_bytes"],
+            "sim": self.sim.counters.snapshot(),
+            "sim_ticks": len(self.sim.tick_seconds),
+            "sim_late": self.sim.late_ticks,
+            "ctl": self.stats.last(),
+        }  # fmt: skip
+
+    def _window(self, interval: float, b: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
+        assert self.sim is not None and self.proc is not None
+        span = e["t"] - b["t"]
+        ticks = self.stats.ticks(b["t"], e["t"])
+        loop = ticks[:, 1] * 1e3
+        late = ticks[:, 2] * 1e3
+        core = ticks[:, 3] * 1e3
+        sb, se = b["sim"], e["sim"]
+        assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
+        probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
+        replica_periods = self.n * span / HEALTH_PERIOD_S
+        hb = {k: se.heartbeats[k] - sb.heartbeats[k] for k in se.heartbeats}
+        sent = {k: (se.sent[k] - sb.sent[k]) / span for k in se.sent}
+        ib, ie = b["ctl"].get("ingest_s", {}), e["ctl"].get("ingest_s", {})
+        sim_ticks = np.asarray(self.sim.tick_seconds[b["sim_ticks"] : e["sim_ticks"]]) * 1e3
+        lines = [x for x in self.stats.lines if b["t"] <= x.get("mono", 0) < e["t"]]
+        return {
+            "replicas": self.n,
+            "deployments": self.deployments,
+            "routers": self.args.routers * self.deployments,
+            "metrics_interval_s": interval,
+            "max_payload": self.max_payload,
+            "window_s": span,
+            "ticks": int(loop.size),
+            "loop_p50_ms": _pct(loop, 50),
+            "loop_p99_ms": _pct(loop, 99),
+            "loop_max_ms": float(loop.max()) if loop.size else math.nan,
+            "core_p50_ms": _pct(core, 50),
+            "core_p99_ms": _pct(core, 99),
+            "tick_late_p99_ms": _pct(late, 99),
+            "controller_cpu": (e["ctl_cpu"] - b["ctl_cpu"]) / span,
+            "controller_rss_mib": rss_mib(self.proc.pid),
+            "nats_cpu": (e["nats_cpu"] - b["nats_cpu"]) / span,
+            "sim_cpu": (e["sim_cpu"] - b["sim_cpu"]) / span,
+            "sim_tick_p99_ms": _pct(sim_ticks, 99),
+            "sim_late_ticks": e["sim_late"] - b["sim_late"],
+            "ingest_ms_per_s": {k: (v - ib.get(k, 0.0)) * 1e3 / span for k, v in ie.items()},
+            "gc_ms_per_s": [x * 1e3 / span for x in _delta(b["ctl"], e["ctl"], "gc_s")],
+            "gc_collections": _delta(b["ctl"], e["ctl"], "gc_n"),
+            "bus_in_msgs_per_s": (e["in_msgs"] - b["in_msgs"]) / span,
+            "bus_out_msgs_per_s": (e["out_msgs"] - b["out_msgs"]) / span,
+            "bus_in_mib_per_s": (e["in_bytes"] - b["in_bytes"]) / span / 2**20,
+            "sent_per_s": sent,
+            "heartbeats": hb,
+            "heartbeats_per_s": sum(hb.values()) / span,
+            "heartbeats_behind_routers": hb.get("window_active", 0),
+            "probes_per_s": sum(se.probes[k] - sb.probes[k] for k in se.probes) / span,
+            "probes_healthy": probes_healthy,
+            "controller_probes": e["ctl"].get("probes", 0) - b["ctl"].get("probes", 0),
+            "misses_pct": 100.0 * probes_healthy / replica_periods,
+            "pending_max": max((x.get("pending", 0) for x in lines), default=0),
+            "stalled": any(x.get("stalled") for x in lines),
+            **_gaps(se.gap_hist - sb.gap_hist),
+        }
+
+    async def _faults(self) -> dict[str, Any]:
+        sim = self.sim
+        assert sim is not None
+        k = self.args.faults
+        made = sim.inject(UNHEALTHY, k) + sim.inject(SILENT, k)
+        bound = HEALTH_PERIOD_S + HEALTH_TIMEOUT_S + 30.0
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline and any(f.detected_after_s is None for f in made):
+            self._check_controller()
+            await asyncio.sleep(0.1)
+        out: dict[str, Any] = {}
+        for kind in ("unhealthy", "silent"):
+            got = [f.detected_after_s for f in made if f.kind == kind]
+            done = [x for x in got if x is not None]
+            out[f"detect_{kind}_max_s"] = max(done) if len(done) == len(got) else math.inf
+            out[f"detect_{kind}_p50_s"] = float(np.median(done)) if done else math.inf
+            out[f"detect_{kind}_missed"] = len(got) - len(done)
+        return out
+
+    async def _shutdown(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.sim is not None:
+            await self.sim.stop()
+        if self.bus is not None:
+            await self.bus.close()
+        self.server.stop()
+
+
+def _delta(b: dict[str, Any], e: dict[str, Any], key: str) -> list[float]:
+    return [x - y for x, y in zip(e.get(key, [0] * 3), b.get(key, [0] * 3), strict=True)]
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else math.nan
+
+
+def _gaps(hist: np.ndarray) -> dict[str, float]:
+    total = int(hist.sum())
+    if not total:
+        return {"gap_p50_s": math.nan, "gap_p99_s": math.nan, "gap_max_s": math.nan,
+                "gaps_over_stale_pct": math.nan}  # fmt: skip
+    cum = np.cumsum(hist)
+    edges = (np.arange(hist.size) + 1) * GAP_BIN_S  # upper edge of each bin
+    over = int(hist[int(STALE_AFTER_S / GAP_BIN_S) :].sum())
+    return {
+        "gap_p50_s": float(edges[np.searchsorted(cum, 0.5 * total)]),
+        "gap_p99_s": float(edges[np.searchsorted(cum, 0.99 * total)]),
+        "gap_max_s": float(edges[np.flatnonzero(hist)[-1]]),
+        "gaps_over_stale_pct": 100.0 * over / total,
+    }
+
+
+def _brief(r: dict[str, Any]) -> str:
+    return (
+        f"loop p50 {r['loop_p50_ms']:.2f} ms p99 {r['loop_p99_ms']:.2f} ms, "
+        f"cpu {r['controller_cpu']:.2f}, misses {r['misses_pct']:.4f}%, "
+        f"hb behind routers {r['heartbeats_behind_routers']}, "
+        f"detect {r['detect_unhealthy_max_s']:.1f}/{r['detect_silent_max_s']:.1f} s, "
+        f"gap p99 {r['gap_p99_s']:.1f} s"
+    )
+
+
+# -- targets, output ---------------------------------------------------------------------------
+
+
+def check_targets(rows: Sequence[dict[str, Any]]) -> dict[str, bool | None]:
+    """The issue's targets, per point they apply to (None where not measured)."""
+    out: dict[str, bool | None] = {}
+    bound = HEALTH_PERIOD_S + HEALTH_TIMEOUT_S
+    for r in rows:
+        n, iv = r["replicas"], r["metrics_interval_s"]
+        tag = f"N={n} interval={iv:g}s"
+        if n == 16384:
+            out[f"{tag}: loop p99 <= 15 ms"] = r["loop_p99_ms"] <= 15
+            out[f"{tag}: misses 0"] = r["probes_healthy"] == 0
+            out[f"{tag}: no heartbeat behind an active router"] = (
+                r["heartbeats_behind_routers"] == 0
+            )
+            out[f"{tag}: controller < 0.5 core"] = r["controller_cpu"] < 0.5
+        if n == 65536:
+            out[f"{tag}: loop p99 <= 50 ms"] = r["loop_p99_ms"] <= 50
+            out[f"{tag}: misses < 0.001%"] = r["misses_pct"] < 0.001
+        out[f"{tag}: unhealthy detected within {bound:g} s"] = r["detect_unhealthy_max_s"] <= bound
+    return out
+
+
+def plot(rows: Sequence[dict[str, Any]]) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("WARNING: matplotlib is not installed, skipping the plot", file=sys.stderr)
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    for iv in sorted({r["metrics_interval_s"] for r in rows}, reverse=True):
+        pts = sorted(
+            (r for r in rows if r["metrics_interval_s"] == iv), key=lambda r: r["replicas"]
+        )
+        n = [r["replicas"] for r in pts]
+        lbl = f"metrics every {iv:g} s"
+        axes[0].plot(n, [r["loop_p50_ms"] for r in pts], "o--", label=f"p50, {lbl}")
+        axes[0].plot(n, [r["loop_p99_ms"] for r in pts], "s-", label=f"p99, {lbl}")
+        axes[1].plot(n, [max(r["misses_pct"], 1e-5) for r in pts], "o-", label=lbl)
+        axes[2].plot(n, [r["controller_cpu"] for r in pts], "o-", label=lbl)
+    axes[0].axhline(52.1, color="tab:red", lw=0.8, ls=":", label="Ray Serve 8,192 (52.1 ms)")
+    axes[0].set(xscale="log", yscale="log", xlabel="replicas", ylabel="ms per tick",
+                title="Control-loop tick")  # fmt: skip
+    axes[1].set(xscale="log", yscale="log", xlabel="replicas", ylabel="% of replica-periods",
+                title="Deadline misses (probes to healthy replicas; 1e-5 = none)")  # fmt: skip
+    axes[2].set(xscale="log", xlabel="replicas", ylabel="cores", title="Controller CPU")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT_PATH, dpi=100)
+    plt.close(fig)
+    return str(PLOT_PATH.relative_to(ROOT))
+
+
+def table(rows: Sequence[dict[str, Any]]) -> None:
+    def ingest(r: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v:.1f}" for k, v in sorted(r["ingest_ms_per_s"].items()) if v)
+
+    print_table(
+        "Fleet scale (steady state; detect = fault injection to drop from fp_targets)",
+        ["N", "iv s", "loop p50", "p99", "cpu", "gap p99 s", "misses %", "hb/s", "hb behind",
+         "probes/s", "bus in/s", "det unh s", "det sil s", "startup s"],
+        [
+            [r["replicas"], r["metrics_interval_s"], r["loop_p50_ms"], r["loop_p99_ms"],
+             r["controller_cpu"], r["gap_p99_s"], r["misses_pct"], r["heartbeats_per_s"],
+             r["heartbeats_behind_routers"], r["probes_per_s"], r["bus_in_msgs_per_s"],
+             r["detect_unhealthy_max_s"], r["detect_silent_max_s"], r["startup_s"]]
+            for r in rows
+        ],
+    )  # fmt: skip
+    print("\ningest ms per second by kind:")
+    for r in rows:
+        print(f"  N={r['replicas']} interval={r['metrics_interval_s']:g}s: {ingest(r)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"N = {QUICK_SIZES}, shorter windows")
+    ap.add_argument("--sizes", type=int, nargs="+", help=f"replica counts (default {SIZES})")
+    ap.add_argument("--intervals", type=float, nargs="+", default=list(INTERVALS))
+    ap.add_argument("--deployments", type=int, default=16, help="deployments per point")
+    ap.add_argument("--routers", type=int, default=4, help="routers per deployment")
+    ap.add_argument("--request-rate", type=float, default=2.0, help="admissions/s per replica")
+    ap.add_argument("--idle-share", type=float, default=0.05, help="replicas without traffic")
+    ap.add_argument("--push-share", type=float, default=0.01, help="replicas pushing reports")
+    ap.add_argument("--faults", type=int, default=8, help="replicas per fault kind")
+    ap.add_argument("--warm-s", type=float)
+    ap.add_argument("--measure-s", type=float)
+    ap.add_argument("--startup-timeout-s", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--workdir", help="keep the controller's stats file and log here")
+    ap.add_argument(
+        "--py-spy", action="store_true", help="profile the controller in each window (py-spy)"
+    )
+    args = ap.parse_args(argv)
+    args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
+    args.measure_s = (
+        args.measure_s if args.measure_s is not None else (30.0 if args.quick else 60.0)
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        workdir = Path(args.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for n in args.sizes:
+            rows += asyncio.run(Point(n, args, workdir).run())
+    table(rows)
+    targets = check_targets(rows)
+    for name, ok in targets.items():
+        print(f"target {name}: {'met' if ok else 'MISSED'}")
+    path = None if args.no_plot else plot(rows)
+    out = write_json(
+        "fleet",
+        {"quick": args.quick, "args": {k: v for k, v in vars(args).items()}, "rows": rows,
+         "targets": targets, "plot": path},
+    )  # fmt: skip
+    print(f"wrote {out.relative_to(ROOT)}" + (f" and {path}" if path else ""))
+    for r in rows:
+        result_line(
+            "fleet", replicas=r["replicas"], metrics_interval_s=r["metrics_interval_s"],
+            loop_p50_ms=r["loop_p50_ms"], loop_p99_ms=r["loop_p99_ms"],
+            misses_pct=r["misses_pct"], heartbeats_behind_routers=r["heartbeats_behind_routers"],
+            controller_cpu=r["controller_cpu"], detect_s=r["detect_unhealthy_max_s"],
+        )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
