@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
+from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S
 from .service import ControllerService, ServiceConfig
 from .stream import DEFAULT_PARTITIONS, DEFAULT_RETENTION_S
 
@@ -46,6 +47,18 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--control-interval-s", type=float, default=0.1)
     p.add_argument(
+        "--member-ttl-s",
+        type=float,
+        default=DEFAULT_MEMBER_TTL_S,
+        help="a member not heard from this long is gone and its partitions are taken over",
+    )
+    p.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        help="how often a member refreshes its group entry (keep several per TTL)",
+    )
+    p.add_argument(
         "--stream-replicas",
         type=int,
         default=int(os.environ.get("FLEETPULSE_STREAM_REPLICAS", "1")),
@@ -73,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         rebuild_s=args.rebuild_s,
         metrics_port=args.metrics_port,
         stream_replicas=args.stream_replicas,
+        member_ttl_s=args.member_ttl_s,
+        heartbeat_s=args.heartbeat_s,
         stats_file=args.stats_file,
     )
 

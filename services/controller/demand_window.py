@@ -173,6 +173,16 @@ class DemandWindow:
             return None
         return float(np.dot(durations, values)) / covered
 
+    def mean_and_full(self, now: float, period_s: float) -> tuple[float | None, bool]:
+        """`mean(now, period_s)` and `is_full(now, period_s)` from one scan of the window."""
+        seg = self._segments(now, period_s)
+        if seg is None:
+            return None, False
+        durations, values = seg
+        covered = float(durations.sum())
+        mean = float(np.dot(durations, values)) / covered if covered > 0 else None
+        return mean, covered >= period_s - FULL_TOLERANCE_S
+
     def coverage(self, now: float, period_s: float) -> float:
         """Seconds of `[now - period_s, now]` covered by data."""
         seg = self._segments(now, period_s)

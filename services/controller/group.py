@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from shared.errors import WireError
 
 DEFAULT_HEARTBEAT_S = 0.5
-DEFAULT_MEMBER_TTL_S = 3.0
+DEFAULT_MEMBER_TTL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ MAX_STALE_SLACK_S: Final = 2.0
 """Slack over the freshness window: the replica's heartbeat tick (at most 1 s) plus transport."""
 
 _NEVER: Final = -math.inf
+_NO_REASONS: Final = np.zeros(0, dtype=np.int8)
+_NO_REASONS.setflags(write=False)
 _T = TypeVar("_T", bound=np.generic)
 
 Int64Array = npt.NDArray[np.int64]
@@ -418,8 +420,31 @@ class HealthRegistry:
         if not hold_verdicts:
             new |= absent_new
         new_slots = np.flatnonzero(new).astype(np.int64)
+        reasons = _NO_REASONS if new_slots.size == 0 else self._reasons(new_slots, failed)
+        self._condemned[new_slots] = True
+
+        stale_mask = live & ~self._condemned & (now > self._fresh_until)
+        idx = np.flatnonzero(stale_mask).astype(np.int64)
+        since = self._fresh_until[idx]
+        if idx.size > 1:
+            order = np.lexsort((idx, since))
+            idx, since = idx[order], since[order]
+        n_live = int(live.sum())
+        return HealthEvaluation(
+            stale_slots=idx,
+            stale_since=since,
+            unhealthy_slots=new_slots,
+            unhealthy_reasons=reasons,
+            live=n_live,
+            stale=len(idx),
+            unreported=int((live & (self._checked == _NEVER)).sum()),
+            condemned=int((live & self._condemned).sum()),
+            held=held,
+        )
+
+    def _reasons(self, new_slots: Int64Array, failed: BoolArray) -> Int8Array:
         never = self._checked[new_slots] == _NEVER
-        reasons = np.select(
+        return np.select(
             [
                 self._exited[new_slots],
                 self._gone[new_slots],
@@ -434,24 +459,6 @@ class HealthRegistry:
             ],
             default=VerdictReason.PROBE_TIMEOUTS,
         ).astype(np.int8)
-        self._condemned[new_slots] = True
-
-        stale_mask = live & ~self._condemned & (now > self._fresh_until)
-        idx = np.flatnonzero(stale_mask).astype(np.int64)
-        since = self._fresh_until[idx]
-        order = np.lexsort((idx, since))
-        n_live = int(live.sum())
-        return HealthEvaluation(
-            stale_slots=idx[order],
-            stale_since=since[order],
-            unhealthy_slots=new_slots,
-            unhealthy_reasons=reasons,
-            live=n_live,
-            stale=len(idx),
-            unreported=int((live & (self._checked == _NEVER)).sum()),
-            condemned=int((live & self._condemned).sum()),
-            held=held,
-        )
 
     # -- queries -------------------------------------------------------------------------------
 

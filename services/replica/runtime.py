@@ -315,7 +315,8 @@ class ReplicaRuntime:
             if timeout is not None and timeout <= 0:
                 raise _RequestError("deadline_exceeded", "deadline passed before the request ran")
             try:
-                await asyncio.wait_for(self._execute(req, reply), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see usercode.check_health
+                    await self._execute(req, reply)
             except TimeoutError:
                 raise _RequestError("deadline_exceeded", "request deadline exceeded") from None
             self.stats.completed += 1

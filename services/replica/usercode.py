@@ -84,11 +84,14 @@ class UserDeployment:
         fn = self._check_health
         if fn is None:
             return True
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+        # races with the check finishing, and the health loop would then never stop
         try:
-            if inspect.iscoroutinefunction(fn):
-                await asyncio.wait_for(fn(), timeout_s)
-            else:
-                await asyncio.wait_for(asyncio.to_thread(fn), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                if inspect.iscoroutinefunction(fn):
+                    await fn()
+                else:
+                    await asyncio.to_thread(fn)
         except Exception:
             return False
         return True

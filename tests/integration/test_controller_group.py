@@ -124,7 +124,7 @@ async def test_balanced_failover_fencing_and_handover(
     await (await bus.kv(KV_APPS)).put(APP, busy_app().to_json())
     for i, m in enumerate(["c1", "c2", "c3"]):
         members.start(m, i)
-    ownership = await until(lambda: balanced(bus, {"c1", "c2", "c3"}), 30, "balanced ownership")
+    ownership = await until(lambda: balanced(bus, {"c1", "c2", "c3"}), 60, "balanced ownership")
     owner, _ = ownership[partition_of(APP, P)]
 
     # steady load on the busy deployment: demand 6 -> target 3

@@ -253,7 +253,7 @@ async def test_killing_one_nats_node_leaves_the_group_working(
              "--rebuild-s", "20", "--stream-replicas", str(NODES)],
             log=tmp_path / f"{m}.log",
         )  # fmt: skip
-    before = await until(lambda: _balanced(setup_bus), 30, "balanced ownership over c1, c2, c3")
+    before = await until(lambda: _balanced(setup_bus), 60, "balanced ownership over c1, c2, c3")
 
     # the node to kill: not the meta leader, hosting the most membership watches (a quiet one
     # makes the others look dead), then the most of the group's consumers
