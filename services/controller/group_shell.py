@@ -71,6 +71,7 @@ class GroupRunner:
         """Our heartbeat puts (revision, when) that our own watch has not shown yet."""
         self._echo_timeout_s = core.member_ttl_s / 2
         self._reopened_at = clock.monotonic()
+        self._stopping = False
 
     async def start(self) -> None:
         self.members_kv = await self.bus.kv(KV_CONTROLLERS, ttl=self.core.member_ttl_s * 2)
@@ -136,7 +137,7 @@ class GroupRunner:
                 log.warning("ignoring %s/%s: %s", KV_LEASES, entry.key, exc)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             await self._beat()
             now = self.clock.monotonic()
             if now - self._last_beat_ok > self.core.member_ttl_s:
@@ -156,7 +157,7 @@ class GroupRunner:
             await asyncio.sleep(self.heartbeat_s)
 
     async def _resync_leases(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(LEASE_RESYNC_S)
             for p in range(self.core.partitions):
                 try:
@@ -213,6 +214,9 @@ class GroupRunner:
 
     async def step_down(self) -> None:
         """SIGTERM: hand every partition over and leave, so successors take over at once."""
+        # the loops also stop on this flag: Python 3.11's wait_for (inside every nats-py
+        # request) can swallow a cancellation that lands as the reply arrives
+        self._stopping = True
         tasks = [*self._tasks, *([self._members_task] if self._members_task else [])]
         for task in tasks:
             task.cancel()

@@ -167,6 +167,7 @@ class Observer:
         self.beats: dict[str, float] = {}
         self._revisions: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._poll())
@@ -177,7 +178,7 @@ class Observer:
         reads = [(KV_STATUS, status, self.app)]
         reads += [(KV_TARGETS, targets, deployment_key(self.app, DEPLOYMENT))]
         reads += [(KV_CONTROLLERS, members, m) for m in MEMBERS]
-        while True:
+        while not self._stopping:
             for bucket, kv, key in reads:
                 try:
                     entry = await kv.get(key)
@@ -208,6 +209,9 @@ class Observer:
         return [w for w in self.writes if w.bucket == KV_STATUS and w.at >= since]
 
     async def stop(self) -> None:
+        # a flag as well as the cancel: Python 3.11's wait_for (inside every nats-py request)
+        # can swallow a cancellation that lands as its reply arrives
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
