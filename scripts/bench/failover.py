@@ -15,7 +15,7 @@ the 16 partitions are balanced over the three live members and the current owner
 target of 3 again. A round whose writes, from the kill until the next round, ever show a target
 below 3 is a "lost window": a decision made without a full window.
 
-    .venv/bin/python -m scripts.bench.failover [--kills 20] [--quick]
+    .venv/bin/python -m scripts.bench.failover [--kills 20] [--quick] [--member-ttl-s 2 --heartbeat-s 0.5]
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ from typing import Any
 import numpy as np
 
 from scripts.bench.common import ROOT, print_table, result_line, write_json
-from services.controller.group import lease_key, partition_of
+from services.controller.group import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_MEMBER_TTL_S,
+    lease_key,
+    partition_of,
+)
 from services.controller.group_shell import KV_LEASES
 from services.controller.stream import DEFAULT_PARTITIONS
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
@@ -103,8 +108,8 @@ def busy_app() -> AppConfig:
 class Members:
     """The controller member processes; `stop_all` leaves none behind."""
 
-    def __init__(self, cluster: NatsCluster, log_dir: Path) -> None:
-        self.cluster, self.log_dir = cluster, log_dir
+    def __init__(self, cluster: NatsCluster, log_dir: Path, extra: Sequence[str] = ()) -> None:
+        self.cluster, self.log_dir, self.extra = cluster, log_dir, list(extra)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.node_of: dict[str, int] = {}
         self._next = 0
@@ -117,6 +122,7 @@ class Members:
         args = [
             "-m", "services.cli", "controller", "--nats", self.cluster.urls[node],
             "--member-id", member, "--rebuild-s", str(REBUILD_S), "--stream-replicas", str(NODES),
+            *self.extra,
         ]  # fmt: skip
         with open(self.log_dir / f"{member}.log", "wb") as log:
             self.procs[member] = subprocess.Popen(
@@ -265,11 +271,11 @@ async def one_round(
     return r, killed_at
 
 
-async def run(kills: int, log_dir: Path) -> list[Round]:
+async def run(kills: int, log_dir: Path, member_args: Sequence[str] = ()) -> list[Round]:
     os.environ["FLEETPULSE_KV_REPLICAS"] = str(NODES)
     cluster = NatsCluster(NODES)
     cluster.start()
-    members = Members(cluster, log_dir)
+    members = Members(cluster, log_dir, member_args)
     stop = asyncio.Event()
     bus: NatsBus | None = None
     watch: Watch | None = None
@@ -380,11 +386,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=20, help="SIGKILLs of the owner (default 20)")
     ap.add_argument("--quick", action="store_true", help="5 kills (a smoke run)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the member logs")
+    ap.add_argument(
+        "--member-ttl-s", type=float, default=DEFAULT_MEMBER_TTL_S, help="passed to every member"
+    )
+    ap.add_argument(
+        "--heartbeat-s", type=float, default=DEFAULT_HEARTBEAT_S, help="passed to every member"
+    )
     args = ap.parse_args(argv)
     kills = 5 if args.quick else args.kills
+    member_args = ["--member-ttl-s", str(args.member_ttl_s), "--heartbeat-s", str(args.heartbeat_s)]
     log_dir = Path(tempfile.mkdtemp(prefix="fleetpulse-failover-"))
     try:
-        rounds = asyncio.run(run(kills, log_dir))
+        rounds = asyncio.run(run(kills, log_dir, member_args))
     except BaseException:
         print(f"member logs kept in {log_dir}", file=sys.stderr)
         raise
@@ -400,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, r in enumerate(rounds, 1)
     ]  # fmt: skip
     print_table(
-        f"controller failover, {NODES}-node cluster, {NODES} members, SIGKILL of the busy owner",
+        f"controller failover, {NODES} nodes, {NODES} members (TTL {args.member_ttl_s:g} s, "
+        f"heartbeat {args.heartbeat_s:g} s), SIGKILL of the busy owner",
         ["kill", "killed", "successor", "epoch", "takeover s", "decision s", "first write",
          "min target", ""],
         rows,
@@ -428,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "queued_requests": QUEUED,
             "target": TARGET,
             "rebuild_s": REBUILD_S,
+            "member_ttl_s": args.member_ttl_s,
+            "heartbeat_s": args.heartbeat_s,
             "policy": asdict(POLICY),
         },
         "plot": image,
