@@ -161,7 +161,7 @@ class Point:
     def __init__(self, n: int, args: argparse.Namespace, workdir: Path) -> None:
         self.n, self.args, self.workdir = n, args, workdir
         self.deployments = max(1, min(args.deployments, n // 64))
-        self.max_payload = max_payload_for(n, self.deployments)
+        self.max_payload = args.max_payload or max_payload_for(n, self.deployments)
         self.server = NatsServer(max_payload=self.max_payload, monitoring=True)
         self.stats = StatsFile(workdir / f"controller-{n}.jsonl")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -436,6 +436,12 @@ def check_targets(rows: Sequence[dict[str, Any]]) -> dict[str, bool | None]:
     return out
 
 
+RAY_SERVE = ((8192, 52.1, 0.002), (16384, 42.9, 0.55))
+"""Published reference points: (replicas, control loop ms, health-deadline misses %)."""
+MISS_FLOOR = 1e-5
+"""Zero misses are drawn at this floor of the log axis."""
+
+
 def plot(rows: Sequence[dict[str, Any]]) -> str | None:
     try:
         import matplotlib
@@ -445,26 +451,35 @@ def plot(rows: Sequence[dict[str, Any]]) -> str | None:
     except ImportError:
         print("WARNING: matplotlib is not installed, skipping the plot", file=sys.stderr)
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    colors = {10.0: ("tab:blue", "tab:cyan"), 1.0: ("tab:orange", "tab:red")}
     for iv in sorted({r["metrics_interval_s"] for r in rows}, reverse=True):
         pts = sorted(
             (r for r in rows if r["metrics_interval_s"] == iv), key=lambda r: r["replicas"]
         )
         n = [r["replicas"] for r in pts]
+        c1, c2 = colors.get(iv, ("tab:green", "tab:olive"))
         lbl = f"metrics every {iv:g} s"
-        axes[0].plot(n, [r["loop_p50_ms"] for r in pts], "o--", label=f"p50, {lbl}")
-        axes[0].plot(n, [r["loop_p99_ms"] for r in pts], "s-", label=f"p99, {lbl}")
-        axes[1].plot(n, [max(r["misses_pct"], 1e-5) for r in pts], "o-", label=lbl)
-        axes[2].plot(n, [r["controller_cpu"] for r in pts], "o-", label=lbl)
-    axes[0].axhline(52.1, color="tab:red", lw=0.8, ls=":", label="Ray Serve 8,192 (52.1 ms)")
+        axes[0].plot(n, [r["loop_p50_ms"] for r in pts], "o--", color=c1, label=f"p50, {lbl}")
+        axes[0].plot(n, [r["loop_p99_ms"] for r in pts], "s-", color=c2, label=f"p99, {lbl}")
+        misses = [max(r["misses_pct"], MISS_FLOOR) for r in pts]
+        axes[1].plot(n, misses, "o-", color=c1, label=f"probes needed, {lbl}")
+        gaps = [max(r["gaps_over_stale_pct"], MISS_FLOOR) for r in pts]
+        axes[1].plot(
+            n, gaps, "x:", color=c2, label=f"health gaps > {STALE_AFTER_S:g} s (% of gaps), {lbl}"
+        )
+        axes[2].plot(n, [r["controller_cpu"] for r in pts], "o-", color=c1, label=lbl)
+    rn, rloop, rmiss = zip(*RAY_SERVE, strict=True)
+    axes[0].plot(rn, rloop, "k*", ms=10, label="Ray Serve (published)")
+    axes[1].plot(rn, rmiss, "k*", ms=10, label="Ray Serve (published)")
     axes[0].set(xscale="log", yscale="log", xlabel="replicas", ylabel="ms per tick",
-                title="Control-loop tick")  # fmt: skip
+                title="Control-loop tick (wall time)")  # fmt: skip
     axes[1].set(xscale="log", yscale="log", xlabel="replicas", ylabel="% of replica-periods",
-                title="Deadline misses (probes to healthy replicas; 1e-5 = none)")  # fmt: skip
+                title=f"Deadline misses ({MISS_FLOOR:g} = none)")  # fmt: skip
     axes[2].set(xscale="log", xlabel="replicas", ylabel="cores", title="Controller CPU")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(PLOT_PATH, dpi=100)
@@ -507,13 +522,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warm-s", type=float)
     ap.add_argument("--measure-s", type=float)
     ap.add_argument("--startup-timeout-s", type=float, default=120.0)
+    ap.add_argument(
+        "--max-payload", type=int, help="nats-server max_payload (default: what fp_targets needs)"
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--workdir", help="keep the controller's stats file and log here")
     ap.add_argument(
         "--py-spy", action="store_true", help="profile the controller in each window (py-spy)"
     )
+    ap.add_argument("--plot-from", help="only redraw the plot from a bench-results JSON")
     args = ap.parse_args(argv)
+    if args.plot_from:
+        print(plot(json.loads(Path(args.plot_from).read_text())["rows"]))
+        return 0
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
     args.measure_s = (
