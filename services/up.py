@@ -30,7 +30,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from services.agent.config import AgentConfig
+from services.agent.config import AgentConfig, replica_auth
 from services.agent.service import AgentService
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
@@ -43,6 +43,7 @@ from services.router.handle import DeploymentHandle, connect_handle
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appyaml import load_apps
 from shared.control import AppStatusView
+from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS
@@ -144,6 +145,9 @@ class Stack:
                 max_replicas=self.args.max_replicas,
                 workdir=str(Path.cwd()),
                 log_dir=str(self.workdir / "replicas"),
+                replica_auth=replica_auth(
+                    NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX), process_auth()
+                ),
             )
         )
         self.tasks = [

@@ -43,6 +43,10 @@ class BusError(FleetpulseError):
     """The message bus failed an operation (not connected, timed out, server refused)."""
 
 
+class BusAuthError(BusError):
+    """The NATS server refused our credentials (wrong user, password, token or creds)."""
+
+
 class BusTimeout(BusError):
     """A request or KV operation got no answer in time."""
 

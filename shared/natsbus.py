@@ -43,13 +43,16 @@ from shared.bus import (
     validate_subject,
 )
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.errors import BusError, BusTimeout, NoResponders
+from shared.errors import BusAuthError, BusError, BusTimeout, NoResponders
+from shared.natsauth import NatsAuth, process_auth
 from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
 
 logger = logging.getLogger(__name__)
 
 RECONNECT_WAIT_S = 1.0
 CONNECTION_ERROR_LOG_INTERVAL_S = 1.0
+LEADER_WAIT_S = 10.0
+LEADER_POLL_S = 0.1
 
 
 def _seconds(value: float) -> int:
@@ -98,6 +101,8 @@ class NatsBus:
         self._mux_lock = asyncio.Lock()
         self._mux_seq = 0
         self._mux_streams: dict[str, QueueResponseStream] = {}
+        self.permission_violations = 0
+        """Operations the server refused for lack of permission (each is also logged)."""
 
     def remember(self, watcher: NatsKVWatcher) -> None:
         self._watchers.add(watcher)
@@ -115,24 +120,31 @@ class NatsBus:
         url: str | Sequence[str],
         *,
         name: str,
-        user: str | None = None,
-        password: str | None = None,
-        token: str | None = None,
-        creds: str | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
+        auth: NatsAuth | None = None,
         connect_timeout: float = 5,
         reconnect_wait: float = RECONNECT_WAIT_S,
         clock: Clock = SYSTEM_CLOCK,
     ) -> NatsBus:
-        """Connect (BusError if no server answers within `connect_timeout`), then reconnect
-        forever. `url` may list several servers, as a sequence or comma-separated."""
+        """Connect (BusError if no server answers within `connect_timeout`, BusAuthError at once
+        if it refuses the credentials), then reconnect forever. `url` may list several servers,
+        as a sequence or comma-separated. `auth` defaults to the process's (`process_auth()`)."""
         servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        auth = (auth if auth is not None else process_auth()).validate()
         error_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)
+        denied_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)
+        refused = asyncio.Event()
 
         async def on_error(exc: Exception) -> None:
-            if error_log.allow():
+            text = str(exc)  # nats-py lowercases some server errors
+            if "authorization violation" in text.lower() or isinstance(
+                exc, nats.errors.AuthorizationError
+            ):
+                refused.set()  # wrong credentials do not get right by retrying
+            if "permissions violation" in text.lower():
+                bus.permission_violations += 1
+                if denied_log.allow():
+                    logger.warning("nats %s (%s): %s", name, auth.describe(), text)
+            elif error_log.allow():
                 logger.warning("nats %s: %s: %s", name, type(exc).__name__, exc)
 
         async def on_disconnected() -> None:
@@ -150,27 +162,40 @@ class NatsBus:
 
         nc = NatsClient()
         bus = cls(nc, clock=clock)
-        try:
+        connecting = asyncio.ensure_future(
             # nats-py retries the first connect forever too when reconnects are unlimited
-            await asyncio.wait_for(
-                nc.connect(
-                    servers,
-                    name=name,
-                    user=user,
-                    password=password,
-                    token=token,
-                    user_credentials=creds,
-                    tls=_tls_context(servers, tls_ca, tls_cert, tls_key),
-                    connect_timeout=_seconds(connect_timeout),
-                    reconnect_time_wait=_seconds(reconnect_wait),
-                    max_reconnect_attempts=-1,
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnected,
-                    reconnected_cb=on_reconnected,
-                    closed_cb=on_closed,
-                ),
-                connect_timeout,
+            nc.connect(
+                servers,
+                name=name,
+                user=auth.user,
+                password=auth.password,
+                token=auth.token,
+                user_credentials=auth.creds,
+                tls=_tls_context(servers, auth.tls_ca, auth.tls_cert, auth.tls_key),
+                connect_timeout=_seconds(connect_timeout),
+                reconnect_time_wait=_seconds(reconnect_wait),
+                max_reconnect_attempts=-1,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+                closed_cb=on_closed,
             )
+        )
+        refusal = asyncio.ensure_future(refused.wait())
+        try:
+            await asyncio.wait(
+                (connecting, refusal), timeout=connect_timeout, return_when="FIRST_COMPLETED"
+            )
+            if not connecting.done():
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+                if refused.is_set():
+                    raise BusAuthError(
+                        f"NATS at {','.join(servers)} refused the credentials "
+                        f"({auth.describe()}): Authorization Violation"
+                    )
+                raise TimeoutError("no server answered")
+            connecting.result()
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
@@ -178,6 +203,12 @@ class NatsBus:
                 f"cannot connect to NATS at {','.join(servers)} within {connect_timeout:g}s: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        except BusAuthError:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        finally:
+            refusal.cancel()
         logger.info("nats %s: connected to %s", name, _connected(nc))
         return bus
 
@@ -289,18 +320,30 @@ class NatsBus:
         validate_bucket(bucket, history, ttl)
         with nats_errors(f"KV bucket {bucket!r}"):
             try:
-                return NatsKV(self, bucket, await self.js.key_value(bucket))
+                kv = await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 if not create:
                     raise BusError(f"KV bucket {bucket!r} does not exist") from None
-            try:
-                kv = await self.js.create_key_value(
-                    bucket=bucket, history=history, ttl=ttl, replicas=self.kv_replicas
-                )
-            except nats.js.errors.BadRequestError:
-                # someone else created it between our two calls
-                kv = await self.js.key_value(bucket)
+                try:
+                    kv = await self.js.create_key_value(
+                        bucket=bucket, history=history, ttl=ttl, replicas=self.kv_replicas
+                    )
+                except nats.js.errors.BadRequestError:
+                    # someone else created it between our two calls
+                    kv = await self.js.key_value(bucket)
+            await self._until_led(f"KV_{bucket}")
             return NatsKV(self, bucket, kv)
+
+    async def _until_led(self, stream: str) -> None:
+        """Return once a replicated stream has a leader. A bucket created a moment ago with
+        three replicas answers writes with "no response from stream" until its group elects
+        one; waiting here spares every caller from retrying its first put."""
+        deadline = self.clock.monotonic() + LEADER_WAIT_S
+        while True:
+            info = await self.js.stream_info(stream)
+            if info.cluster is None or info.cluster.leader or self.clock.monotonic() > deadline:
+                return  # not clustered, led, or let the caller's own retries take over
+            await asyncio.sleep(LEADER_POLL_S)
 
     async def flush(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Return once the server has processed everything this connection sent so far."""

@@ -362,15 +362,19 @@ class NatsCluster:
         *,
         name: str = "fleetpulse",
         max_payload: int | None = None,
+        config_file: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
         ready_timeout: float = CLUSTER_READY_TIMEOUT_S,
         binary: str | None = None,
     ) -> None:
+        """`config_file` (accounts, limits) applies to every node; flags still set each node's
+        address, ports, store, name and routes."""
         if size < 1:
             raise UsageError(f"a cluster needs at least one server, not {size}")
         self._size = size
         self._name = name
         self._max_payload = max_payload
+        self._config_file = config_file
         self._extra_args = list(extra_args)
         self._ready_timeout = ready_timeout
         self._binary = binary
@@ -402,6 +406,7 @@ class NatsCluster:
             self._servers.append(
                 NatsServer(
                     max_payload=self._max_payload,
+                    config_file=self._config_file,
                     extra_args=args + self._extra_args,
                     monitoring=True,
                     server_name=f"{self._name}-{i}",

@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 
-from prometheus_client import start_http_server
+from services.metrics_catalog import serve_metrics
 
 from .config import AgentConfig, add_agent_arguments, config_from_args
 from .service import AgentService
@@ -27,8 +27,7 @@ async def serve(cfg: AgentConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    if cfg.metrics_port:
-        start_http_server(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, "agent")
     await service.run()
     log.info("agent %s stopped", cfg.agent_id)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import re
@@ -10,13 +11,17 @@ import socket
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
+from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
 from .core import KILL_MARGIN_S
+
+log = logging.getLogger(__name__)
 
 AGENT_ID_ENV = "FLEETPULSE_AGENT_ID"
 DEFAULT_MAX_REPLICAS = 8
@@ -48,6 +53,8 @@ class AgentConfig:
     python: str = sys.executable
     kill_margin_s: float = KILL_MARGIN_S
     metrics_port: int = 0
+    replica_auth: NatsAuth = field(default_factory=NatsAuth)
+    """The NATS identity (and TLS) the replicas connect with: their own role's, not ours."""
 
     def __post_init__(self) -> None:
         validate_name(self.agent_id, "agent id")
@@ -102,7 +109,16 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         default=KILL_MARGIN_S,
         help="SIGKILL this long after a replica's graceful_shutdown_timeout_s ran out",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    for name, metavar in (("user", "NAME"), ("password", "SECRET"), ("token", "SECRET"),
+                          ("creds", "FILE")):  # fmt: skip
+        env = REPLICA_ENV_PREFIX + name.upper()
+        p.add_argument(
+            f"--replica-nats-{name}",
+            default=None,
+            metavar=metavar,
+            help=f"the replicas' NATS {name} (${env}; default: the agent's own, with a warning)",
+        )
+    add_metrics_port_argument(p)
 
 
 def parse_resources(items: Sequence[str]) -> dict[str, float]:
@@ -138,5 +154,34 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         python=args.python,
         kill_margin_s=args.kill_margin_s,
         metrics_port=args.metrics_port,
+        replica_auth=replica_auth(
+            NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX).overridden(
+                user=args.replica_nats_user,
+                password=args.replica_nats_password,
+                token=args.replica_nats_token,
+                creds=args.replica_nats_creds,
+            ),
+            process_auth(),
+        ),
         **extra,
     )
+
+
+def replica_auth(own: NatsAuth, agent: NatsAuth) -> NatsAuth:
+    """The replicas' settings: their own identity if given, else the agent's (least privilege
+    wants their own: the agent's role may write fp_agents); TLS settings the agent's unless set."""
+    if not own.has_identity and agent.has_identity:
+        log.warning(
+            "no replica NATS credentials given (--replica-nats-* or %s*): replicas connect "
+            "as the agent (%s)",
+            REPLICA_ENV_PREFIX,
+            agent.describe(),
+        )
+        own = replace(own, user=agent.user, password=agent.password, token=agent.token,
+                      creds=agent.creds)  # fmt: skip
+    return replace(
+        own,
+        tls_ca=own.tls_ca or agent.tls_ca,
+        tls_cert=own.tls_cert or agent.tls_cert,
+        tls_key=own.tls_key or agent.tls_key,
+    ).validate()

@@ -17,15 +17,26 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from services.metrics_catalog import ENV_METRICS_PORT
+from shared.natsauth import NatsAuth, scrubbed_env
 from shared.procutil import die_with_parent
 
 log = logging.getLogger(__name__)
 
+METRICS_PORT_ENV = "FLEETPULSE_METRICS_PORT"
 
-def child_env(base: Mapping[str, str], pythonpath: Sequence[str]) -> dict[str, str]:
-    """The replicas' environment: `base`, extra PYTHONPATH entries first, unbuffered output
-    (so a log file shows a crash's last lines)."""
-    env = dict(base)
+
+def child_env(
+    base: Mapping[str, str], pythonpath: Sequence[str], auth: NatsAuth | None = None
+) -> dict[str, str]:
+    """The replicas' environment: `base` without any NATS identity of the agent's, the
+    replicas' own (`auth`) instead, extra PYTHONPATH entries first, unbuffered output (so a log
+    file shows a crash's last lines)."""
+    env = scrubbed_env(base)
+    env.pop(METRICS_PORT_ENV, None)  # the agent's port: a replica must not try to bind it too
+    env.update((auth or NatsAuth()).to_env())
+    # the agent's metrics port: every replica inheriting it would fight over one port
+    env.pop(ENV_METRICS_PORT, None)
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths = [*pythonpath, *(p for p in inherited if p not in pythonpath)]
     if paths:

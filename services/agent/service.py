@@ -28,14 +28,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from prometheus_client import Counter, Gauge
-
 from shared.badinput import BadInput
 from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.control import TargetSet, deployment_key
-from shared.errors import FleetpulseError, WireError
+from shared.errors import BusError, FleetpulseError, WireError
 from shared.natsbus import NatsBus
+from shared.startup import retrying
 from shared.subjects import KV_AGENTS, KV_TARGETS, Subjects
 from shared.wire import reasons
 from shared.wire.codec import encode
@@ -56,6 +55,7 @@ from .core import (
     specs_for_agent,
 )
 from .info import AGENT_TTL_S, AgentInfo
+from .metrics import BAD_TARGETS, CAPACITY, EXITS, KILLS, RUNNING, START_FAILURES, STARTS, STOPS
 from .procs import ChildProcesses, child_env
 
 log = logging.getLogger(__name__)
@@ -69,18 +69,6 @@ DRAIN_EXTRA_S = 10.0
 EXIT_SPAWN_FAILED = 127
 """Reported as the exit code of a replica whose process could not be started at all."""
 
-RUNNING = Gauge("fleetpulse_agent_replicas_running", "Replica processes running (not yet exited)")
-STARTS = Counter("fleetpulse_agent_replica_starts_total", "Replica processes started")
-START_FAILURES = Counter(
-    "fleetpulse_agent_replica_start_failures_total", "Replica processes that could not be spawned"
-)
-STOPS = Counter("fleetpulse_agent_replica_stops_total", "Replicas sent SIGTERM (drain)")
-KILLS = Counter("fleetpulse_agent_replica_kills_total", "Replicas sent SIGKILL after the deadline")
-EXITS = Counter("fleetpulse_agent_replica_exits_total", "Replica process exits by code", ["code"])
-BAD_TARGETS = Counter(
-    "fleetpulse_agent_bad_targets_total", "fp_targets values dropped as invalid", ["reason"]
-)
-
 
 class AgentService:
     """Run with `await AgentService(cfg).run()`; `stop()` (signal-handler safe) ends it."""
@@ -93,7 +81,9 @@ class AgentService:
         self.bus: Bus | None = bus
         log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix=f"fleetpulse-agent-{cfg.agent_id}-"))
         self.procs = ChildProcesses(
-            cwd=cfg.workdir, env=child_env(os.environ, cfg.pythonpath), log_dir=log_dir
+            cwd=cfg.workdir,
+            env=child_env(os.environ, cfg.pythonpath, cfg.replica_auth),
+            log_dir=log_dir,
         )
         self.bad = BadInput(f"agent {cfg.agent_id}", log, clock=clock)
         self.started_at = clock.wall()
@@ -107,6 +97,9 @@ class AgentService:
         self._register_now = asyncio.Event()
         self._skipped: tuple[str, ...] = ()
         self._agents_kv: KV | None = None
+        self._running = RUNNING.labels(cfg.agent_id)
+        self._running.set(0)
+        CAPACITY.labels(cfg.agent_id).set(cfg.max_replicas)
 
     # -- public view -------------------------------------------------------------------------
 
@@ -140,9 +133,9 @@ class AgentService:
         tasks: list[asyncio.Task[None]] = []
         watcher: KVWatcher | None = None
         try:
-            self._agents_kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
-            await self._register()
-            watcher = await (await self.bus.kv(KV_TARGETS)).watch()
+            watcher = await retrying(
+                "register and watch fp_targets", self._join, self._stopping, log
+            )
             tasks.append(asyncio.create_task(self._consume(watcher), name="agent-targets"))
             tasks.append(asyncio.create_task(self._keep_registered(), name="agent-register"))
             log.info(
@@ -157,6 +150,9 @@ class AgentService:
                         await self._wake.wait()
                 self._wake.clear()
                 await self._reconcile()
+        except BusError:
+            if not self._stopping.is_set():
+                raise  # else: told to stop while still starting
         finally:
             if watcher is not None:
                 await watcher.stop()
@@ -167,6 +163,14 @@ class AgentService:
             await self._unregister()
             if self._given_bus is None and self.bus is not None:
                 await self.bus.close()
+
+    async def _join(self) -> KVWatcher:
+        assert self.bus is not None
+        self._agents_kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
+        await self._register()
+        return await (
+            await self.bus.kv(KV_TARGETS, create=False)
+        ).watch()  # the controller makes it
 
     async def _consume(self, watcher: KVWatcher) -> None:
         async for entry in watcher:
@@ -230,7 +234,7 @@ class AgentService:
             elif isinstance(action, OverCapacity):
                 self._over_capacity(action)
         live = self._live()
-        RUNNING.set(live)
+        self._running.set(live)
         if live != before:
             self._register_now.set()
         self.ticks += 1

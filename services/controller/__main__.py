@@ -10,8 +10,7 @@ import signal
 import sys
 import uuid
 
-from prometheus_client import start_http_server
-
+from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
@@ -64,7 +63,7 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("FLEETPULSE_STREAM_REPLICAS", "1")),
         help="FP_REPORTS replicas (3 on a 3-node cluster); KV buckets follow $FLEETPULSE_KV_REPLICAS",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    add_metrics_port_argument(p)
     p.add_argument(
         "--stats-file",
         default="",
@@ -97,8 +96,7 @@ async def serve(cfg: ServiceConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service._stop.set)
-    if cfg.metrics_port:
-        start_http_server(cfg.metrics_port)
+    serve_metrics(cfg.metrics_port, "controller")
     try:
         await service.run()
     finally:

@@ -36,13 +36,14 @@ from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycl
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
 from .managed import ManagedDeployment
-from .metrics_types import HealthBatch
+from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placement
 from .policy import PolicyState
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 
 DepKey = tuple[str, str]
 REPROBE_AFTER_S = 1.0
+_TURNED_AWAY = frozenset({STALE, DUPLICATE, UNKNOWN_REPLICA})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,10 @@ class Event:
     deployment: str
     replica_id: str = ""
     detail: str = ""
+    rule: str = ""
+    """Decision events: the policy rule that moved the target (a stable token, unlike detail)."""
+    direction: str = ""
+    """Decision events: "up" or "down"."""
 
 
 Action = PutTargets | PutMembership | PutStatus | DeleteKey | Probe | Event
@@ -102,9 +107,18 @@ Action = PutTargets | PutMembership | PutStatus | DeleteKey | Probe | Event
 
 @dataclass(slots=True)
 class CoreStats:
+    """Cumulative counts (the shell moves them into Prometheus), and the last tick's health."""
+
     ingested: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
+    """Invalid messages, by reason."""
+    turned_away: Counter[str] = field(default_factory=Counter)
+    """Valid reports that changed nothing: stale, duplicate, unknown_replica."""
     probes: int = 0
+    stale: int = 0
+    """Last tick: live replicas without a verdict and without fresh health."""
+    known: int = 0
+    """Last tick: live replicas without a verdict."""
 
 
 class ControllerCore:
@@ -198,6 +212,8 @@ class ControllerCore:
                 res = m.metrics.ingest_replica_report(r, recv)
                 self._fold(m, res.health, recv, direct=True)
                 self._count(res.reason)
+                if res.reason in _TURNED_AWAY:
+                    self.stats.turned_away[res.reason] += 1
             elif where.kind == "heartbeat":
                 hb = decode_as(data, Heartbeat)
                 m.health.observe(hb.health.replica_id, hb.health, recv)
@@ -214,6 +230,8 @@ class ControllerCore:
         else:
             res = m.metrics.ingest_handle_report(decode_as(data, HandleReport), recv)
             self._count("object_" + res.reason)
+        if res.reason in _TURNED_AWAY:
+            self.stats.turned_away[res.reason] += 1
         self._fold(m, res.health, recv, direct=False)
 
     def _fold(
@@ -291,7 +309,13 @@ class ControllerCore:
             m.finish(now, res, owner_epoch=self.cfg.owner_epoch)
             actions.extend(_events(m, res.events))
             if res.decision_changed and m.decision.changed:
-                actions.append(Event("decision", m.app, m.name, detail=m.decision.reason))
+                d = m.decision
+                direction = "up" if d.target > res.previous_target else "down"
+                actions.append(
+                    Event(
+                        "decision", m.app, m.name, detail=d.reason, rule=d.rule, direction=direction
+                    )
+                )
             dkey = deployment_key(*key)
             if res.membership is not None:
                 actions.append(PutMembership(dkey, res.membership))
@@ -305,6 +329,7 @@ class ControllerCore:
                 known += ev.candidates
                 if ev.stale:
                     stale_slots.append((m, ev.stale_slots))
+        self.stats.stale, self.stats.known = stale, known
         self.stall_state = st = self.stall.tick(
             now, pending=pending, lag_s=lag_s, stale=stale, known=known, overrun=overrun
         )

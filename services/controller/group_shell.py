@@ -79,7 +79,13 @@ class GroupRunner:
         await self._beat()
         self._members_task = asyncio.create_task(self._watch_members(), name="group-members")
         self._tasks = [asyncio.create_task(self._watch_leases(), name="group-leases")]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._ready)), 10)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._ready)), 10)
+        except BaseException:
+            # leave nothing running, so that the caller may simply call start() again
+            await self._cancel_tasks()
+            self._ready = (asyncio.Event(), asyncio.Event())
+            raise
         self._tasks.append(asyncio.create_task(self._loop(), name="group-loop"))
         self._tasks.append(asyncio.create_task(self._resync_leases(), name="group-resync"))
 
@@ -212,15 +218,19 @@ class GroupRunner:
             return None
         return Lease(p, owner, epoch, rev)
 
+    async def _cancel_tasks(self) -> None:
+        tasks = [*self._tasks, *([self._members_task] if self._members_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks, self._members_task = [], None
+
     async def step_down(self) -> None:
         """SIGTERM: hand every partition over and leave, so successors take over at once."""
         # the loops also stop on this flag: Python 3.11's wait_for (inside every nats-py
         # request) can swallow a cancellation that lands as the reply arrives
         self._stopping = True
-        tasks = [*self._tasks, *([self._members_task] if self._members_task else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cancel_tasks()
         for p in sorted(self.core.owned):
             await self.on_drop(p)
             lease = self.core.leases.get(p)

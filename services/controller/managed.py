@@ -35,6 +35,8 @@ class StepResult:
     targets_changed: bool = False
     status_changed: bool = False
     decision_changed: bool = False
+    previous_target: int = 0
+    """The target before this tick's decision (its direction, for metrics)."""
     evaluation: HealthEvaluation | None = None
 
 
@@ -169,6 +171,7 @@ class ManagedDeployment:
             cold_start=self.state.target == 0 and self.metrics.cold_start_signal(),
             running_replicas=running,
         )
+        out.previous_target = self.state.target
         self.policy, decision = decide(pc, self.policy, inputs, now)
         out.decision_changed = decision.changed or decision.rule != self._last_rule
         self._last_rule = decision.rule

@@ -23,6 +23,7 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from shared.natskv import nats_errors
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -67,22 +68,26 @@ async def ensure_stream(
     """Create the stream, or update it when its settings differ. Returns its name."""
     cfg = stream_config(subjects, partitions, retention_s, replicas=replicas)
     assert cfg.name is not None
-    try:
-        info = await js.stream_info(cfg.name)
-    except NotFoundError:
-        await js.add_stream(cfg)
-        log.info(
-            "created stream %s (%d partitions, %.0f s retention)", cfg.name, partitions, retention_s
-        )
-        return cfg.name
-    current = info.config
-    if (
-        current.subject_transform is None
-        or current.subject_transform.dest != cfg.subject_transform.dest  # type: ignore[union-attr]
-        or current.max_age != cfg.max_age
-    ):
-        await js.update_stream(cfg)
-        log.info("updated stream %s", cfg.name)
+    with nats_errors(f"stream {cfg.name}"):
+        try:
+            info = await js.stream_info(cfg.name)
+        except NotFoundError:
+            await js.add_stream(cfg)
+            log.info(
+                "created stream %s (%d partitions, %.0f s retention)",
+                cfg.name,
+                partitions,
+                retention_s,
+            )
+            return cfg.name
+        current = info.config
+        if (
+            current.subject_transform is None
+            or current.subject_transform.dest != cfg.subject_transform.dest  # type: ignore[union-attr]
+            or current.max_age != cfg.max_age
+        ):
+            await js.update_stream(cfg)
+            log.info("updated stream %s", cfg.name)
     return cfg.name
 
 

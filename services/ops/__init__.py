@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shared.bus import KV, Bus
-from shared.errors import BusError, ConfigError, FleetpulseError, UsageError
+from shared.errors import BusAuthError, BusError, ConfigError, FleetpulseError, UsageError
 from shared.natsbus import NatsBus
 
 EXIT_OK = 0
@@ -48,6 +48,8 @@ async def connect(args: argparse.Namespace, name: str) -> Bus:
     timeout = float(getattr(args, "connect_timeout", CONNECT_TIMEOUT_S))
     try:
         return await NatsBus.connect(url, name=name, connect_timeout=timeout)
+    except BusAuthError:
+        raise  # it says which identity was refused; retrying elsewhere will not help
     except BusError as exc:
         cause = exc.__cause__
         why = f"{type(cause).__name__}: {cause}" if cause is not None and str(cause) else ""
@@ -73,7 +75,7 @@ def run_command(command: str, main: Callable[[], Coroutine[Any, Any, int]]) -> i
     """Run one command's coroutine; print a failure on stderr and map it to its exit code."""
     try:
         return asyncio.run(main())
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, BusAuthError) as exc:
         return fail(command, str(exc), EXIT_INVALID)
     except FleetpulseError as exc:
         return fail(command, str(exc), EXIT_UNAVAILABLE)

@@ -1,7 +1,8 @@
 """The proxy's Prometheus metrics, on their own registry (served on `/metrics` by the proxy).
 
 A registry per `ProxyServer` keeps several proxies in one process (tests, `fleetpulse up`) from
-colliding in the process-wide default registry.
+colliding in the process-wide default registry. `/metrics` shows the default registry as well:
+the proxy's routers (services/router/metrics.py) and the process collectors live there.
 """
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from __future__ import annotations
 import contextlib
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from services.proxy.registry import RouteTable
 
@@ -87,4 +95,4 @@ class ProxyMetrics:
             self.app_registered.labels(app).set(1 if route.registered else 0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

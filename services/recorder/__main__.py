@@ -20,10 +20,10 @@ from .replay import add_replay_arguments, run_replay
 
 __all__ = ["add_record_arguments", "add_replay_arguments", "main", "run_record", "run_replay"]
 
-_DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from services.cli import add_nats_flag, apply_nats_flags
+
     parser = argparse.ArgumentParser(prog="python -m services.recorder")
     parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("replay", add_replay_arguments, run_replay, "republish a recording, or run what-if"),
     ):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--nats", default=None, metavar="URL")
+        add_nats_flag(p)
         add(p)
         p.set_defaults(func=run)
     args = parser.parse_args(argv)
@@ -40,9 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.nats is None:
-        args.nats = os.environ.get("FLEETPULSE_NATS_URL", _DEFAULT_NATS_URL)
     try:
+        apply_nats_flags(args)
         code: int = args.func(args)
     except FleetpulseError as exc:
         print(f"fleetpulse {args.command}: error: {exc}", file=sys.stderr)

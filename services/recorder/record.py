@@ -35,6 +35,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from services.controller.stream import STREAM_NAME, partition_prefix, report_subject
+from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
@@ -51,6 +52,7 @@ from .files import (
     WriterConfig,
     wall_to_us,
 )
+from .metrics import WRITE_ERRORS, RecorderMetrics
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class RecordConfig:
     duration_s: float | None = None
     max_messages: int | None = None
     name: str = "fleetpulse-recorder"
+    metrics_port: int = 0
+    """Serve Prometheus /metrics here while recording (0: off)."""
 
     def __post_init__(self) -> None:
         if not self.subjects:
@@ -174,8 +178,14 @@ async def record_live(
     progress = Progress(cfg.progress_interval_s, clock, out)
     wall0, mono0 = clock.wall(), clock.monotonic()
     limit = cfg.max_messages
-
+    metrics = RecorderMetrics()
     failed: list[FleetpulseError] = []
+
+    def fail(exc: FleetpulseError) -> None:
+        # a full disk must stop the recorder, not be logged once a second forever
+        WRITE_ERRORS.inc()
+        failed.append(exc)
+        stop.set()
 
     async def on_msg(msg: Msg) -> None:
         if failed or (limit is not None and stats.received >= limit):
@@ -185,9 +195,7 @@ async def record_live(
         try:
             writer.append(recv_us, msg.subject, msg.data, msg.reply, headers)
         except FleetpulseError as exc:
-            # a full disk must stop the recorder, not be logged once a second forever
-            failed.append(exc)
-            stop.set()
+            fail(exc)
             return
         stats.received += 1
         stats.payload_bytes += len(msg.data)
@@ -210,7 +218,12 @@ async def record_live(
                 await asyncio.wait_for(stop.wait(), tick)
             if failed:
                 break
-            writer.tick()
+            try:
+                writer.tick()
+            except FleetpulseError as exc:
+                fail(exc)
+                break
+            metrics.update(stats.received, stats.payload_bytes, writer)
             if progress.due():
                 progress.print("recorded", stats.received, writer.bytes_written, len(writer.files))
             if deadline is not None and clock.monotonic() >= deadline:
@@ -223,10 +236,12 @@ async def record_live(
         try:
             writer.close()
         except RecordingError as exc:
+            WRITE_ERRORS.inc()
             if failed:
                 log.error("closing the recording: %s", exc)
             else:
                 failed.append(exc)
+        metrics.update(stats.received, stats.payload_bytes, writer)
     if failed:
         raise failed[0]
     return _finish(stats, writer, progress)
@@ -365,6 +380,7 @@ def add_record_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=None, help="stop after this long")
     p.add_argument("--max-messages", type=int, default=None, help="stop after this many")
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    add_metrics_port_argument(p)
     p.add_argument(
         "--from-stream",
         action="store_true",
@@ -423,7 +439,9 @@ def run_record(args: argparse.Namespace) -> int:
             progress_interval_s=args.progress_interval_s,
             duration_s=args.duration_s,
             max_messages=args.max_messages,
+            metrics_port=args.metrics_port,
         )
+        serve_metrics(cfg.metrics_port, "recorder")
         stats = asyncio.run(_record_until_signal(cfg))
         verb = "recorded"
     rate = stats.received / stats.elapsed_s if stats.elapsed_s > 0 else 0.0

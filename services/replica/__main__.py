@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from services.metrics_catalog import serve_metrics
 from shared.natsbus import NatsBus
 
 from .config import ReplicaConfig, add_replica_arguments, config_from_args
@@ -21,6 +22,10 @@ async def serve(cfg: ReplicaConfig) -> int:
     user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
     bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
     runtime = ReplicaRuntime(cfg, bus, user)
+    try:
+        serve_metrics(cfg.metrics_port, f"replica {cfg.replica_id}")
+    except OSError as exc:  # serving requests matters more than being scraped
+        log.warning("replica %s: no metrics on port %d: %s", cfg.replica_id, cfg.metrics_port, exc)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

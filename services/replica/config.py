@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
@@ -70,7 +71,7 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-id", default=os.environ.get("FLEETPULSE_AGENT_ID", ""))
     p.add_argument("--version", dest="code_version", default="", help="code version label")
     p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    add_metrics_port_argument(p)
 
 
 def _json(value: str, flag: str, kind: type) -> Any:

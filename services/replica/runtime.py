@@ -42,6 +42,7 @@ from shared.wire.messages import (
 from .admission import Admission as AdmissionControl
 from .config import ReplicaConfig
 from .health import HealthTracker, next_check_delay
+from .metrics import OK, ReplicaMetrics
 from .suppression import HealthCarriage, freshness_window
 from .usercode import (
     MethodNotFound,
@@ -112,6 +113,7 @@ class ReplicaRuntime:
         )
         self.running = LevelAverage(clock.monotonic())
         self.stats = ReplicaStats()
+        self.prom = ReplicaMetrics(cfg.app, cfg.deployment)
         self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
         self._held: dict[str, _Held] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -190,6 +192,7 @@ class ReplicaRuntime:
     async def _check_once(self) -> HealthStatus:
         ok = await self.user.check_health(self.cfg.health_check_timeout_s)
         status = self.tracker.record(ok, self.clock.wall())
+        (self.prom.healthy if ok else self.prom.unhealthy).inc()
         self.carriage.on_check(status)
         if not ok:
             log.warning("health check failed (%d in a row)", status.consecutive_failures)
@@ -212,6 +215,7 @@ class ReplicaRuntime:
             held.sent_checked_at = status.checked_at
             self.carriage.carried(status, self.clock.monotonic())
             self.stats.frames += 1
+            self.prom.frames.inc()
             await self.bus.publish(held.reply, encode(HealthFrame(status)))
 
     async def _maybe_heartbeat(self) -> None:
@@ -220,6 +224,7 @@ class ReplicaRuntime:
             return
         self.carriage.carried(latest, self.clock.monotonic())
         self.stats.heartbeats += 1
+        self.prom.heartbeats.inc()
         subject = self.subjects.report("heartbeat", self.cfg.app, self.cfg.deployment)
         await self.bus.publish(subject, encode(Heartbeat(latest, self.clock.wall())))
 
@@ -255,6 +260,7 @@ class ReplicaRuntime:
         if latest is not None:
             self.carriage.carried(latest, now)
         self.stats.reports += 1
+        self.prom.reports.inc()
         subject = self.subjects.report("replica", self.cfg.app, self.cfg.deployment)
         await self.bus.publish(subject, encode(report))
 
@@ -270,6 +276,7 @@ class ReplicaRuntime:
         if msg.reply is None or latest is None:
             return
         self.stats.probes += 1
+        self.prom.probes.inc()
         self.carriage.carried(latest, self.clock.monotonic())
         await self.bus.publish(msg.reply, encode(latest))
 
@@ -290,10 +297,12 @@ class ReplicaRuntime:
         now = self.clock.monotonic()
         if not self.admission.try_admit():
             self.stats.rejected += 1
+            self.prom.rejected.inc()
             self.carriage.carried(latest, now)
             await self._send(msg.reply, Admission(False, self.admission.ongoing, latest, False))
             return
         self.stats.admitted += 1
+        self.prom.accepted.inc()
         frames = req.supports_health_frames and not self.cfg.push_metrics
         self.carriage.carried(latest, now)
         self.running.set(self.admission.ongoing, now)
@@ -309,6 +318,9 @@ class ReplicaRuntime:
         await self.bus.publish(reply, encode(message))
 
     async def _serve(self, req: Request, reply: str, admitted: Admission) -> None:
+        started = self.clock.monotonic()
+        outcome = OK
+        self.prom.ongoing.inc()
         try:
             await self._send(reply, admitted)
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()
@@ -322,21 +334,27 @@ class ReplicaRuntime:
             self.stats.completed += 1
         except _RequestError as exc:
             self.stats.failed += 1
+            outcome = exc.code
             await self._send(reply, ErrorReply(exc.code, str(exc), exc.retryable))
         except asyncio.CancelledError:
             self.stats.failed += 1
+            outcome = "replica_shutdown"
             with contextlib.suppress(Exception):
                 msg = "replica stopped before the request finished"
                 await self._send(reply, ErrorReply("replica_shutdown", msg, True))
             raise
         except Exception as exc:
             self.stats.failed += 1
+            outcome = "user_error"
             log.debug("user code raised", exc_info=True)
             await self._send(reply, ErrorReply("user_error", f"{type(exc).__name__}: {exc}", False))
         finally:
             self._held.pop(req.request_id, None)
             self.admission.release()
-            self.running.set(self.admission.ongoing, self.clock.monotonic())
+            now = self.clock.monotonic()
+            self.running.set(self.admission.ongoing, now)
+            self.prom.ongoing.dec()
+            self.prom.observe(outcome, now - started)
 
     async def _execute(self, req: Request, reply: str) -> None:
         try:

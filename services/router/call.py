@@ -36,6 +36,7 @@ from services.router.errors import (
     ReplicaLostError,
     RequestFailed,
 )
+from services.router.metrics import OK, outcome_of
 from services.router.router import Router
 from shared.bus import ResponseStream
 from shared.errors import BusError, BusTimeout, NoResponders, WireError
@@ -67,9 +68,26 @@ async def open_call(
     stream: bool,
     deadline_s: float | None,
 ) -> ResponseReader:
-    """Send one request and return its reader once a replica admitted it."""
+    """Send one request and return its reader once a replica admitted it. The request's
+    latency is observed when it fails here, else when its reader closes."""
+    start = router.clock.monotonic()
+    try:
+        return await _open_call(router, start, method, body, body_kind, stream, deadline_s)
+    except BaseException as exc:
+        router.metrics.observe(outcome_of(exc), router.clock.monotonic() - start)
+        raise
+
+
+async def _open_call(
+    router: Router,
+    start: float,
+    method: str,
+    body: bytes,
+    body_kind: str,
+    stream: bool,
+    deadline_s: float | None,
+) -> ResponseReader:
     clock = router.clock
-    start = clock.monotonic()
     if deadline_s is None:
         deadline_mono, deadline_wall = math.inf, None
     else:
@@ -100,6 +118,7 @@ async def open_call(
                 response,
                 deadline_mono,
                 pump=stream and admission.will_send_health_frames,
+                started=start,
             )
         await response.close()
         router.finished(rid, clock.monotonic())
@@ -152,11 +171,13 @@ class ResponseReader:
         "_deadline",
         "_done",
         "_expected_seq",
+        "_outcome",
         "_pump_armed",
         "_pump_queue",
         "_pump_task",
         "_response",
         "_router",
+        "_started",
         "_timer",
         "_waiting",
         "replica_id",
@@ -170,8 +191,12 @@ class ResponseReader:
         deadline_mono: float,
         *,
         pump: bool,
+        started: float,
     ) -> None:
         self._router = router
+        self._started = started
+        self._outcome = OK
+        """What the caller saw: the first error a read raised (closing early is no failure)."""
         self.replica_id = replica_id
         self._response: ResponseStream | None = response
         self._deadline = deadline_mono
@@ -201,6 +226,9 @@ class ResponseReader:
                     raise item.exc
             else:
                 item = await self._read()
+        except BaseException as exc:
+            self.failed(exc)
+            raise
         finally:
             self._waiting = False
         if item is None:
@@ -208,6 +236,11 @@ class ResponseReader:
         elif self._pump_armed:
             self._arm()
         return item
+
+    def failed(self, exc: BaseException) -> None:
+        """The request failed with `exc` (also for a response its caller could not use)."""
+        if self._outcome == OK:
+            self._outcome = outcome_of(exc)
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -222,7 +255,9 @@ class ResponseReader:
             response, self._response = self._response, None
             self._done = True
             await response.close()
-            self._router.finished(self.replica_id, self._router.clock.monotonic())
+            now = self._router.clock.monotonic()
+            self._router.finished(self.replica_id, now)
+            self._router.metrics.observe(self._outcome, now - self._started)
 
     # -- reading ------------------------------------------------------------------------------
     async def _read(self) -> Chunk | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final, TypeVar
 
+from services.metrics_catalog import ENV_METRICS_PORT
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
@@ -103,9 +104,13 @@ class GatewayConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     """On SIGTERM, how long in-flight requests may take to finish."""
     router: RouterConfig = field(default_factory=RouterConfig)
+    metrics_port: int = 0
+    """Serve Prometheus /metrics here (0: off)."""
 
     def __post_init__(self) -> None:
         validate_name(self.namespace, "namespace")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"not a port number: {self.metrics_port}", field="metrics_port")
         if not self.queue_group or any(c in self.queue_group for c in " >*"):
             raise ConfigError(f"invalid queue group {self.queue_group!r}", field="queue_group")
         for name in ("deadline_s", "drain_timeout_s"):
@@ -139,6 +144,7 @@ class GatewayConfig:
             ),
             drain_timeout_s=args.drain_timeout,
             router=router,
+            metrics_port=_first(args.metrics_port, _env(env, ENV_METRICS_PORT, int), 0),
         )
 
 
@@ -183,6 +189,13 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_DRAIN_TIMEOUT_S,
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off)",
     )
 
 

@@ -38,6 +38,7 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
+from services.metrics_catalog import serve_metrics
 from services.router.config import (
     GATEWAY_SERVICE_NAME,
     GATEWAY_SERVICE_VERSION,
@@ -253,6 +254,7 @@ async def serve(config: GatewayConfig, *, stop: asyncio.Event | None = None, **k
     import signal
 
     bus = await NatsBus.connect(config.nats_url, name="fleetpulse-router")
+    serve_metrics(config.metrics_port, "gateway")
     gateway = Gateway(bus, config, **kw)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

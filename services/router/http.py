@@ -137,7 +137,8 @@ async def read_head(reader: ResponseReader) -> HttpResponse:
         if chunk is None:
             raise RequestFailed(BAD_RESPONSE, "the response ended without a result", False)
         return decode_as(chunk.data, HttpResponse)
-    except BaseException:
+    except BaseException as exc:
+        reader.failed(exc)
         await reader.close()
         raise
 

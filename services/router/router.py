@@ -34,6 +34,7 @@ from services.router.carried_health import CarriedHealthMap
 from services.router.choice import ReplicaChooser
 from services.router.config import RouterConfig, default_router_config
 from services.router.errors import BackPressureError, DeadlineExceeded, RouterClosedError
+from services.router.metrics import RouterMetrics
 from services.router.reports import (
     DEFAULT_PROVIDERS,
     LocalHealthProviders,
@@ -96,6 +97,7 @@ class Router:
         self.queued_now = 0
         self.reports_sent = 0
         self.bad_input = BadInput(f"router {self.key}", logger, clock=clock)
+        self.metrics = RouterMetrics(app, deployment)
         self._changed = asyncio.Event()
         self._ready = asyncio.Event()
         self._report_now = asyncio.Event()
@@ -214,9 +216,12 @@ class Router:
 
     def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
         self.health.observe(admission.health, now)
+        if not admission.accepted:
+            self.metrics.rejected.inc()
         self.chooser.on_admission(replica_id, admission.accepted, admission.num_ongoing, now)
 
     def unreachable(self, replica_id: str, now: float) -> None:
+        self.metrics.unreachable.inc()
         self.chooser.on_unreachable(replica_id, now)
 
     def finished(self, replica_id: str, now: float) -> None:
@@ -276,6 +281,7 @@ class Router:
                     queued = True
                     self.queued_now += 1
                     self.queued.add(1.0, now)
+                    self.metrics.queued.inc()
                     if not self.members:
                         self._cold_start(now)
                 wait = min(deadline_mono - now, cfg.queue_poll_max_s)
@@ -290,6 +296,7 @@ class Router:
             if queued:
                 self.queued_now -= 1
                 self.queued.add(-1.0, clock.monotonic())
+                self.metrics.queued.dec()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -358,6 +365,7 @@ class Router:
         for part in parts:
             await self.bus.publish(self.report_subject, part)
         self.reports_sent += 1
+        self.metrics.reports.inc()
         return report
 
     # -- introspection ----------------------------------------------------------------------------

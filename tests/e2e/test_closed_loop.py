@@ -23,6 +23,7 @@ from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
 from tests.procs import ROOT, ServiceProcesses
+from tests.waiting import eventually as until
 
 pytestmark = pytest.mark.e2e
 
@@ -123,16 +124,6 @@ async def model(bus: Bus) -> tuple[str, int, int]:
     st = await app_status(bus)
     d = st.deployments.get("Model") if st else None
     return (d.status, d.target_replicas, d.running_replicas) if d else ("", -1, -1)
-
-
-async def until(cond: Any, within_s: float, what: str) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        value = await cond()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 async def load(handle: DeploymentHandle, callers: int, seconds: float) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from shared.bus import Bus
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from tests.procs import ROOT, ServiceProcesses
+from tests.waiting import eventually as until
 
 pytestmark = pytest.mark.e2e
 
@@ -150,16 +151,6 @@ async def routes(http: aiohttp.ClientSession) -> dict[str, Any]:
         assert resp.status == 200
         apps: dict[str, Any] = (await resp.json())["apps"]
         return apps
-
-
-async def until(cond: Any, within_s: float, what: str) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        value = await cond()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 def route_is(http: aiohttp.ClientSession, app: str, **want: Any) -> Any:

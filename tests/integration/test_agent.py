@@ -6,10 +6,10 @@ Targets are written to KV by the test (the controller's job in production).
 from __future__ import annotations
 
 import asyncio
-import inspect
+import functools
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from shared.subjects import KV_AGENTS, KV_TARGETS
 from shared.wire import decode_as
 from shared.wire.messages import Lifecycle
 from tests.procs import ServiceProcesses, service_processes, wait_for_replica
+from tests.waiting import eventually as _eventually
 
 ME = "agent-test"
 CONFIG = DeploymentConfig(
@@ -39,6 +40,7 @@ CONFIG = DeploymentConfig(
     graceful_shutdown_timeout_s=2.0,
 )
 WAIT_S = 20.0
+eventually = functools.partial(_eventually, within_s=WAIT_S, every_s=0.05)
 
 
 @pytest.fixture
@@ -88,21 +90,6 @@ async def put_targets(
         config={**asdict(config), "init_args": list(config.init_args)},
     )
     await kv.put(deployment_key("app", "dep"), ts.encode())
-
-
-async def eventually(check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    """Until `check()` (a value or an awaitable) is truthy; returns it."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.05)
 
 
 async def gone(bus: Bus, replica_id: str) -> bool:

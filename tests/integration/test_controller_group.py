@@ -25,6 +25,7 @@ from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
 from shared.wire import encode
 from shared.wire.messages import HandleReport
 from tests.procs import ServiceProcesses
+from tests.waiting import eventually as until
 
 P = 16
 APP = "busy"
@@ -77,6 +78,8 @@ def members(cluster: NatsCluster, tmp_path: Path) -> Iterator[Members]:
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
         m.procs.stop_all(timeout=15)
+        for log in sorted(tmp_path.glob("*.log")):  # shown by pytest only when the test fails
+            print(f"--- {log.name} (tail)\n" + "\n".join(log.read_text().splitlines()[-40:]))
 
 
 async def leases(bus: Bus) -> dict[int, tuple[str, int]]:
@@ -88,16 +91,6 @@ async def leases(bus: Bus) -> dict[int, tuple[str, int]]:
             doc = json.loads(entry.value)
             out[int(key[1:])] = (doc["owner"], doc["epoch"])
     return out
-
-
-async def until(cond: Any, within_s: float, what: str) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        value = await cond()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 def busy_app() -> AppConfig:

@@ -51,6 +51,7 @@ from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS, KV_TARGETS
 from shared.wire import encode
 from shared.wire.messages import HandleReport
 from tests.procs import ServiceProcesses
+from tests.waiting import eventually as until
 
 P = 16
 NODES = 3
@@ -225,16 +226,6 @@ async def lease_owners(bus: NatsBus) -> dict[int, str]:
         if entry is not None:
             out[p] = str(json.loads(entry.value)["owner"])
     return out
-
-
-async def until(cond: Any, within_s: float, what: str) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        value = await cond()
-        if value:
-            return value
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 async def pump(bus: NatsBus, app: str, stop: asyncio.Event) -> None:

@@ -1,0 +1,198 @@
+"""Write compose/nats/accounts.conf: the fleet's NATS account, one user per role, least privilege.
+
+    .venv/bin/python scripts/gen_nats_accounts.py          # rewrite compose/nats/accounts.conf
+    .venv/bin/python scripts/gen_nats_accounts.py --check  # exit 1 if the committed file differs
+
+The roles are defined here, in one table, because the NATS config format cannot splice one list
+into another: every role that reads a KV bucket needs the same nine JetStream subjects for it,
+and written out by hand they would drift. The output is committed and reviewed like code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "compose" / "nats" / "accounts.conf"
+ACCOUNT = "FLEETPULSE"
+
+
+def kv_read(bucket: str) -> list[str]:
+    """Bind (stream info), get (direct or message get), watch and list keys (ordered consumer)."""
+    s = f"KV_{bucket}"
+    return [
+        f"$JS.API.STREAM.INFO.{s}",
+        f"$JS.API.DIRECT.GET.{s}",
+        f"$JS.API.DIRECT.GET.{s}.>",
+        f"$JS.API.STREAM.MSG.GET.{s}",
+        f"$JS.API.CONSUMER.CREATE.{s}",
+        f"$JS.API.CONSUMER.CREATE.{s}.>",
+        f"$JS.API.CONSUMER.DELETE.{s}.>",
+        f"$JS.API.CONSUMER.INFO.{s}.>",
+        f"$JS.FC.{s}.>",
+    ]
+
+
+def kv_write(bucket: str) -> list[str]:
+    """Read, create the bucket when missing, and put/create/update/delete its keys."""
+    return [*kv_read(bucket), f"$JS.API.STREAM.CREATE.KV_{bucket}", f"$KV.{bucket}.>"]
+
+
+def stream_read(stream: str) -> list[str]:
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+DESTRUCTIVE = [
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.ACCOUNT.PURGE.>",
+]
+OPERATOR_READS = ("fp_status", "fp_targets", "fp_membership", "fp_agents", "fp_routes",
+                  "fp_controllers", "fp_leases")  # fmt: skip
+OPERATOR_READS = ("fp_status", "fp_targets", "fp_membership", "fp_agents", "fp_routes",
+                  "fp_controllers", "fp_leases")  # fmt: skip
+CONTROL_BUCKETS = ("fp_targets", "fp_membership", "fp_status", "fp_leases", "fp_controllers")
+
+
+@dataclass(frozen=True)
+class Role:
+    user: str
+    why: str
+    publish: list[str]
+    subscribe: list[str]
+    deny_publish: list[str]
+
+
+ROLES = [
+    Role(
+        "controller",
+        "the consumer group: FP_REPORTS and the control buckets; probes replicas",
+        publish=[
+            "$JS.API.>",  # creates/updates FP_REPORTS and its buckets, pinned pull consumers
+            "$JS.FC.>",
+            "$JS.ACK.>",
+            *(f"$KV.{b}.>" for b in CONTROL_BUCKETS),
+            "fp.v1.probe.>",
+            "_INBOX.>",
+        ],
+        subscribe=["_INBOX.>", "fp.v1.report.>"],
+        deny_publish=DESTRUCTIVE,
+    ),
+    Role(
+        "agent",
+        "a node agent: registers in fp_agents, follows fp_targets, reports replica exits",
+        publish=[*kv_write("fp_agents"), *kv_read("fp_targets"), "fp.v1.report.lifecycle.>"],
+        subscribe=["_INBOX.>"],
+        deny_publish=[],
+    ),
+    Role(
+        "replica",
+        "a replica: its reports and its answers; never a request on an rpc subject, never KV",
+        publish=[
+            "fp.v1.report.replica.>",
+            "fp.v1.report.heartbeat.>",
+            "fp.v1.report.lifecycle.>",
+            "_INBOX.>",  # admissions, results, probe replies: to the caller's inbox
+            *kv_read("fp_membership"),
+        ],
+        subscribe=["fp.v1.rpc.>", "fp.v1.probe.>", "_INBOX.>"],
+        deny_publish=["fp.v1.rpc.>", "fp.v1.call.>", "fp.v1.probe.>", "$KV.>"],
+    ),
+    Role(
+        "router",
+        "the HTTP proxy and the router gateway: call deployments, report what they see",
+        publish=[
+            "fp.v1.rpc.>",
+            "fp.v1.report.handle.>",
+            "_INBOX.>",
+            *kv_write("fp_routes"),
+            *kv_read("fp_membership"),
+            *kv_read("fp_apps"),
+            *kv_read("fp_status"),
+        ],
+        # the gateway is a NATS micro service: discoverable on $SRV.PING/INFO/STATS
+        subscribe=["fp.v1.call.>", "_INBOX.>", "$SRV.>"],
+        deny_publish=[],
+    ),
+    Role(
+        "recorder",
+        "fleetpulse record: subscribes to the fleet's subjects, exports FP_REPORTS",
+        publish=["_INBOX.>", *stream_read("FP_REPORTS")],
+        subscribe=["fp.v1.>", "_INBOX.>"],
+        deny_publish=[],
+    ),
+    Role(
+        "operator",
+        "fleetpulse deploy/delete/status, calls through the gateway, replay into a fleet",
+        publish=[
+            *kv_write("fp_apps"),
+            *(s for b in OPERATOR_READS for s in kv_read(b)),
+            *stream_read("FP_REPORTS"),
+            "fp.v1.report.>",
+            "fp.v1.call.>",
+            "_INBOX.>",
+        ],
+        subscribe=["fp.v1.>", "_INBOX.>"],
+        deny_publish=[],
+    ),
+]
+
+HEADER = """\
+# GENERATED by scripts/gen_nats_accounts.py: edit the roles there, then rerun it.
+#
+# The fleet's NATS account and one user per role, with least-privilege permissions
+# (docs/operations.md, "Credentials and permissions"). Passwords come from the environment
+# (compose/.env): this file holds no secret. A second fleet on the same servers gets its own
+# account. No role may delete or purge a stream: add an admin user to the account for that.
+# Subjects assume the default namespace `fp`.
+"""
+
+
+def _list(items: list[str], indent: str) -> str:
+    return "[\n" + "".join(f'{indent}  "{s}"\n' for s in items) + f"{indent}]"
+
+
+def render() -> str:
+    out = [HEADER, "accounts {", f"  {ACCOUNT} {{", "    jetstream: enabled", "    users: ["]
+    for r in ROLES:
+        env = f"$FP_{r.user.upper()}_PASSWORD"
+        out.append(f"      # {r.user}: {r.why}")
+        out.append(f"      {{ user: {r.user}, password: {env}, permissions: {{")
+        pub = f"        publish: {{ allow: {_list(r.publish, '        ')}"
+        if r.deny_publish:
+            pub += f", deny: {_list(r.deny_publish, '        ')}"
+        out.append(pub + " }")
+        out.append(f"        subscribe: {{ allow: {_list(r.subscribe, '        ')} }}")
+        out.append("      } }")
+    out += ["    ]", "  }", "  SYS { users: [ { user: admin, password: $FP_ADMIN_PASSWORD } ] }"]
+    out += ["}", "system_account: SYS", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    args = ap.parse_args()
+    text = render()
+    if args.check:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is out of date: run scripts/gen_nats_accounts.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The Prometheus metric families each fleetpulse service exposes, and the `--metrics-port` flag.
+
+`METRIC_NAMES` lists families as they appear in the text exposition (`# TYPE` lines): counters
+with their `_total` suffix, histograms by their base name (`_bucket`, `_sum` and `_count` follow).
+docs/metrics.md describes each one; tests/unit/test_metrics_catalog.py checks that every name here
+is registered by that service's metrics module, and that nothing a module registers is missing.
+
+Where they are served: every service but the proxy on `--metrics-port` (default
+`$FLEETPULSE_METRICS_PORT`, else 0: off), the proxy on `/metrics` of its HTTP port. A process
+serves the whole default registry, so a process that calls deployments (the proxy, the gateway, a
+replica using a `DeploymentHandle`) shows the router families too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+ENV_METRICS_PORT: Final = "FLEETPULSE_METRICS_PORT"
+
+METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "controller": (
+        "fleetpulse_controller_loop_seconds",
+        "fleetpulse_controller_ingest_messages_total",
+        "fleetpulse_controller_ingest_bytes_total",
+        "fleetpulse_controller_heartbeats_received_total",
+        "fleetpulse_controller_ingested_total",
+        "fleetpulse_controller_rejected_total",
+        "fleetpulse_controller_bad_input_total",
+        "fleetpulse_controller_probes_total",
+        "fleetpulse_controller_probe_outcomes_total",
+        "fleetpulse_controller_probes_in_flight",
+        "fleetpulse_controller_health_verdicts_total",
+        "fleetpulse_controller_health_replicas",
+        "fleetpulse_controller_stalled",
+        "fleetpulse_controller_decisions_total",
+        "fleetpulse_controller_replicas",
+        "fleetpulse_controller_demand",
+        "fleetpulse_controller_ingest_pending",
+        "fleetpulse_controller_partitions_owned",
+        "fleetpulse_controller_events_total",
+        "fleetpulse_controller_action_errors_total",
+    ),
+    "agent": (
+        "fleetpulse_agent_replicas_running",
+        "fleetpulse_agent_capacity",
+        "fleetpulse_agent_replica_starts_total",
+        "fleetpulse_agent_replica_start_failures_total",
+        "fleetpulse_agent_replica_stops_total",
+        "fleetpulse_agent_replica_kills_total",
+        "fleetpulse_agent_replica_exits_total",
+        "fleetpulse_agent_bad_targets_total",
+    ),
+    "proxy": (
+        "fleetpulse_proxy_request_duration_seconds",
+        "fleetpulse_proxy_held_requests",
+        "fleetpulse_proxy_held_outcomes_total",
+        "fleetpulse_proxy_registry_apps",
+        "fleetpulse_proxy_app_registered",
+        "fleetpulse_proxy_registry_changes_total",
+        "fleetpulse_proxy_stream_errors_total",
+        "fleetpulse_proxy_route_publish_errors_total",
+    ),
+    "router": (
+        "fleetpulse_router_request_duration_seconds",
+        "fleetpulse_router_queued_requests",
+        "fleetpulse_router_retries_total",
+        "fleetpulse_router_reports_total",
+    ),
+    "replica": (
+        "fleetpulse_replica_request_duration_seconds",
+        "fleetpulse_replica_admissions_total",
+        "fleetpulse_replica_ongoing_requests",
+        "fleetpulse_replica_health_checks_total",
+        "fleetpulse_replica_health_messages_total",
+    ),
+    "recorder": (
+        "fleetpulse_recorder_messages_total",
+        "fleetpulse_recorder_payload_bytes_total",
+        "fleetpulse_recorder_written_bytes_total",
+        "fleetpulse_recorder_files_total",
+        "fleetpulse_recorder_write_errors_total",
+        "fleetpulse_recorder_pending_rows",
+    ),
+}
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return port
+
+
+def add_metrics_port_argument(p: argparse.ArgumentParser) -> None:
+    """`--metrics-port`, defaulting to $FLEETPULSE_METRICS_PORT (a bad value is a usage error of
+    the command that reads it, not of every command)."""
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=os.environ.get(ENV_METRICS_PORT) or "0",
+        metavar="PORT",
+        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off)",
+    )
+
+
+def serve_metrics(port: int, service: str) -> None:
+    """Serve the default registry on `port` (0: do nothing), from a daemon thread."""
+    if not port:
+        return
+    from prometheus_client import start_http_server
+
+    start_http_server(port)
+    log.info("%s: Prometheus metrics on :%d/metrics", service, port)

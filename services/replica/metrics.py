@@ -1,0 +1,86 @@
+"""Prometheus metrics of a replica process (docs/metrics.md), on the default registry.
+
+Served on the replica's `--metrics-port` (off by default: an agent starts many replicas on one
+host, and they do not share a port). Labelled by app and deployment, so replicas sharing a
+process (tests, composition) add up instead of overwriting each other.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+OK: Final = "ok"
+
+REQUEST_SECONDS = Histogram(
+    "fleetpulse_replica_request_duration_seconds",
+    "Admitted requests, from admission until the last reply was sent, by outcome "
+    "(ok, or the error code sent: user_error, deadline_exceeded, replica_shutdown, ...)",
+    ["app", "deployment", "outcome"],
+    buckets=LATENCY_BUCKETS_S,
+)
+ADMISSIONS = Counter(
+    "fleetpulse_replica_admissions_total",
+    "Admission decisions, by result: accepted, rejected (at max_ongoing_requests or draining)",
+    ["app", "deployment", "result"],
+)
+ONGOING = Gauge(
+    "fleetpulse_replica_ongoing_requests",
+    "Admitted requests not yet finished",
+    ["app", "deployment"],
+)
+HEALTH_CHECKS = Counter(
+    "fleetpulse_replica_health_checks_total",
+    "Runs of the user's health check, by result: healthy, unhealthy (raised or timed out)",
+    ["app", "deployment", "result"],
+)
+HEALTH_MESSAGES = Counter(
+    "fleetpulse_replica_health_messages_total",
+    "Health statuses sent, by channel: heartbeat, frame (on a held request), report (own "
+    "ReplicaReport), probe (answers to pull probes)",
+    ["app", "deployment", "channel"],
+)
+
+
+class ReplicaMetrics:
+    """One replica's label children, bound once."""
+
+    __slots__ = (
+        "_app",
+        "_deployment",
+        "_latency",
+        "accepted",
+        "frames",
+        "healthy",
+        "heartbeats",
+        "ongoing",
+        "probes",
+        "rejected",
+        "reports",
+        "unhealthy",
+    )
+
+    def __init__(self, app: str, deployment: str) -> None:
+        self._app, self._deployment = app, deployment
+        self._latency: dict[str, Histogram] = {}
+        self.accepted = ADMISSIONS.labels(app, deployment, "accepted")
+        self.rejected = ADMISSIONS.labels(app, deployment, "rejected")
+        self.ongoing = ONGOING.labels(app, deployment)
+        self.healthy = HEALTH_CHECKS.labels(app, deployment, "healthy")
+        self.unhealthy = HEALTH_CHECKS.labels(app, deployment, "unhealthy")
+        self.heartbeats = HEALTH_MESSAGES.labels(app, deployment, "heartbeat")
+        self.frames = HEALTH_MESSAGES.labels(app, deployment, "frame")
+        self.reports = HEALTH_MESSAGES.labels(app, deployment, "report")
+        self.probes = HEALTH_MESSAGES.labels(app, deployment, "probe")
+
+    def observe(self, outcome: str, seconds: float) -> None:
+        child = self._latency.get(outcome)
+        if child is None:
+            child = self._latency[outcome] = REQUEST_SECONDS.labels(
+                self._app, self._deployment, outcome
+            )
+        child.observe(seconds)

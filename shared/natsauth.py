@@ -1,0 +1,119 @@
+"""NATS credentials and TLS settings, from flags or the environment, for every service.
+
+Every service connects with the settings of `process_auth()`: the `FLEETPULSE_NATS_*` environment
+variables, overridden by the `--nats-*` flags when the CLI was given any (`set_process_auth`). One
+process-wide setting, not a field threaded through each service's config, because every
+connection a process opens (a service's own, a handle's, a tool's) acts for the same role.
+
+Child processes never inherit it by accident: the node agent hands its replicas their own role's
+settings (`FLEETPULSE_REPLICA_NATS_*`, see `to_env` and `services/agent`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from shared.errors import UsageError
+
+ENV_PREFIX = "FLEETPULSE_NATS_"
+REPLICA_ENV_PREFIX = "FLEETPULSE_REPLICA_NATS_"
+SECRET_FIELDS = frozenset({"password", "token"})
+FILE_FIELDS = ("creds", "tls_ca", "tls_cert", "tls_key")
+
+
+@dataclass(frozen=True, slots=True)
+class NatsAuth:
+    """How to authenticate to NATS: user/password, a token, or a creds file (JWT + nkey); and
+    optionally a CA to verify the server, and a client certificate for mutual TLS."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = ENV_PREFIX) -> NatsAuth:
+        env = os.environ if env is None else env
+        return cls(**{f.name: env.get(prefix + f.name.upper()) or None for f in fields(cls)})
+
+    def overridden(self, **values: str | None) -> NatsAuth:
+        """These settings with every given (not None) value replaced."""
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    @property
+    def has_identity(self) -> bool:
+        return bool(self.user or self.token or self.creds)
+
+    def validate(self) -> NatsAuth:
+        """Raise a UsageError naming what is wrong; return self."""
+        methods = [
+            name
+            for name, present in (
+                ("user/password", self.user is not None),
+                ("token", self.token is not None),
+                ("creds file", self.creds is not None),
+            )
+            if present
+        ]
+        if len(methods) > 1:
+            raise UsageError(f"NATS credentials: give one of {' or '.join(methods)}, not several")
+        if self.user is not None and self.password is None:
+            raise UsageError(f"NATS credentials: user {self.user!r} has no password")
+        if self.password is not None and self.user is None:
+            raise UsageError("NATS credentials: a password needs a user")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise UsageError("NATS TLS: a client certificate and its key go together")
+        for name in FILE_FIELDS:
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise UsageError(f"NATS {name.replace('_', ' ')} file not found: {path}")
+        return self
+
+    def to_env(self, prefix: str = ENV_PREFIX) -> dict[str, str]:
+        return {
+            prefix + f.name.upper(): value
+            for f in fields(self)
+            if (value := getattr(self, f.name)) is not None
+        }
+
+    def describe(self) -> str:
+        """For logs and errors: which identity and TLS, never a secret."""
+        who = (
+            f"user {self.user!r}"
+            if self.user
+            else "a token"
+            if self.token
+            else f"creds {self.creds}"
+            if self.creds
+            else "no credentials"
+        )
+        tls = ", TLS client certificate" if self.tls_cert else ", TLS" if self.tls_ca else ""
+        return who + tls
+
+
+def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without any NATS identity of ours (theirs is added back explicitly)."""
+    return {k: v for k, v in env.items() if not k.startswith((ENV_PREFIX, REPLICA_ENV_PREFIX))}
+
+
+_process_auth: NatsAuth | None = None
+
+
+def set_process_auth(auth: NatsAuth) -> None:
+    """What `process_auth()` returns from now on (the CLI calls this after parsing flags)."""
+    global _process_auth
+    _process_auth = auth.validate()
+
+
+def process_auth() -> NatsAuth:
+    return _process_auth if _process_auth is not None else NatsAuth.from_env()

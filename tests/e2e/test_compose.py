@@ -1,0 +1,282 @@
+"""compose/docker-compose.yml, proven without a Docker engine.
+
+Every service's command runs as a local process with its compose environment (from `.env`),
+against a 3-node loopback cluster started from the compose NATS config with the same accounts and
+permissions. Only what a container changes is rewritten: host names and ports (nats-N:4222, 9100,
+8000) become free loopback ports, and mounted paths (/apps, /recordings) local directories. Then
+the deploy service's command deploys the example app, the proxy answers over HTTP, each
+healthcheck passes, no role was refused anything, and every metric the Grafana dashboard plots
+exists on a running service's /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.natsserver import NatsCluster, free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
+METRICS_PORT = "9100"
+PROXY_PORT = "8000"
+SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
+            "gauge": ("",), "summary": ("", "_count", "_sum"), "info": ("_info",)}  # fmt: skip
+
+
+def dotenv() -> dict[str, str]:
+    out = {}
+    for line in (COMPOSE / ".env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def interpolate(value: Any, env: dict[str, str]) -> str:
+    """Compose's ${VAR} and ${VAR:-default}; an unset variable without default is an error."""
+
+    def sub(m: re.Match[str]) -> str:
+        name, _, default = m.group(1).partition(":-")
+        if name in env:
+            return env[name]
+        assert default or ":-" in m.group(1), f"${{{name}}} is not set in compose/.env"
+        return default
+
+    return re.sub(r"\$\{([^}]+)\}", sub, str(value))
+
+
+@dataclass
+class Service:
+    name: str
+    index: int
+    argv: list[str]
+    env: dict[str, str]
+    metrics_port: int
+    http_port: int | None
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+
+def load_compose() -> dict[str, Any]:
+    doc = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def is_fleetpulse(spec: dict[str, Any]) -> bool:
+    return str(spec.get("image", "")).startswith("fleetpulse")
+
+
+def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) -> list[Service]:
+    out = []
+    for name, spec in doc["services"].items():
+        if not is_fleetpulse(spec):
+            continue
+        replicas = int(interpolate((spec.get("deploy") or {}).get("replicas", 1), env))
+        for i in range(replicas):
+            metrics, http = free_ports(2)
+            mounts = volume_mounts(spec, tmp / f"{name}-{i}-volumes")
+            argv = []
+            for arg in spec["command"]:
+                arg = mounted(interpolate(arg, env), mounts)
+                argv.append(str(http) if argv[-1:] == ["--port"] and arg == PROXY_PORT else arg)
+            service_env = {k: interpolate(v, env) for k, v in spec["environment"].items()}
+            assert "nats-1:4222" in service_env["FLEETPULSE_NATS_URL"]
+            service_env["FLEETPULSE_NATS_URL"] = cluster_url
+            service_env["FLEETPULSE_METRICS_PORT"] = str(metrics)
+            out.append(
+                Service(name, i, argv, service_env, metrics, http if "--port" in argv else None)
+            )
+    return out
+
+
+def volume_mounts(spec: dict[str, Any], volumes: Path) -> dict[str, Path]:
+    """Container path -> local directory: bind mounts (./apps) as they are, named volumes as
+    fresh directories."""
+    out = {}
+    for entry in spec.get("volumes") or []:
+        source, target = str(entry).split(":")[:2]
+        if source.startswith("."):
+            out[target] = (COMPOSE / source).resolve()
+        else:
+            out[target] = volumes / source
+            out[target].mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def mounted(arg: str, mounts: dict[str, Path]) -> str:
+    for target, local in mounts.items():
+        if arg == target or arg.startswith(target + "/"):
+            return str(local) + arg[len(target) :]
+    return arg
+
+
+def start(svc: Service, tmp: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_")}
+    env.update(svc.env, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    cwd = tmp / f"{svc.name}-{svc.index}"
+    cwd.mkdir(exist_ok=True)
+    svc.log = tmp / f"{svc.name}-{svc.index}.log"
+    # the image's entrypoint is `fleetpulse`, i.e. services.cli:main
+    svc.proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *svc.argv], cwd=cwd, env=env,
+        stdout=svc.log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def get(url: str, timeout: float = 3.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def healthcheck_url(test: list[str], svc_ports: dict[str, int]) -> str:
+    """The URL a compose healthcheck fetches, with the container's port made this process's."""
+    (url,) = re.findall(r"http://127\.0\.0\.1:\d+[^'\" ]*", " ".join(test))
+    for container, local in svc_ports.items():
+        url = url.replace(f"127.0.0.1:{container}/", f"127.0.0.1:{local}/")
+    return url
+
+
+@pytest.fixture
+def compose_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = dotenv()
+    for key, value in env.items():  # what compose passes the NATS nodes (their passwords)
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def cluster(compose_env: dict[str, str]) -> Iterator[NatsCluster]:
+    doc = load_compose()
+    for i in (1, 2, 3):
+        command = doc["services"][f"nats-{i}"]["command"]
+        # NatsCluster passes the same, with a temporary store and its own name per node
+        assert command == [
+            "-c", "/etc/nats/nats.conf", "--server_name", f"nats-{i}", "-sd", "/data/jetstream"
+        ]  # fmt: skip
+    c = NatsCluster(3, config_file=COMPOSE / "nats" / "nats.conf")
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_compose_stack_serves_the_example_app(
+    cluster: NatsCluster, compose_env: dict[str, str], tmp_path: Path
+) -> None:
+    doc = load_compose()
+    services = plan(doc, compose_env, cluster.url, tmp_path)
+    names = sorted({s.name for s in services})
+    assert names == ["agent", "controller", "deploy", "proxy", "recorder", "router"]
+    assert [s.name for s in services].count("controller") == 2
+    assert [s.name for s in services].count("agent") == 2
+    running = [s for s in services if s.name != "deploy"]
+    try:
+        for svc in running:
+            start(svc, tmp_path)
+        (deploy,) = [s for s in services if s.name == "deploy"]
+        start(deploy, tmp_path)
+        assert deploy.proc is not None and deploy.proc.wait(60) == 0, deploy.log.read_text()  # type: ignore[union-attr]
+
+        (proxy,) = [s for s in services if s.name == "proxy"]
+        url = f"http://127.0.0.1:{proxy.http_port}/greet?name=compose"
+        deadline, last = time.monotonic() + 90, (0, b"")
+        while time.monotonic() < deadline:
+            for svc in running:
+                assert svc.proc is not None and svc.proc.poll() is None, _logs(services)
+            try:
+                last = get(url)
+            except OSError as exc:
+                last = (0, str(exc).encode())
+            if last[0] == 200:
+                break
+            time.sleep(0.5)
+        assert last[0] == 200, f"proxy answered {last}\n" + _logs(services)
+        assert json.loads(last[1])["message"] == "hello, compose"
+
+        for svc in running:  # each service's compose healthcheck, against this process
+            spec = doc["services"][svc.name]
+            test = (spec.get("healthcheck") or {}).get("test")
+            assert test, f"{svc.name} has no healthcheck"
+            ports = {METRICS_PORT: svc.metrics_port, PROXY_PORT: svc.http_port or 0}
+            status, _ = get(healthcheck_url(test, ports))
+            assert status == 200, f"{svc.name} healthcheck failed"
+
+        _check_dashboard_metrics(running)
+        logs = _logs(services)
+        assert "permissions violation" not in logs.lower(), logs
+    finally:
+        for svc in services:
+            if svc.proc is not None and svc.proc.poll() is None:
+                svc.proc.send_signal(signal.SIGTERM)
+        for svc in services:
+            if svc.proc is not None:
+                try:
+                    svc.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    svc.proc.kill()
+                    svc.proc.wait()
+
+
+def _check_dashboard_metrics(running: list[Service]) -> None:
+    exposed: set[str] = set()
+    for svc in running:
+        port = svc.http_port if svc.name == "proxy" else svc.metrics_port
+        status, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200, svc.name
+        for family in text_string_to_metric_families(body.decode()):
+            exposed.update(family.name + s for s in SUFFIXES.get(family.type, ("",)))
+            exposed.update(sample.name for sample in family.samples)
+    used = dashboard_metric_names()
+    assert len(used) >= 10, used
+    missing = sorted(used - exposed)
+    assert not missing, f"dashboard metrics no service exposes: {missing}"
+
+
+def dashboard_metric_names() -> set[str]:
+    names: set[str] = set()
+    for path in (COMPOSE / "grafana" / "dashboards").glob("*.json"):
+        for expr in _exprs(json.loads(path.read_text())):
+            names.update(re.findall(r"\b(fleetpulse_[a-z0-9_]+)", expr))
+    return names
+
+
+def _exprs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "expr" and isinstance(value, str):
+                yield value
+            else:
+                yield from _exprs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _exprs(item)
+
+
+def _logs(services: list[Service]) -> str:
+    parts = []
+    for svc in services:
+        if svc.log is not None and svc.log.exists():
+            tail = "\n".join(svc.log.read_text(errors="replace").splitlines()[-25:])
+            parts.append(f"--- {svc.name}-{svc.index}\n{tail}")
+    return "\n".join(parts)

@@ -1,0 +1,112 @@
+"""A replica's Prometheus metrics move with its requests and health checks (in-memory bus)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from services.replica.config import ReplicaConfig
+from services.replica.runtime import ReplicaRuntime
+from services.replica.usercode import UserDeployment
+from shared.bus import Bus, FakeServer
+from shared.subjects import DEFAULT_SUBJECTS as S
+from shared.wire import decode, encode
+from shared.wire.messages import Admission, CallArgs, End, ErrorReply, Request
+
+APP = "metered"
+
+
+def value(name: str, deployment: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"app": APP, "deployment": deployment, **labels}) or 0.0
+
+
+async def until(check: Callable[[], object], timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def replica(bus: Bus, deployment: str, **kw: Any) -> ReplicaRuntime:
+    cfg = ReplicaConfig(
+        app=APP,
+        deployment=deployment,
+        import_path="services.examples.echo:Echo",
+        replica_id=f"{deployment}-r1",
+        health_check_period_s=0.05,
+        health_check_timeout_s=1.0,
+        **kw,
+    )
+    user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
+    rt = ReplicaRuntime(cfg, bus, user)
+    await rt.start()
+    return rt
+
+
+async def call(bus: Bus, rt: ReplicaRuntime, method: str, *args: Any) -> Any:
+    """The last message of the reply: End, an ErrorReply, or a refusing Admission."""
+    req = Request(uuid.uuid4().hex, method, False, False, None, encode(CallArgs(args, {})), "args")
+    stream = await bus.request_stream(rt.rpc_subject, encode(req))
+    try:
+        while True:
+            msg = decode((await stream.next(2.0)).data)
+            if isinstance(msg, End | ErrorReply) or (
+                isinstance(msg, Admission) and not msg.accepted
+            ):
+                return msg
+    finally:
+        await stream.close()
+
+
+async def test_requests_admissions_and_ongoing() -> None:
+    server = FakeServer()
+    rbus, cbus = server.connect(), server.connect()
+    dep = "requests"
+    rt = await replica(rbus, dep, max_ongoing_requests=1)
+    duration = "fleetpulse_replica_request_duration_seconds_count"
+    try:
+        assert isinstance(await call(cbus, rt, "echo", 1), End)
+        assert isinstance(await call(cbus, rt, "fail", "boom"), ErrorReply)
+        held = asyncio.create_task(call(cbus, rt, "sleep", 0.3))
+        await until(lambda: rt.admission.ongoing)
+        assert value("fleetpulse_replica_ongoing_requests", dep) == 1
+        refused = await call(cbus, rt, "echo", 2)
+        assert isinstance(refused, Admission) and not refused.accepted
+        assert isinstance(await held, End)
+    finally:
+        await rt.stop()
+        await rbus.close()
+        await cbus.close()
+    assert value("fleetpulse_replica_ongoing_requests", dep) == 0
+    assert value(duration, dep, outcome="ok") == 2
+    assert value(duration, dep, outcome="user_error") == 1
+    assert value("fleetpulse_replica_admissions_total", dep, result="accepted") == 3
+    assert value("fleetpulse_replica_admissions_total", dep, result="rejected") == 1
+
+
+async def test_health_checks_and_heartbeats(tmp_path: Path) -> None:
+    server = FakeServer()
+    bus = server.connect()
+    dep = "health"
+    flag = tmp_path / "fail"
+    rt = await replica(bus, dep, init_kwargs={"fail_health_file": str(flag)})
+    try:
+        probe = await bus.request(S.probe(rt.cfg.replica_id), b"", timeout=1.0)
+        assert probe.data
+        flag.touch()
+        checks = "fleetpulse_replica_health_checks_total"
+        await until(lambda: value(checks, dep, result="unhealthy"))
+        await until(
+            lambda: value("fleetpulse_replica_health_messages_total", dep, channel="heartbeat")
+        )
+    finally:
+        await rt.stop()
+        await bus.close()
+    assert value(checks, dep, result="healthy") >= 1
+    assert value("fleetpulse_replica_health_messages_total", dep, channel="probe") == 1
