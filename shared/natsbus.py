@@ -134,7 +134,10 @@ class NatsBus:
         denied_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)
         refused = asyncio.Event()
 
+        last_error: list[Exception] = []
+
         async def on_error(exc: Exception) -> None:
+            last_error[:] = [exc]
             text = str(exc)  # nats-py lowercases some server errors
             if "authorization violation" in text.lower() or isinstance(
                 exc, nats.errors.AuthorizationError
@@ -194,7 +197,8 @@ class NatsBus:
                         f"NATS at {','.join(servers)} refused the credentials "
                         f"({auth.describe()}): Authorization Violation"
                     )
-                raise TimeoutError("no server answered")
+                why = f" (last error: {type(last_error[0]).__name__}: {last_error[0]})"
+                raise TimeoutError("no server answered" + (why if last_error else ""))
             connecting.result()
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             with contextlib.suppress(Exception):

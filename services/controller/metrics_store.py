@@ -13,7 +13,9 @@ of running values over slots (and one per custom metric), rewritten by each repo
 
 Both paths produce bit-identical rows for the same data, and the aggregates are computed from
 the rows by one code path, so a fleet with mixed senders aggregates exactly like an all-object
-one. A source lives in exactly one store (its row has one format); when a handle switches
+one. Every change to the rows bumps a version, and the total demand (read every control tick) is
+recomputed only when it moved; `expire` keeps a lower bound on the oldest receipt time it
+guards, so a tick with nothing old enough to drop costs no pass over handles or slots. A source lives in exactly one store (its row has one format); when a handle switches
 format its row is cleared first, so nothing is counted twice.
 
 A single-part report replaces the handle's row. Parts of a split report merge row by row as they
@@ -147,6 +149,11 @@ class DeploymentMetrics:
         self._handles: dict[str, _Handle] = {}
         self._handle_gate = SourceGate()
         self._replica_gate = SourceGate()
+        self._version = 0
+        """Bumped by every change to the rows, the running set or the handles (cache key)."""
+        self._demand: tuple[int, float] = (-1, 0.0)
+        self._oldest_recv = math.inf
+        """No handle's `last_recv` and no finite `_own_recv` is below this (a lower bound)."""
         self.slot_map_builds = 0
         """Columnar dictionary -> slot mappings built (cache misses), for metrics and tests."""
 
@@ -183,6 +190,7 @@ class DeploymentMetrics:
         # A slot whose replica left (or whose slot was reused by another) loses its data.
         dropped = [s for s, rid in self._owner.items() if owner.get(s) != rid]
         self._owner = owner
+        self._version += 1
         self._running = np.zeros(self._cap, np.bool_)
         self._running[np.fromiter(owner, np.int64, len(owner))] = True
         self._running_version += 1
@@ -203,6 +211,7 @@ class DeploymentMetrics:
         if n <= self._cap:
             return
         self._cap = n
+        self._version += 1
         self._running = _grown(self._running, n, False)
         self._own = _grown(self._own, n, np.nan)
         self._own_recv = _grown(self._own_recv, n, -np.inf)
@@ -232,6 +241,8 @@ class DeploymentMetrics:
         health = None if r.health is None else object_health(self._index, (r.health,))
         if not self._running[slot]:
             return IngestResult(False, NOT_RUNNING, health, ignored=1)
+        self._version += 1
+        self._oldest_recv = min(self._oldest_recv, recv)
         self._own[slot] = r.running_requests
         self._own_recv[slot] = recv
         for name, a in self._own_custom.items():
@@ -328,6 +339,9 @@ class DeploymentMetrics:
                 a[gone] = np.nan
 
     def _handle_for(self, handle_id: str, fmt: Format, recv: float) -> _Handle:
+        # every accepted handle report comes through here before it changes a row
+        self._version += 1
+        self._oldest_recv = min(self._oldest_recv, recv)
         h = self._handles.get(handle_id)
         if h is None:
             h = self._handles[handle_id] = _Handle(fmt, np.zeros(self._cap))
@@ -375,6 +389,11 @@ class DeploymentMetrics:
         ids. Replica-reported values that old are dropped too (handle sums take over)."""
         self._sync()
         cutoff = now - self.timeout_s
+        forget_before = now - GATE_RETENTION_FACTOR * self.timeout_s
+        self._handle_gate.prune(forget_before)
+        self._replica_gate.prune(forget_before)
+        if cutoff < self._oldest_recv:
+            return []  # nothing received that long ago (slots without own data are -inf: none)
         gone = [hid for hid, h in self._handles.items() if h.last_recv <= cutoff]
         for hid in gone:
             del self._handles[hid]
@@ -384,9 +403,13 @@ class DeploymentMetrics:
             self._own_recv[old] = -np.inf
             for a in self._own_custom.values():
                 a[old] = np.nan
-        forget_before = now - GATE_RETENTION_FACTOR * self.timeout_s
-        self._handle_gate.prune(forget_before)
-        self._replica_gate.prune(forget_before)
+        if gone or old.any():
+            self._version += 1
+        own = self._own_recv[np.isfinite(self._own_recv)]
+        self._oldest_recv = min(
+            min((h.last_recv for h in self._handles.values()), default=math.inf),
+            float(own.min()) if own.size else math.inf,
+        )
         return gone
 
     # -- aggregates ----------------------------------------------------------------------------
@@ -421,7 +444,12 @@ class DeploymentMetrics:
         return math.fsum(h.queued for h in self._handles.values())
 
     def total_demand(self) -> float:
-        return self.total_running() + self.queued()
+        self._sync()
+        version, demand = self._demand
+        if version != self._version:
+            demand = self.total_running() + self.queued()
+            self._demand = (self._version, demand)
+        return demand
 
     def cold_start_signal(self) -> bool:
         return any(h.queued > 0.0 for h in self._handles.values())

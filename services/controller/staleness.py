@@ -18,6 +18,7 @@ resurrect it with old data.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
@@ -61,10 +62,12 @@ class _Entry:
 class SourceGate:
     """Last accepted (sent_at, seq) and parts seen, per source id."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_oldest")
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        self._oldest = math.inf
+        """No entry's `last_recv` is below this (a lower bound): `prune` below it has no work."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -92,6 +95,8 @@ class SourceGate:
     ) -> Verdict:
         """Judge one report (or part) and record it if accepted."""
         verdict = self.check(source, sent_at, seq, part, parts)
+        if verdict.accepted:
+            self._oldest = min(self._oldest, recv)
         if verdict is Verdict.NEW_REPORT:
             self._entries[source] = _Entry(sent_at, seq, parts, {part}, recv)
         elif verdict is Verdict.NEW_PART:
@@ -119,7 +124,10 @@ class SourceGate:
 
     def prune(self, older_than: float) -> list[str]:
         """Forget sources whose last acceptance was received before `older_than`."""
+        if older_than <= self._oldest:
+            return []  # runs every control tick: no pass over the sources until one can go
         gone = [s for s, e in self._entries.items() if e.last_recv < older_than]
         for s in gone:
             del self._entries[s]
+        self._oldest = min((e.last_recv for e in self._entries.values()), default=math.inf)
         return gone
