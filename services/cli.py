@@ -49,9 +49,13 @@ def add_nats_flag(p: argparse.ArgumentParser) -> None:
         help="NATS server URL(s), comma-separated "
         "(default: $FLEETPULSE_NATS_URL, then nats://127.0.0.1:4222)",
     )
+    add_nats_auth_flags(group)
+
+
+def add_nats_auth_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     for name, metavar, text in NATS_AUTH_FLAGS:
         env = ENV_PREFIX + name.upper().replace("-", "_")
-        group.add_argument(f"--nats-{name}", default=None, metavar=metavar, help=f"{text} (${env})")
+        p.add_argument(f"--nats-{name}", default=None, metavar=metavar, help=f"{text} (${env})")
 
 
 def apply_nats_flags(args: argparse.Namespace) -> None:
@@ -162,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run fleetpulse on this machine with an embedded nats-server")
     add_up_arguments(up)
+    add_nats_auth_flags(up.add_argument_group("credentials for an external NATS (--nats)"))
     up.set_defaults(func=_cmd_up)
 
     from services.replica.config import add_replica_arguments
