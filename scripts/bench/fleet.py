@@ -14,7 +14,8 @@ startup until every replica is a member, a warm-up, a steady-state window, then 
 fp_targets.
 
 Measured in the steady window: control-loop tick p50/p99 (exact per-tick samples from the
-controller's --stats-file), controller CPU (/proc/PID/stat), ingest ms per second by format,
+controller's --stats-file; the decision alone, its thread CPU time, and the KV write-behind's
+write latency apart), controller CPU (/proc/PID/stat), ingest ms per second by format,
 health gap p50/p99/max (time between fresh observations the controller was offered, per
 replica), deadline misses (probes the controller sent to healthy replicas per replica-period),
 standalone heartbeats by reason, probes/s, messages/s on the bus (nats-server /varz).
@@ -115,8 +116,18 @@ class StatsFile:
         return self.lines
 
     def ticks(self, t0: float, t1: float) -> np.ndarray:
-        rows = [t[:4] for line in self.poll() for t in line["ticks"] if t0 <= t[0] < t1]
-        return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+        """[start, duration, late, core, core_cpu] per tick (core_cpu NaN in older files)."""
+        rows = [
+            [*t, math.nan][:5] for line in self.poll() for t in line["ticks"] if t0 <= t[0] < t1
+        ]
+        return np.asarray(rows, dtype=np.float64).reshape(-1, 5)
+
+    def writes(self, t0: float, t1: float) -> np.ndarray:
+        """Durations of the KV write attempts reported in lines written in [t0, t1)."""
+        return np.asarray(
+            [w for line in self.poll() if t0 <= line["mono"] < t1 for w in line.get("writes", ())],
+            dtype=np.float64,
+        )
 
     def last(self) -> dict[str, Any]:
         lines = self.poll()
@@ -296,6 +307,8 @@ class Point:
         loop = ticks[:, 1] * 1e3
         late = ticks[:, 2] * 1e3
         core = ticks[:, 3] * 1e3
+        core_cpu = ticks[:, 4] * 1e3
+        writes = self.stats.writes(b["t"], e["t"]) * 1e3
         sb, se = b["sim"], e["sim"]
         assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
         probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
@@ -318,6 +331,17 @@ class Point:
             "loop_max_ms": float(loop.max()) if loop.size else math.nan,
             "core_p50_ms": _pct(core, 50),
             "core_p99_ms": _pct(core, 99),
+            "core_cpu_p50_ms": _pct(core_cpu, 50),
+            "core_cpu_p99_ms": _pct(core_cpu, 99),
+            # the decision is synchronous: wall time over its thread's CPU time is time spent
+            # waiting for a CPU (or collecting garbage, counted apart)
+            "core_waited_ms_max": float(np.nanmax(core - core_cpu)) if core.size else math.nan,
+            "core_waited_ticks": int(np.count_nonzero(core - core_cpu > 1.0)),
+            "kv_writes": int(writes.size),
+            "kv_write_p50_ms": _pct(writes, 50),
+            "kv_write_p99_ms": _pct(writes, 99),
+            "kv_write_failures": e["ctl"].get("writes_failed", 0)
+            - b["ctl"].get("writes_failed", 0),
             "tick_late_p99_ms": _pct(late, 99),
             "controller_cpu": (e["ctl_cpu"] - b["ctl_cpu"]) / span,
             "controller_rss_mib": rss_mib(self.proc.pid),
@@ -383,7 +407,7 @@ def _delta(b: dict[str, Any], e: dict[str, Any], key: str) -> list[float]:
 
 
 def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.percentile(a, q)) if a.size else math.nan
+    return float(np.nanpercentile(a, q)) if a.size and not np.isnan(a).all() else math.nan
 
 
 def _gaps(hist: np.ndarray) -> dict[str, float]:
@@ -404,7 +428,8 @@ def _gaps(hist: np.ndarray) -> dict[str, float]:
 
 def _brief(r: dict[str, Any]) -> str:
     return (
-        f"loop p50 {r['loop_p50_ms']:.2f} ms p99 {r['loop_p99_ms']:.2f} ms, "
+        f"loop p50 {r['loop_p50_ms']:.2f} ms p99 {r['loop_p99_ms']:.2f} ms "
+        f"(core p99 {r['core_p99_ms']:.2f}, its CPU p99 {r['core_cpu_p99_ms']:.2f}), "
         f"cpu {r['controller_cpu']:.2f}, misses {r['misses_pct']:.4f}%, "
         f"hb behind routers {r['heartbeats_behind_routers']}, "
         f"detect {r['detect_unhealthy_max_s']:.1f}/{r['detect_silent_max_s']:.1f} s, "
@@ -493,10 +518,12 @@ def table(rows: Sequence[dict[str, Any]]) -> None:
 
     print_table(
         "Fleet scale (steady state; detect = fault injection to drop from fp_targets)",
-        ["N", "iv s", "loop p50", "p99", "cpu", "gap p99 s", "misses %", "hb/s", "hb behind",
-         "probes/s", "bus in/s", "det unh s", "det sil s", "startup s"],
+        ["N", "iv s", "loop p50", "p99", "core p99", "its cpu", "kv w p99", "cpu", "gap p99 s",
+         "misses %", "hb/s", "hb behind", "probes/s", "bus in/s", "det unh s", "det sil s",
+         "startup s"],
         [
             [r["replicas"], r["metrics_interval_s"], r["loop_p50_ms"], r["loop_p99_ms"],
+             r["core_p99_ms"], r["core_cpu_p99_ms"], r["kv_write_p99_ms"],
              r["controller_cpu"], r["gap_p99_s"], r["misses_pct"], r["heartbeats_per_s"],
              r["heartbeats_behind_routers"], r["probes_per_s"], r["bus_in_msgs_per_s"],
              r["detect_unhealthy_max_s"], r["detect_silent_max_s"], r["startup_s"]]
@@ -561,10 +588,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out.relative_to(ROOT)}" + (f" and {path}" if path else ""))
     for r in rows:
         result_line(
-            "fleet", replicas=r["replicas"], metrics_interval_s=r["metrics_interval_s"],
-            loop_p50_ms=r["loop_p50_ms"], loop_p99_ms=r["loop_p99_ms"],
-            misses_pct=r["misses_pct"], heartbeats_behind_routers=r["heartbeats_behind_routers"],
+            "fleet", replicas=r["replicas"], loop_p50_ms=r["loop_p50_ms"],
+            loop_p99_ms=r["loop_p99_ms"], misses_pct=r["misses_pct"],
+            heartbeats_behind_routers=r["heartbeats_behind_routers"],
             controller_cpu=r["controller_cpu"], detect_s=r["detect_unhealthy_max_s"],
+            metrics_interval_s=r["metrics_interval_s"], core_p99_ms=r["core_p99_ms"],
+            core_cpu_p99_ms=r["core_cpu_p99_ms"],
         )  # fmt: skip
     return 0
 

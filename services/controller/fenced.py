@@ -38,8 +38,9 @@ class FencedWriter:
         self.fenced = 0
 
     async def put(self, key: str, value: bytes, epoch: int | None = None) -> bool:
-        """Write unless a newer owner wrote the key. True when written. `epoch` overrides the
-        writer's own (the group hands out one epoch per partition)."""
+        """Write unless a newer owner wrote the key. True when written, False when fenced;
+        raises `KVConflict` when the revision race kept being lost, and whatever the KV raises.
+        `epoch` overrides the writer's own (the group hands out one epoch per partition)."""
         mine = self.owner_epoch if epoch is None else epoch
         for _ in range(3):
             rev = self._revisions.get(key)
@@ -59,8 +60,8 @@ class FencedWriter:
                 current = await self.kv.get(key)
                 if current is not None and self.epoch_of(current.value) > mine:
                     return self._fenced(key, mine)
-        log.warning("gave up writing %s after repeated revision conflicts", key)
-        return False
+        # not fenced, just busy: the caller's retry (kv_writer.py) tries again later
+        raise KVConflict(key, self._revisions.get(key), "lost the revision race 3 times")
 
     async def delete(self, key: str, epoch: int | None = None) -> None:
         mine = self.owner_epoch if epoch is None else epoch

@@ -43,6 +43,15 @@ a few fancy indexes, never a Python loop per row. Every channel that carries a `
   replica never heard from (maybe still loading its model) with no responders counts a probe
   timeout, not gone.
 
+Cost: `evaluate` runs every control tick for every deployment, and in a steady fleet it finds
+nothing: no replica stale, no new verdict. So the registry keeps what it needs to know that
+without looking: a counter of changes that could create a verdict (a failure count reaching the
+threshold, an exit, a probe that failed, a membership change), a lower bound on the earliest
+`fresh_until` of the open replicas (lowered by every observation, recomputed by each full
+evaluation), and the counts the evaluation reports. While no such change happened and `now` has
+not reached the bound, `evaluate` returns the same empty result without touching the arrays
+(a test checks it against the full evaluation over random histories).
+
 Pure: no clock, no I/O, no logging. Membership follows the index: every entry point first syncs
 with it (cheap when `index.version` is unchanged; one pass over the slots when it changed).
 """
@@ -72,6 +81,10 @@ MAX_STALE_SLACK_S: Final = 2.0
 _NEVER: Final = -math.inf
 _NO_REASONS: Final = np.zeros(0, dtype=np.int8)
 _NO_REASONS.setflags(write=False)
+_NO_SLOTS: Final = np.zeros(0, dtype=np.int64)
+_NO_SLOTS.setflags(write=False)
+_NO_TIMES: Final = np.zeros(0, dtype=np.float64)
+_NO_TIMES.setflags(write=False)
 _T = TypeVar("_T", bound=np.generic)
 
 Int64Array = npt.NDArray[np.int64]
@@ -165,7 +178,10 @@ class HealthRegistry:
     __slots__ = (
         "_checked",
         "_condemned",
+        "_counts",
+        "_evaluated_facts",
         "_exited",
+        "_facts",
         "_failures",
         "_fresh_until",
         "_gone",
@@ -175,8 +191,10 @@ class HealthRegistry:
         "_live",
         "_probe_timeouts",
         "_recv",
+        "_stale_floor",
         "_synced_version",
         "failure_threshold",
+        "fast_path",
         "freshness_s",
         "probe_timeout_limit",
         "relay_slack_s",
@@ -228,6 +246,16 @@ class HealthRegistry:
         self._probe_timeouts = np.zeros(0, dtype=np.int32)
         self._condemned: BoolArray = np.zeros(0, dtype=np.bool_)
         self._synced_version = -1
+        self._facts = 0
+        """Bumped by every change that could make an open replica due a verdict."""
+        self._evaluated_facts = -1
+        """`_facts` at the last full, unheld evaluation (-1: none yet, or it was held)."""
+        self._stale_floor = -math.inf
+        """No open replica's `fresh_until` is below this (a lower bound; -inf: unknown)."""
+        self._counts = (0, 0, 0)
+        """(live, unreported, condemned) as of the last full evaluation."""
+        self.fast_path = True
+        """False: always evaluate in full (the reference the fast path is tested against)."""
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -248,6 +276,8 @@ class HealthRegistry:
                     self._fresh_until[slot] = now + self.startup_grace_s
                 ids[slot] = rid
         self._synced_version = self._index.version
+        self._facts += 1
+        self._stale_floor = -math.inf
 
     def _grow(self, capacity: int) -> None:
         old = len(self._live)
@@ -338,18 +368,25 @@ class HealthRegistry:
             replace |= back
             refresh |= back
         rp = p[replace]
+        rf = f[pick][replace]
+        if rp.size and (rf.max() >= self.failure_threshold or held[replace].min() == _NEVER):
+            self._facts += 1  # a failure count at the threshold, or a first report (counts)
         self._checked[rp] = c[replace]
         self._healthy[rp] = h[pick][replace]
-        self._failures[rp] = f[pick][replace]
+        self._failures[rp] = rf
         self._mark_heard(p[refresh], recv, 0.0 if direct else self.relay_slack_s)
-        return int(replace.sum())
+        return int(rp.size)
 
     def _mark_heard(self, slots: Int64Array | int, recv: float, slack: float = 0.0) -> None:
         # the latest receipt decides (a first report ends the startup grace early)
         self._recv[slots] = np.fmax(self._recv[slots], recv)
-        self._fresh_until[slots] = self._recv[slots] + (self.stale_after_s + slack)
+        fresh = self._recv[slots] + (self.stale_after_s + slack)
+        self._fresh_until[slots] = fresh
         self._probe_timeouts[slots] = 0
         self._gone[slots] = False
+        # a direct entry after a relayed one can move fresh_until back (no relay slack)
+        if np.size(fresh):
+            self._stale_floor = min(self._stale_floor, float(np.min(fresh)))
 
     def observe(
         self, replica: int | str, status: HealthStatus, recv: float, *, direct: bool = True
@@ -363,6 +400,8 @@ class HealthRegistry:
         c = status.checked_at
         replace = c > held or (direct and c < held and recv > self._fresh_until[slot])
         if replace:
+            if held == _NEVER or status.consecutive_failures >= self.failure_threshold:
+                self._facts += 1
             self._checked[slot] = c
             self._healthy[slot] = status.healthy
             self._failures[slot] = status.consecutive_failures
@@ -376,6 +415,7 @@ class HealthRegistry:
         if slot == NO_SLOT:
             return False
         self._exited[slot] = True
+        self._facts += 1
         return True
 
     def probe_result(
@@ -397,8 +437,10 @@ class HealthRegistry:
                 self.observe(slot, status, recv, direct=True)
         elif outcome is ProbeOutcome.NO_RESPONDERS and self._checked[slot] != _NEVER:
             self._gone[slot] = True
+            self._facts += 1
         else:
             self._probe_timeouts[slot] += 1
+            self._facts += 1
         return True
 
     # -- decisions -----------------------------------------------------------------------------
@@ -406,6 +448,21 @@ class HealthRegistry:
     def evaluate(self, now: float, *, hold_verdicts: bool) -> HealthEvaluation:
         """Stale replicas (to probe) and new unhealthy verdicts at `now`."""
         self.sync(now)
+        if (
+            self.fast_path
+            and not hold_verdicts
+            and self._facts == self._evaluated_facts
+            and now <= self._stale_floor
+        ):
+            # nothing could have earned a verdict since the last evaluation found none left,
+            # and no open replica's freshness has run out yet
+            n_live, unreported, condemned = self._counts
+            return HealthEvaluation(
+                _NO_SLOTS, _NO_TIMES, _NO_SLOTS, _NO_REASONS, n_live, 0, unreported, condemned, 0
+            )
+        return self._evaluate(now, hold_verdicts)
+
+    def _evaluate(self, now: float, hold_verdicts: bool) -> HealthEvaluation:
         live = self._live
         failed = self._failures >= self.failure_threshold
         fact = self._exited | failed
@@ -423,13 +480,21 @@ class HealthRegistry:
         reasons = _NO_REASONS if new_slots.size == 0 else self._reasons(new_slots, failed)
         self._condemned[new_slots] = True
 
-        stale_mask = live & ~self._condemned & (now > self._fresh_until)
+        still_open = live & ~self._condemned
+        open_fresh = self._fresh_until[still_open]
+        self._stale_floor = float(open_fresh.min()) if open_fresh.size else math.inf
+        stale_mask = still_open & (now > self._fresh_until)
         idx = np.flatnonzero(stale_mask).astype(np.int64)
         since = self._fresh_until[idx]
         if idx.size > 1:
             order = np.lexsort((idx, since))
             idx, since = idx[order], since[order]
         n_live = int(live.sum())
+        unreported = int((live & (self._checked == _NEVER)).sum())
+        condemned = int((live & self._condemned).sum())
+        self._counts = (n_live, unreported, condemned)
+        # under a hold, absences wait for the hold to end: the next evaluation must look again
+        self._evaluated_facts = -1 if hold_verdicts else self._facts
         return HealthEvaluation(
             stale_slots=idx,
             stale_since=since,
@@ -437,8 +502,8 @@ class HealthRegistry:
             unhealthy_reasons=reasons,
             live=n_live,
             stale=len(idx),
-            unreported=int((live & (self._checked == _NEVER)).sum()),
-            condemned=int((live & self._condemned).sum()),
+            unreported=unreported,
+            condemned=condemned,
             held=held,
         )
 

@@ -11,12 +11,13 @@ A failing key is logged when it first fails and then at most once per `warn_ever
 more when it lands.
 
 Why: a write awaited inside the tick made the tick wait for the KV round trip and for whatever
-ingest callbacks ran meanwhile (most of the loop's tail at 16,384 replicas, docs/benchmarks.md
-"Fleet scale"), a slow KV stalled deciding and probing with it, and a write that failed was
-dropped until the value changed again: a target set over max_payload meant a fleet that never
-started. Fencing stays with the write function: it stamps the epoch it holds at write time and
-drops a value for an app it no longer owns (or owns under another epoch than the decision was
-made at), and `FencedWriter` refuses a key a newer owner holds; those writes are done, not failed.
+ingest callbacks ran meanwhile (in a quiet window the fp_status refresh every 2 s set the loop's
+p99 at 16,384 replicas, docs/benchmarks.md "Fleet scale"), a slow KV stalled deciding and
+probing with it, and a write that failed was dropped until the value changed again: a target set
+over max_payload meant a fleet that never started. Fencing stays with the write function: it
+stamps the epoch it holds at write time and drops a value for an app it no longer owns (or owns
+under another epoch than the decision was made at), and `FencedWriter` refuses a key a newer
+owner holds; those writes are done, not failed.
 
 `WriteBacklog` is the bookkeeping (pure: every call takes `now`); `KVWriter` is the task.
 """

@@ -9,7 +9,8 @@ How it works:
    timeline; nothing is decided. Missing data is not zero load: a deployment whose window is not
    full after the rebuild still may not scale down until it is.
 3. Live: messages are fed with their local receipt time; every `control_interval_s` the core ticks
-   and the actions are carried out (fenced KV writes in order, probes as tasks).
+   and the actions are carried out (fenced KV writes queued in order and retried until they
+   land, kv_writer.py; probes as tasks).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from nats.aio.msg import Msg as NatsMsg
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -29,8 +31,16 @@ from services.agent.info import AGENT_TTL_S, AgentInfo
 from shared.appconfig import AppConfig
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.control import Membership, TargetSet
-from shared.errors import BusTimeout, ConfigError, FleetpulseError, NoResponders, WireError
+from shared.errors import (
+    BusError,
+    BusTimeout,
+    ConfigError,
+    FleetpulseError,
+    NoResponders,
+    WireError,
+)
 from shared.natsbus import NatsBus
+from shared.startup import retrying
 from shared.subjects import KV_AGENTS, KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
 from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
@@ -51,6 +61,7 @@ from .fenced import FencedWriter
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S, GroupCore, partition_of
 from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
+from .kv_writer import KVWriter
 from .stats import StatsDump, ingest_kind
 from .stream import (
     DEFAULT_PARTITIONS,
@@ -61,6 +72,12 @@ from .stream import (
 )
 
 log = logging.getLogger(__name__)
+
+KVAction = PutMembership | PutTargets | PutStatus | DeleteKey
+KVWrite = tuple[KVAction, int]
+"""A queued KV action and the partition epoch it was decided under."""
+STOP_FLUSH_S = 2.0
+"""How long `stop` lets queued KV writes land before stepping down."""
 
 EMPTY_PARTITION_QUIET_S = 0.3
 """A partition with no message this long after subscribing has no history to replay."""
@@ -100,10 +117,14 @@ class ControllerService:
         self._since: dict[int, float] = {}
         """Owned partition -> wall time its replay starts at; nothing older is ours to read."""
         self.group: GroupRunner | None = None
-        self._exported: dict[tuple[str, str], int] = {}
+        self.exporter = prom.Exporter()
         self._subs: dict[int, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: dict[str, FencedWriter] = {}
+        self._kv: KVWriter[KVWrite] = KVWriter(
+            self._write_kv, describe=_describe_key, on_done=self._wrote
+        )
+        """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
         self.ticks = 0
@@ -111,13 +132,35 @@ class ControllerService:
         self.stats = StatsDump(cfg.stats_file) if cfg.stats_file else None
         self.core_seconds = 0.0
         """How long the last tick's `core.tick` took (the rest of a tick is carrying it out)."""
+        self.core_cpu_seconds = 0.0
+        """The thread CPU time of the same call (less than `core_seconds`: descheduled)."""
 
     # -- startup -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        bus = self.bus = await NatsBus.connect(
+        """Connect (a wrong URL or credentials fail at once), then set up JetStream, retrying:
+        a cluster that is still forming or busy answers slowly, and giving up would leave the
+        group a member short until someone restarts this one."""
+        self.bus = await NatsBus.connect(
             self.cfg.nats_url, name=f"controller-{self.cfg.core.member_id}"
         )
+        await retrying("set up streams and buckets", self._set_up, self._stop, log)
+        self._spawn(self._watch_apps(), "apps")
+        self._spawn(self._watch_agents(), "agents")
+        self.group = GroupRunner(
+            self.bus,
+            GroupCore(self.cfg.core.member_id, self.cfg.partitions, self.cfg.member_ttl_s),
+            self._take_partition,
+            self._drop_partition,
+            heartbeat_s=self.cfg.heartbeat_s,
+            describe=self._describe,
+            clock=self.clock,
+        )
+        await retrying("join the controller group", self.group.start, self._stop, log)
+
+    async def _set_up(self) -> None:
+        bus = self.bus
+        assert bus is not None
         subjects = self.core.subjects
         self.stream = await ensure_stream(
             bus.js,
@@ -132,18 +175,6 @@ class ControllerService:
             await bus.kv(KV_MEMBERSHIP), 0, lambda v: Membership.decode(v).owner_epoch
         )
         await self._load_apps()
-        self._spawn(self._watch_apps(), "apps")
-        self._spawn(self._watch_agents(), "agents")
-        self.group = GroupRunner(
-            bus,
-            GroupCore(self.cfg.core.member_id, self.cfg.partitions, self.cfg.member_ttl_s),
-            self._take_partition,
-            self._drop_partition,
-            heartbeat_s=self.cfg.heartbeat_s,
-            describe=self._describe,
-            clock=self.clock,
-        )
-        await self.group.start()
 
     async def _load_apps(self) -> None:
         assert self.bus is not None
@@ -275,6 +306,7 @@ class ControllerService:
         self._replaying.pop(p, None)
         self._pending.pop(p, None)
         self._since.pop(p, None)
+        self.exporter.forget_partition(p, lambda app: partition_of(app, self.cfg.partitions))
         sub = self._subs.pop(p, None)
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -300,18 +332,26 @@ class ControllerService:
             recv = min(now, now - (self.clock.wall() - stored))
             self._sample_until(partition, apps, recv)
         subject = report_subject(self.core.subjects, msg.subject)
-        prom.INGEST_BYTES.inc(len(msg.data))
+        kind = ingest_kind(subject, msg.data)
+        self.exporter.ingest_n[kind] += 1
+        self.exporter.ingest_b[kind] += len(msg.data)
         if self.stats is None:
             self.core.ingest(subject, msg.data, recv)
             return
         started = time.perf_counter()
         self.core.ingest(subject, msg.data, recv)
-        self.stats.ingested(ingest_kind(subject, msg.data), time.perf_counter() - started)
+        self.stats.ingested(kind, time.perf_counter() - started)
 
     # -- control loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self.start()
+        try:
+            await self.start()
+        except BusError:
+            if self._stop.is_set():
+                return  # told to stop while still starting
+            raise
+        self._spawn(self._kv.run(), "kv-writer")
         interval = self.cfg.core.control_interval_s
         next_tick = self.clock.monotonic()
         while not self._stop.is_set():
@@ -336,7 +376,7 @@ class ControllerService:
 
     def _record_tick(self, scheduled: float, took: float, late: float) -> None:
         assert self.stats is not None
-        self.stats.tick(scheduled + late, took, late, self.core_seconds)
+        self.stats.tick(scheduled + late, took, late, self.core_seconds, self.core_cpu_seconds)
         self.stats.maybe_write(
             self.clock.monotonic(),
             probes=self.core.stats.probes,
@@ -375,24 +415,13 @@ class ControllerService:
     async def _tick(self) -> None:
         now = self.clock.monotonic()
         pending = sum(v or 0 for v in self._pending.values())
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         actions = self.core.tick(now, self.clock.wall(), pending=pending)
         self.core_seconds = time.perf_counter() - started
+        self.core_cpu_seconds = time.thread_time() - cpu
         self.ticks += 1
         await self._execute(actions)
-        self._export_counts()
-
-    def _export_counts(self) -> None:
-        """Move the core's counters into Prometheus (the core stays free of I/O libraries)."""
-        for family, counts, metric in (
-            ("dropped", self.core.stats.dropped, prom.BAD_INPUT),
-            ("ingested", self.core.stats.ingested, prom.INGESTED),
-        ):
-            for label, value in counts.items():
-                last = self._exported.get((family, label), 0)
-                if value > last:
-                    metric.labels(label).inc(value - last)
-                    self._exported[(family, label)] = value
+        self.exporter.tick(self.core.stats, self.core.stall_state, self._pending)
 
     def _epoch_of(self, app: str) -> int | None:
         return self._epochs.get(partition_of(app, self.cfg.partitions))
@@ -401,22 +430,45 @@ class ControllerService:
         for a in actions:
             try:
                 if isinstance(a, PutMembership | PutTargets | PutStatus):
-                    await self._write(a)
+                    self._submit(a)
                 elif isinstance(a, DeleteKey):
-                    epoch = self._epoch_of(a.key.split(".", 1)[0])
-                    if epoch is not None:
-                        await self._writers[a.bucket].delete(a.key, epoch)
+                    if a.bucket == KV_STATUS:
+                        self.exporter.forget_app(a.key)
+                    self._submit(a)
                 elif isinstance(a, Probe):
                     prom.PROBES.inc()
                     self._spawn(self._probe(a), "probe")
                 elif isinstance(a, Event):
-                    prom.EVENTS.labels(kind=a.kind).inc()
+                    self.exporter.event(a)
                     log.info(
                         "%s app=%s deployment=%s replica=%s %s",
                         a.kind, a.app, a.deployment, a.replica_id, a.detail,
                     )  # fmt: skip
             except FleetpulseError as exc:
+                prom.ACTION_ERRORS.labels(type(a).__name__).inc()
                 log.warning("action %s failed: %s", type(a).__name__, exc)
+
+    def _submit(self, a: KVAction) -> None:
+        """Queue a KV write (kv_writer.py) under the epoch we hold the app's partition at."""
+        epoch = self._epoch_of(_app_of(a))
+        if epoch is not None:  # None: handed over between decision and write
+            self._kv.submit(_key_of(a), (a, epoch))
+
+    async def _write_kv(self, item: KVWrite) -> None:
+        """One queued write; dropped if the partition changed hands (or epoch) since."""
+        a, decided = item
+        if self._epoch_of(_app_of(a)) != decided:
+            return
+        if isinstance(a, DeleteKey):
+            await self._writers[a.bucket].delete(a.key, decided)
+        else:
+            await self._write(a)
+
+    def _wrote(self, item: KVWrite, took: float, ok: bool) -> None:
+        if self.stats is not None:
+            self.stats.wrote(took, ok)
+        if not ok:
+            prom.ACTION_ERRORS.labels(type(item[0]).__name__).inc()
 
     async def _write(self, a: PutMembership | PutTargets | PutStatus) -> None:
         """A fenced write, stamped with the epoch at which we hold the app's partition."""
@@ -435,10 +487,12 @@ class ControllerService:
             await self._writers[KV_STATUS].put(
                 a.key, replace(a.value, owner_epoch=epoch).encode(), epoch
             )
+            self.exporter.status(a.value)
 
     async def _probe(self, a: Probe) -> None:
         assert self.bus is not None
         status: HealthStatus | None = None
+        prom.PROBES_IN_FLIGHT.inc()
         try:
             reply = await self.bus.request(
                 self.core.subjects.probe(a.replica_id), b"", timeout=self.cfg.probe_timeout_s
@@ -450,6 +504,8 @@ class ControllerService:
             outcome = ProbeOutcome.NO_RESPONDERS
         except BusTimeout:
             outcome = ProbeOutcome.TIMEOUT
+        finally:
+            prom.PROBES_IN_FLIGHT.dec()
         prom.PROBE_OUTCOMES.labels(outcome=outcome.value).inc()
         self.core.on_probe(
             a.app, a.deployment, a.replica_id, outcome, status, self.clock.monotonic()
@@ -462,6 +518,8 @@ class ControllerService:
 
     async def stop(self) -> None:
         self._stop.set()
+        # what the last ticks decided lands before we let go of the partitions
+        await self._kv.flush(STOP_FLUSH_S)
         if self.group is not None:
             with contextlib.suppress(Exception):
                 await self.group.step_down()
@@ -476,3 +534,18 @@ class ControllerService:
         if self.stats is not None:
             self.stats.close()
             self.stats = None
+
+
+def _app_of(a: KVAction) -> str:
+    return a.key.split(".", 1)[0]  # `{app}.{deployment}` or, for fp_status, `{app}`
+
+
+def _key_of(a: KVAction) -> tuple[str, str]:
+    if isinstance(a, DeleteKey):
+        return a.bucket, a.key
+    bucket = KV_TARGETS if isinstance(a, PutTargets) else KV_MEMBERSHIP
+    return (KV_STATUS if isinstance(a, PutStatus) else bucket), a.key
+
+
+def _describe_key(key: Hashable) -> str:
+    return "/".join(cast(tuple[str, str], key))
