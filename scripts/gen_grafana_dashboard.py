@@ -1,7 +1,7 @@
 """Write compose/grafana/dashboards/fleetpulse.json, the Grafana dashboard of the compose stack.
 
-    .venv/bin/python scripts/gen_grafana_dashboard.py          # rewrite the dashboard
-    .venv/bin/python scripts/gen_grafana_dashboard.py --check  # exit 1 if the committed file differs
+    .venv/bin/python -m scripts.gen_grafana_dashboard       # rewrite the dashboard
+    .venv/bin/python -m scripts.gen_grafana_dashboard --check  # exit 1 if the committed file differs
 
 Panels are listed here as (title, unit, queries) per row; the layout, ids and boilerplate of
 Grafana's JSON model are generated. tests/e2e/test_compose.py checks that every metric these
@@ -10,11 +10,12 @@ queries name is exposed by a running service. Metric meanings: docs/metrics.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from scripts.generated import write_or_check
 
 OUT = Path(__file__).resolve().parents[1] / "compose" / "grafana" / "dashboards" / "fleetpulse.json"
 W = "[$__rate_interval]"
@@ -145,20 +146,5 @@ def render() -> str:
     return json.dumps(dashboard, indent=2) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run scripts/gen_grafana_dashboard.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_or_check(__doc__, OUT, render))

@@ -1,7 +1,7 @@
 """Write compose/nats/accounts.conf: the fleet's NATS account, one user per role, least privilege.
 
-    .venv/bin/python scripts/gen_nats_accounts.py          # rewrite compose/nats/accounts.conf
-    .venv/bin/python scripts/gen_nats_accounts.py --check  # exit 1 if the committed file differs
+    .venv/bin/python -m scripts.gen_nats_accounts       # rewrite compose/nats/accounts.conf
+    .venv/bin/python -m scripts.gen_nats_accounts --check  # exit 1 if the committed file differs
 
 The roles are defined here, in one table, because the NATS config format cannot splice one list
 into another: every role that reads a KV bucket needs the same nine JetStream subjects for it,
@@ -10,10 +10,11 @@ and written out by hand they would drift. The output is committed and reviewed l
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from scripts.generated import write_or_check
 
 OUT = Path(__file__).resolve().parents[1] / "compose" / "nats" / "accounts.conf"
 ACCOUNT = "FLEETPULSE"
@@ -179,20 +180,5 @@ def render() -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run scripts/gen_nats_accounts.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_or_check(__doc__, OUT, render))

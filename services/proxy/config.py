@@ -7,16 +7,15 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final, TypeVar
+from typing import Final
 
 from services.proxy.holding import DEFAULT_MAX_HELD_PER_APP, DEFAULT_MAX_WAIT_S
-from services.router.config import ENV_NAMESPACE, RouterConfig
+from services.router.config import ENV_NAMESPACE, RouterConfig, env_value, first_given
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
 ENV_PROXY_HOST: Final = "FLEETPULSE_PROXY_HOST"
 ENV_PROXY_PORT: Final = "FLEETPULSE_PROXY_PORT"
-T = TypeVar("T")
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8000
@@ -84,12 +83,12 @@ class ProxyConfig:
             router = replace(router, metrics_interval_s=args.metrics_interval)
         return cls(
             nats_url=args.nats,
-            host=_first(args.host, env.get(ENV_PROXY_HOST), DEFAULT_HOST),
-            port=_first(args.port, _int_env(env, ENV_PROXY_PORT), DEFAULT_PORT),
-            namespace=_first(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
-            max_held_per_app=_first(args.max_held, DEFAULT_MAX_HELD_PER_APP),
-            max_wait_s=_first(args.max_wait, DEFAULT_MAX_WAIT_S),
-            retry_after_s=_first(args.retry_after, DEFAULT_RETRY_AFTER_S),
+            host=first_given(args.host, env.get(ENV_PROXY_HOST), DEFAULT_HOST),
+            port=first_given(args.port, env_value(env, ENV_PROXY_PORT, int), DEFAULT_PORT),
+            namespace=first_given(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            max_held_per_app=first_given(args.max_held, DEFAULT_MAX_HELD_PER_APP),
+            max_wait_s=first_given(args.max_wait, DEFAULT_MAX_WAIT_S),
+            retry_after_s=first_given(args.retry_after, DEFAULT_RETRY_AFTER_S),
             request_timeout_s=args.request_timeout,
             publish_routes=not args.no_publish_routes,
             drain_timeout_s=args.drain_timeout,
@@ -160,20 +159,3 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
     )
-
-
-def _int_env(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"cannot parse {raw!r}", source="environment", field=name) from None
-
-
-def _first(*values: T | None) -> T:
-    for v in values:
-        if v is not None:
-            return v
-    raise ConfigError("no value")  # unreachable: the last argument is a default

@@ -77,10 +77,10 @@ class RouterConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
-        columnar = _env(env, ENV_COLUMNAR_MIN_REPLICAS, int)
+        columnar = env_value(env, ENV_COLUMNAR_MIN_REPLICAS, int)
         if columnar is not None:
             values["columnar_min_replicas"] = columnar
-        interval = _env(env, ENV_METRICS_INTERVAL_S, float)
+        interval = env_value(env, ENV_METRICS_INTERVAL_S, float)
         if interval is not None:
             values["metrics_interval_s"] = interval
         values.update(overrides)
@@ -133,18 +133,18 @@ class GatewayConfig:
         router = replace(router, **{k: v for k, v in overrides.items() if v is not None})
         return cls(
             nats_url=args.nats,
-            namespace=_first(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
-            queue_group=_first(
+            namespace=first_given(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            queue_group=first_given(
                 args.queue_group, env.get(ENV_GATEWAY_QUEUE_GROUP), DEFAULT_GATEWAY_QUEUE_GROUP
             ),
-            deadline_s=_first(
+            deadline_s=first_given(
                 args.deadline,
-                _env(env, ENV_GATEWAY_DEADLINE_S, float),
+                env_value(env, ENV_GATEWAY_DEADLINE_S, float),
                 DEFAULT_GATEWAY_DEADLINE_S,
             ),
             drain_timeout_s=args.drain_timeout,
             router=router,
-            metrics_port=_first(args.metrics_port, _env(env, ENV_METRICS_PORT, int), 0),
+            metrics_port=first_given(args.metrics_port, env_value(env, ENV_METRICS_PORT, int), 0),
         )
 
 
@@ -199,7 +199,8 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _env(env: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:
+def env_value(env: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:
+    """`env[name]` parsed, None when unset or empty; ConfigError naming the variable if bad."""
     raw = env.get(name)
     if raw is None or raw == "":
         return None
@@ -209,7 +210,8 @@ def _env(env: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | No
         raise ConfigError(f"cannot parse {raw!r}", source="environment", field=name) from None
 
 
-def _first(*values: T | None) -> T:
+def first_given(*values: T | None) -> T:
+    """The first value that is not None (flag, then environment, then default)."""
     for v in values:
         if v is not None:
             return v

@@ -24,4 +24,4 @@ def _script(name: str) -> ModuleType:
 @pytest.mark.parametrize("name", ["gen_nats_accounts", "gen_grafana_dashboard"])
 def test_generated_file_is_current(name: str) -> None:
     script = _script(name)
-    assert script.OUT.read_text() == script.render(), f"run scripts/{name}.py"
+    assert script.OUT.read_text() == script.render(), f"run: python -m scripts.{name}"
