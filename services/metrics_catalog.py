@@ -18,7 +18,35 @@ import logging
 import os
 from typing import Final
 
+from prometheus_client import Histogram
+
 log = logging.getLogger(__name__)
+
+REQUEST_LATENCY_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+"""Request latency buckets of the replica, router and proxy: up to the proxy's hold bound and
+beyond, so a request that waited through a cold start lands in the tail, not off the scale."""
+
+
+class LatencyByOutcome:
+    """One deployment's children of an (app, deployment, outcome) histogram, made on first use:
+    `labels()` costs a lock and a dict lookup, too much for every request."""
+
+    __slots__ = ("_app", "_children", "_deployment", "_histogram")
+
+    def __init__(self, histogram: Histogram, app: str, deployment: str) -> None:
+        self._histogram, self._app, self._deployment = histogram, app, deployment
+        self._children: dict[str, Histogram] = {}
+
+    def observe(self, outcome: str, seconds: float) -> None:
+        child = self._children.get(outcome)
+        if child is None:
+            child = self._children[outcome] = self._histogram.labels(
+                self._app, self._deployment, outcome
+            )
+        child.observe(seconds)
+
 
 ENV_METRICS_PORT: Final = "FLEETPULSE_METRICS_PORT"
 

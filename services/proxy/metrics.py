@@ -19,12 +19,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S
 from services.proxy.registry import RouteTable
 
-LATENCY_BUCKETS_S: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
-"""Up to the hold bound and beyond: a request held through a cold start lands in the tail."""
 NO_APP: Final = ""
 """The `app` label of requests that matched no application."""
 
@@ -36,7 +33,7 @@ class ProxyMetrics:
             "fleetpulse_proxy_request_duration_seconds",
             "HTTP requests through the proxy, until the last byte of the response",
             ["app", "code"],
-            buckets=LATENCY_BUCKETS_S,
+            buckets=REQUEST_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
         self.held = Gauge(

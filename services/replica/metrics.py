@@ -11,9 +11,8 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-LATENCY_BUCKETS_S: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
+from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
+
 OK: Final = "ok"
 
 REQUEST_SECONDS = Histogram(
@@ -21,7 +20,7 @@ REQUEST_SECONDS = Histogram(
     "Admitted requests, from admission until the last reply was sent, by outcome "
     "(ok, or the error code sent: user_error, deadline_exceeded, replica_shutdown, ...)",
     ["app", "deployment", "outcome"],
-    buckets=LATENCY_BUCKETS_S,
+    buckets=REQUEST_LATENCY_BUCKETS_S,
 )
 ADMISSIONS = Counter(
     "fleetpulse_replica_admissions_total",
@@ -50,8 +49,6 @@ class ReplicaMetrics:
     """One replica's label children, bound once."""
 
     __slots__ = (
-        "_app",
-        "_deployment",
         "_latency",
         "accepted",
         "frames",
@@ -65,8 +62,7 @@ class ReplicaMetrics:
     )
 
     def __init__(self, app: str, deployment: str) -> None:
-        self._app, self._deployment = app, deployment
-        self._latency: dict[str, Histogram] = {}
+        self._latency = LatencyByOutcome(REQUEST_SECONDS, app, deployment)
         self.accepted = ADMISSIONS.labels(app, deployment, "accepted")
         self.rejected = ADMISSIONS.labels(app, deployment, "rejected")
         self.ongoing = ONGOING.labels(app, deployment)
@@ -78,9 +74,4 @@ class ReplicaMetrics:
         self.probes = HEALTH_MESSAGES.labels(app, deployment, "probe")
 
     def observe(self, outcome: str, seconds: float) -> None:
-        child = self._latency.get(outcome)
-        if child is None:
-            child = self._latency[outcome] = REQUEST_SECONDS.labels(
-                self._app, self._deployment, outcome
-            )
-        child.observe(seconds)
+        self._latency.observe(outcome, seconds)

@@ -13,6 +13,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
 from services.router.errors import (
     BackPressureError,
     DeadlineExceeded,
@@ -23,10 +24,6 @@ from services.router.errors import (
 )
 from shared.errors import BusError
 
-LATENCY_BUCKETS_S: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
-"""A request queued through a cold start lands in the tail."""
 REPLICA_CODES: Final = frozenset(
     {
         "bad_request",
@@ -45,7 +42,7 @@ REQUEST_SECONDS = Histogram(
     "Requests through a router, from the call (queueing included) until the response was read "
     "or the call failed, by outcome",
     ["app", "deployment", "outcome"],
-    buckets=LATENCY_BUCKETS_S,
+    buckets=REQUEST_LATENCY_BUCKETS_S,
 )
 QUEUED = Gauge(
     "fleetpulse_router_queued_requests",
@@ -87,21 +84,14 @@ def outcome_of(exc: BaseException) -> str:
 class RouterMetrics:
     """One router's label children, bound once."""
 
-    __slots__ = ("_app", "_deployment", "_latency", "queued", "rejected", "reports", "unreachable")
+    __slots__ = ("_latency", "queued", "rejected", "reports", "unreachable")
 
     def __init__(self, app: str, deployment: str) -> None:
-        self._app = app
-        self._deployment = deployment
-        self._latency: dict[str, Histogram] = {}
+        self._latency = LatencyByOutcome(REQUEST_SECONDS, app, deployment)
         self.queued = QUEUED.labels(app, deployment)
         self.rejected = RETRIES.labels(app, deployment, "rejected")
         self.unreachable = RETRIES.labels(app, deployment, "unreachable")
         self.reports = REPORTS.labels(app, deployment)
 
     def observe(self, outcome: str, seconds: float) -> None:
-        child = self._latency.get(outcome)
-        if child is None:
-            child = self._latency[outcome] = REQUEST_SECONDS.labels(
-                self._app, self._deployment, outcome
-            )
-        child.observe(seconds)
+        self._latency.observe(outcome, seconds)
