@@ -156,16 +156,52 @@ def healthcheck_url(test: list[str], svc_ports: dict[str, int]) -> str:
     return url
 
 
-@pytest.fixture
-def compose_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+@dataclass
+class Stack:
+    doc: dict[str, Any]
+    services: list[Service]
+
+    @property
+    def running(self) -> list[Service]:
+        return [s for s in self.services if s.name != "deploy"]
+
+    def only(self, name: str) -> Service:
+        (svc,) = [s for s in self.services if s.name == name]
+        return svc
+
+    def logs(self, tail: int | None = 25) -> str:
+        parts = []
+        for svc in self.services:
+            if svc.log is not None and svc.log.exists():
+                lines = svc.log.read_text(errors="replace").splitlines()
+                parts.append(
+                    f"--- {svc.name}-{svc.index}\n" + "\n".join(lines[-tail if tail else 0 :])
+                )
+        return "\n".join(parts)
+
+    def stop(self, timeout: float = 20.0) -> dict[str, int | None]:
+        for svc in self.services:
+            if svc.proc is not None and svc.proc.poll() is None:
+                svc.proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        for svc in self.services:
+            if svc.proc is not None:
+                try:
+                    codes[f"{svc.name}-{svc.index}"] = svc.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    codes[f"{svc.name}-{svc.index}"] = None
+                    svc.proc.kill()
+                    svc.proc.wait()
+        return codes
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole compose stack as local processes, the example app deployed, the proxy answering."""
     env = dotenv()
+    mp = pytest.MonkeyPatch()
     for key, value in env.items():  # what compose passes the NATS nodes (their passwords)
-        monkeypatch.setenv(key, value)
-    return env
-
-
-@pytest.fixture
-def cluster(compose_env: dict[str, str]) -> Iterator[NatsCluster]:
+        mp.setenv(key, value)
     doc = load_compose()
     for i in (1, 2, 3):
         command = doc["services"][f"nats-{i}"]["command"]
@@ -173,69 +209,70 @@ def cluster(compose_env: dict[str, str]) -> Iterator[NatsCluster]:
         assert command == [
             "-c", "/etc/nats/nats.conf", "--server_name", f"nats-{i}", "-sd", "/data/jetstream"
         ]  # fmt: skip
-    c = NatsCluster(3, config_file=COMPOSE / "nats" / "nats.conf")
-    c.start()
+    cluster = NatsCluster(3, config_file=COMPOSE / "nats" / "nats.conf")
+    tmp = tmp_path_factory.mktemp("compose")
+    st = Stack(doc, [])
     try:
-        yield c
+        cluster.start()
+        st.services = plan(doc, env, cluster.url, tmp)
+        for svc in st.running:
+            start(svc, tmp)
+        deploy = st.only("deploy")
+        start(deploy, tmp)
+        assert deploy.proc is not None and deploy.proc.wait(60) == 0, st.logs()
+        yield st
     finally:
-        c.stop()
+        st.stop()
+        cluster.stop()
+        mp.undo()
 
 
-def test_compose_stack_serves_the_example_app(
-    cluster: NatsCluster, compose_env: dict[str, str], tmp_path: Path
-) -> None:
-    doc = load_compose()
-    services = plan(doc, compose_env, cluster.url, tmp_path)
-    names = sorted({s.name for s in services})
+def test_the_stack_is_what_the_compose_file_says(stack: Stack) -> None:
+    names = sorted({s.name for s in stack.services})
     assert names == ["agent", "controller", "deploy", "proxy", "recorder", "router"]
-    assert [s.name for s in services].count("controller") == 2
-    assert [s.name for s in services].count("agent") == 2
-    running = [s for s in services if s.name != "deploy"]
-    try:
-        for svc in running:
-            start(svc, tmp_path)
-        (deploy,) = [s for s in services if s.name == "deploy"]
-        start(deploy, tmp_path)
-        assert deploy.proc is not None and deploy.proc.wait(60) == 0, deploy.log.read_text()  # type: ignore[union-attr]
+    assert [s.name for s in stack.services].count("controller") == 2
+    assert [s.name for s in stack.services].count("agent") == 2
+    assert stack.only("deploy").proc.returncode == 0  # type: ignore[union-attr]
 
-        (proxy,) = [s for s in services if s.name == "proxy"]
-        url = f"http://127.0.0.1:{proxy.http_port}/greet?name=compose"
-        deadline, last = time.monotonic() + 90, (0, b"")
-        while time.monotonic() < deadline:
-            for svc in running:
-                assert svc.proc is not None and svc.proc.poll() is None, _logs(services)
-            try:
-                last = get(url)
-            except OSError as exc:
-                last = (0, str(exc).encode())
-            if last[0] == 200:
-                break
-            time.sleep(0.5)
-        assert last[0] == 200, f"proxy answered {last}\n" + _logs(services)
-        assert json.loads(last[1])["message"] == "hello, compose"
 
-        for svc in running:  # each service's compose healthcheck, against this process
-            spec = doc["services"][svc.name]
-            test = (spec.get("healthcheck") or {}).get("test")
-            assert test, f"{svc.name} has no healthcheck"
-            ports = {METRICS_PORT: svc.metrics_port, PROXY_PORT: svc.http_port or 0}
-            status, _ = get(healthcheck_url(test, ports))
-            assert status == 200, f"{svc.name} healthcheck failed"
+def test_the_proxy_answers_for_the_deployed_app(stack: Stack) -> None:
+    url = f"http://127.0.0.1:{stack.only('proxy').http_port}/greet?name=compose"
+    deadline, last = time.monotonic() + 90, (0, b"")
+    while time.monotonic() < deadline:
+        for svc in stack.running:
+            assert svc.proc is not None and svc.proc.poll() is None, stack.logs()
+        try:
+            last = get(url)
+        except OSError as exc:
+            last = (0, str(exc).encode())
+        if last[0] == 200:
+            break
+        time.sleep(0.5)
+    assert last[0] == 200, f"proxy answered {last}\n" + stack.logs()
+    assert json.loads(last[1])["message"] == "hello, compose"
 
-        _check_dashboard_metrics(running)
-        logs = _logs(services)
-        assert "permissions violation" not in logs.lower(), logs
-    finally:
-        for svc in services:
-            if svc.proc is not None and svc.proc.poll() is None:
-                svc.proc.send_signal(signal.SIGTERM)
-        for svc in services:
-            if svc.proc is not None:
-                try:
-                    svc.proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    svc.proc.kill()
-                    svc.proc.wait()
+
+def test_every_healthcheck_passes(stack: Stack) -> None:
+    for svc in stack.running:  # each service's compose healthcheck, against this process
+        test = (stack.doc["services"][svc.name].get("healthcheck") or {}).get("test")
+        assert test, f"{svc.name} has no healthcheck"
+        ports = {METRICS_PORT: svc.metrics_port, PROXY_PORT: svc.http_port or 0}
+        status, _ = get(healthcheck_url(test, ports))
+        assert status == 200, f"{svc.name} healthcheck failed"
+
+
+def test_every_dashboard_metric_is_exposed(stack: Stack) -> None:
+    _check_dashboard_metrics(stack.running)
+
+
+def test_no_role_was_refused_anything(stack: Stack) -> None:
+    logs = stack.logs(tail=None)
+    assert "permissions violation" not in logs.lower(), logs
+
+
+def test_every_service_stops_cleanly_on_sigterm(stack: Stack) -> None:
+    codes = stack.stop()
+    assert codes and all(code == 0 for code in codes.values()), f"{codes}\n{stack.logs()}"
 
 
 def _check_dashboard_metrics(running: list[Service]) -> None:
@@ -271,12 +308,3 @@ def _exprs(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for item in node:
             yield from _exprs(item)
-
-
-def _logs(services: list[Service]) -> str:
-    parts = []
-    for svc in services:
-        if svc.log is not None and svc.log.exists():
-            tail = "\n".join(svc.log.read_text(errors="replace").splitlines()[-25:])
-            parts.append(f"--- {svc.name}-{svc.index}\n{tail}")
-    return "\n".join(parts)
