@@ -147,6 +147,13 @@ class GroupRunner:
             await self._beat()
             now = self.clock.monotonic()
             if now - self._last_beat_ok > self.core.member_ttl_s:
+                # A beat that timed out while our own loop was busy (a first tick over a huge
+                # fleet can take seconds) says nothing about NATS: try once more before letting
+                # go. If another member took over meanwhile, its leases show up as Lose actions,
+                # and its higher epoch fences our writes either way.
+                await self._beat()
+                now = self.clock.monotonic()
+            if now - self._last_beat_ok > self.core.member_ttl_s:
                 for p in sorted(self.core.owned):  # the others may have taken over by now
                     log.warning("cannot refresh membership: dropping partition %d", p)
                     await self.on_drop(p)
