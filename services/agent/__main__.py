@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from services.metrics_catalog import serve_metrics
+from shared.signals import on_stop_signals
 
 from .config import AgentConfig, add_agent_arguments, config_from_args
 from .service import AgentService
@@ -24,11 +24,9 @@ log = logging.getLogger(__name__)
 
 async def serve(cfg: AgentConfig) -> int:
     service = AgentService(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stop)
     serve_metrics(cfg.metrics_port, "agent")
-    await service.run()
+    with on_stop_signals(service.stop):
+        await service.run()
     log.info("agent %s stopped", cfg.agent_id)
     return 0
 

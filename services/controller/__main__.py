@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 import uuid
 
 from services.metrics_catalog import add_metrics_port_argument, serve_metrics
+from shared.signals import on_stop_signals
 from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
@@ -93,14 +93,12 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
 
 async def serve(cfg: ServiceConfig) -> int:
     service = ControllerService(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service._stop.set)
     serve_metrics(cfg.metrics_port, "controller")
-    try:
-        await service.run()
-    finally:
-        await service.stop()
+    with on_stop_signals(service._stop.set):  # also while stepping down: a second signal waits
+        try:
+            await service.run()
+        finally:
+            await service.stop()
     return 0
 
 

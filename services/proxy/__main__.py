@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from typing import Any
 
 from services.proxy.config import ProxyConfig, add_proxy_arguments
 from services.proxy.server import ProxyServer, serve_until
 from shared.natsbus import NatsBus
+from shared.signals import on_stop_signals
 
 __all__ = ["add_proxy_arguments", "main", "run_from_args", "serve"]
 
@@ -27,18 +26,11 @@ async def serve(config: ProxyConfig, *, stop: asyncio.Event | None = None, **kw:
     """Connect, serve until `stop` is set (or SIGTERM/SIGINT), then shut down gracefully."""
     bus = await NatsBus.connect(config.nats_url, name="fleetpulse-proxy")
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            handled.append(sig)
     try:
-        await serve_until(ProxyServer(bus, config, **kw), stop)
+        with on_stop_signals(stop.set):
+            await serve_until(ProxyServer(bus, config, **kw), stop)
         log.info("proxy: stopped")
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
         await bus.close()
     return 0
 

@@ -22,7 +22,6 @@ import contextlib
 import logging
 import math
 import re
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
 from shared.natsbus import NatsBus
+from shared.signals import on_stop_signals
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 from .files import (
@@ -458,11 +458,5 @@ def run_record(args: argparse.Namespace) -> int:
 
 async def _record_until_signal(cfg: RecordConfig) -> RecordStats:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with on_stop_signals(stop.set):
         return await record_live(cfg, stop=stop)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)

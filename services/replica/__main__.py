@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from services.metrics_catalog import serve_metrics
 from shared.natsbus import NatsBus
+from shared.signals import on_stop_signals
 
 from .config import ReplicaConfig, add_replica_arguments, config_from_args
 from .runtime import ReplicaRuntime
@@ -27,14 +27,12 @@ async def serve(cfg: ReplicaConfig) -> int:
     except OSError as exc:  # serving requests matters more than being scraped
         log.warning("replica %s: no metrics on port %d: %s", cfg.replica_id, cfg.metrics_port, exc)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await runtime.start()
-        await stop.wait()
-        log.info("replica %s: signal received, draining", cfg.replica_id)
-        await runtime.drain()
+        with on_stop_signals(stop.set):  # also while draining: a second signal waits for it
+            await runtime.start()
+            await stop.wait()
+            log.info("replica %s: signal received, draining", cfg.replica_id)
+            await runtime.drain()
     finally:
         await bus.close()
     return 0

@@ -59,6 +59,7 @@ from services.router.router import Router
 from shared.bus import Bus, NatsBus
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, UsageError, WireError
+from shared.signals import on_stop_signals
 from shared.subjects import Subjects
 from shared.wire.messages import HttpRequest, HttpResponse
 
@@ -251,25 +252,16 @@ def _one_line(text: str, limit: int = 1024) -> str:
 
 async def serve(config: GatewayConfig, *, stop: asyncio.Event | None = None, **kw: Any) -> int:
     """Connect, serve until `stop` is set (or SIGTERM/SIGINT), then shut down gracefully."""
-    import signal
-
     bus = await NatsBus.connect(config.nats_url, name="fleetpulse-router")
     serve_metrics(config.metrics_port, "gateway")
     gateway = Gateway(bus, config, **kw)
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            handled.append(sig)
     try:
-        await gateway.start()
-        await stop.wait()
-        logger.info("gateway: stopping (%d requests in flight)", len(gateway._tasks))
-        await gateway.stop()
+        with on_stop_signals(stop.set):
+            await gateway.start()
+            await stop.wait()
+            logger.info("gateway: stopping (%d requests in flight)", len(gateway._tasks))
+            await gateway.stop()
     finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
         await bus.close()
     return 0
