@@ -7,6 +7,7 @@ the environment, as compose runs it.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -145,8 +146,6 @@ async def test_each_role_can_do_its_job(connect) -> None:  # type: ignore[no-unt
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    import os
-
     full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_NATS_")}
     full.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run(

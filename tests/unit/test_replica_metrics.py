@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,13 @@ from shared.bus import Bus, FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode, encode
 from shared.wire.messages import Admission, CallArgs, End, ErrorReply, Request
+from tests.waiting import eventually
 
 APP = "metered"
 
 
 def value(name: str, deployment: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, {"app": APP, "deployment": deployment, **labels}) or 0.0
-
-
-async def until(check: Callable[[], object], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 async def replica(bus: Bus, deployment: str, **kw: Any) -> ReplicaRuntime:
@@ -74,7 +66,7 @@ async def test_requests_admissions_and_ongoing() -> None:
         assert isinstance(await call(cbus, rt, "echo", 1), End)
         assert isinstance(await call(cbus, rt, "fail", "boom"), ErrorReply)
         held = asyncio.create_task(call(cbus, rt, "sleep", 0.3))
-        await until(lambda: rt.admission.ongoing)
+        await eventually(lambda: rt.admission.ongoing, 5, every_s=0.005)
         assert value("fleetpulse_replica_ongoing_requests", dep) == 1
         refused = await call(cbus, rt, "echo", 2)
         assert isinstance(refused, Admission) and not refused.accepted
@@ -101,9 +93,11 @@ async def test_health_checks_and_heartbeats(tmp_path: Path) -> None:
         assert probe.data
         flag.touch()
         checks = "fleetpulse_replica_health_checks_total"
-        await until(lambda: value(checks, dep, result="unhealthy"))
-        await until(
-            lambda: value("fleetpulse_replica_health_messages_total", dep, channel="heartbeat")
+        await eventually(lambda: value(checks, dep, result="unhealthy"), 5, every_s=0.005)
+        await eventually(
+            lambda: value("fleetpulse_replica_health_messages_total", dep, channel="heartbeat"),
+            5,
+            every_s=0.005,
         )
     finally:
         await rt.stop()

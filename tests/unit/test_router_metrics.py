@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -18,6 +18,7 @@ from services.router.testing import FakeReplica, put_membership
 from shared.bus import FakeBus, FakeServer
 from shared.clock import FakeClock
 from shared.wire.messages import ErrorReply, HttpRequest
+from tests.waiting import eventually
 
 APP = "metered"
 FAST = RouterConfig(
@@ -34,14 +35,6 @@ def value(name: str, deployment: str, **labels: str) -> float:
 
 def calls(deployment: str, outcome: str) -> float:
     return value("fleetpulse_router_request_duration_seconds_count", deployment, outcome=outcome)
-
-
-async def until(check: Callable[[], object], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -103,7 +96,7 @@ async def test_queue_gauge_and_failures_while_waiting(
     h = await open_handle(bus, clock, dep)
     try:
         waiting = asyncio.create_task(h.options(deadline_s=5.0).remote())
-        await until(lambda: h.router.queued_now)
+        await eventually(lambda: h.router.queued_now, 5, every_s=0.005)
         assert value("fleetpulse_router_queued_requests", dep) == 1
         with pytest.raises(BackPressureError):  # max_queued_requests=1
             await h.options(deadline_s=5.0).remote()
