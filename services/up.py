@@ -42,7 +42,7 @@ from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appyaml import load_apps
-from shared.control import AppStatusView
+from shared.kv.status import AppStatusView
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer

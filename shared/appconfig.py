@@ -8,13 +8,14 @@ Values in KV are JSON (human-inspectable with `nats kv get`), one key per applic
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from shared import replicaspec
 from shared.errors import ConfigError, UsageError
+from shared.replicaspec import ReplicaSpec
 from shared.subjects import validate_name
 
 
@@ -76,6 +77,19 @@ class AutoscalingConfig:
         return self.downscale_delay_s if z is None else z
 
 
+REPLICA_FIELDS = (
+    "import_path",
+    "init_args",
+    "init_kwargs",
+    "max_ongoing_requests",
+    "health_check_period_s",
+    "health_check_timeout_s",
+    "graceful_shutdown_timeout_s",
+    "push_metrics",
+)
+"""The deployment settings that are replica settings (shared.replicaspec declares them)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeploymentConfig:
     name: str
@@ -86,30 +100,29 @@ class DeploymentConfig:
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
     graceful_shutdown_timeout_s: float = 20.0
+    push_metrics: bool = False
+    """Replicas publish their own reports (health rides them); otherwise routers report."""
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "deployment name")
-        if ":" not in self.import_path:
-            raise ConfigError("must look like 'package.module:Attribute'", field="import_path")
-        if self.max_ongoing_requests < 1:
-            raise ConfigError("must be >= 1", field="max_ongoing_requests")
         if self.num_replicas is not None and self.autoscaling is not None:
             raise ConfigError(
                 "set num_replicas or autoscaling_config, not both", field="num_replicas"
             )
         if self.num_replicas is not None and self.num_replicas < 0:
             raise ConfigError("must be >= 0", field="num_replicas")
-        for name in (
-            "health_check_period_s",
-            "health_check_timeout_s",
-            "graceful_shutdown_timeout_s",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError("must be a positive number", field=name)
+        for name in REPLICA_FIELDS:
+            replicaspec.check(name, getattr(self, name))
+
+    def replica_spec(self) -> ReplicaSpec:
+        """What this deployment's replicas are started with (its metrics interval included)."""
+        return ReplicaSpec(
+            **{name: getattr(self, name) for name in REPLICA_FIELDS},
+            metrics_interval_s=self.policy.metrics_interval_s,
+        )
 
     @property
     def policy(self) -> AutoscalingConfig:
@@ -147,40 +160,20 @@ class AppConfig:
         raise UsageError(f"application {self.name!r} has no deployment {name!r}")
 
     def to_json(self) -> bytes:
-        doc = asdict(self)
-        for d in doc["deployments"]:
-            d["init_args"] = list(d["init_args"])
-            d["init_kwargs"] = dict(d["init_kwargs"])
-        return json.dumps({"v": 1, "kind": "app", **doc}, sort_keys=True).encode()
+        """The fp_apps value (shared.kv.apps): the same config always gives the same bytes."""
+        from shared.kv.apps import encode_app  # it builds on this module
+
+        return encode_app(self)
 
     @staticmethod
     def from_json(data: bytes) -> AppConfig:
+        """Decode an fp_apps value; unknown fields are ignored at every level. Raises
+        ConfigError (source fp_apps) for anything that is not a valid app: the WireError with
+        its reason is the cause."""
+        from shared.errors import WireError
+        from shared.kv.apps import decode_app
+
         try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"not JSON: {exc}", source="fp_apps") from None
-        if not isinstance(doc, dict) or doc.get("v") != 1 or doc.get("kind") != "app":
-            raise ConfigError("not a v1 app document", source="fp_apps")
-        try:
-            deployments = []
-            for d in doc["deployments"]:
-                scaling = d.get("autoscaling")
-                deployments.append(
-                    DeploymentConfig(
-                        **{
-                            **d,
-                            "init_args": tuple(d.get("init_args", ())),
-                            "init_kwargs": dict(d.get("init_kwargs", {})),
-                            "autoscaling": AutoscalingConfig(**scaling) if scaling else None,
-                        }
-                    )
-                )
-            return AppConfig(
-                name=doc["name"],
-                deployments=tuple(deployments),
-                route_prefix=doc.get("route_prefix"),
-                ingress=doc.get("ingress"),
-                version=doc.get("version", ""),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(f"malformed app document: {exc}", source="fp_apps") from None
+            return decode_app(data)
+        except WireError as exc:
+            raise ConfigError(f"not a valid app document: {exc}", source="fp_apps") from exc

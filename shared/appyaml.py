@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared import replicaspec
+from shared.appconfig import REPLICA_FIELDS, AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import ConfigError, UsageError
 from shared.subjects import validate_name
 
@@ -248,10 +249,12 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "import_path": _import_path,
     "init_args": None,
     "init_kwargs": None,
-    "max_ongoing_requests": _Number(integer=True, low=1),
-    "health_check_period_s": _POSITIVE,
-    "health_check_timeout_s": _POSITIVE,
-    "graceful_shutdown_timeout_s": _POSITIVE,
+    **{
+        p.name: _Number(integer=p.kind == "int", low=p.low, strict=p.strict)
+        for p in replicaspec.PARAMS
+        if p.kind in ("int", "float") and p.name in REPLICA_FIELDS
+    },
+    "push_metrics": _boolean,
     "num_replicas": _COUNT,
     "autoscaling_config": None,
 }

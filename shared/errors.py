@@ -65,6 +65,14 @@ class KVConflict(BusError):
         super().__init__(f"{msg}; {detail}" if detail else msg)
 
 
+class BucketNotFound(BusError):
+    """A KV bucket does not exist (nobody created it yet, or it was deleted)."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        super().__init__(f"KV bucket {bucket!r} does not exist")
+
+
 class KVNotFound(BusError):
     """A KV key does not exist (or was deleted)."""
 

@@ -48,7 +48,7 @@ from shared.bus import (
     validate_subject,
 )
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.errors import BusError, BusTimeout, KVConflict, UsageError
+from shared.errors import BucketNotFound, BusError, BusTimeout, KVConflict, UsageError
 
 CLOSE_GRACE_S = 1.0
 
@@ -107,7 +107,7 @@ class FakeServer:
         bucket = self._buckets.get(name)
         if bucket is None:
             if not create:
-                raise BusError(f"KV bucket {name!r} does not exist")
+                raise BucketNotFound(name)
             bucket = self._buckets[name] = _Bucket(name, history, ttl, self.clock)
         return bucket
 

@@ -43,7 +43,7 @@ from shared.bus import (
     validate_subject,
 )
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.errors import BusAuthError, BusError, BusTimeout, NoResponders
+from shared.errors import BucketNotFound, BusAuthError, BusError, BusTimeout, NoResponders
 from shared.natsauth import NatsAuth, process_auth
 from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
 
@@ -327,7 +327,7 @@ class NatsBus:
                 kv = await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 if not create:
-                    raise BusError(f"KV bucket {bucket!r} does not exist") from None
+                    raise BucketNotFound(bucket) from None
                 try:
                     kv = await self.js.create_key_value(
                         bucket=bucket, history=history, ttl=ttl, replicas=self.kv_replicas

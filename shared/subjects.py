@@ -123,3 +123,8 @@ KV_MEMBERSHIP = "fp_membership"
 KV_STATUS = "fp_status"
 KV_AGENTS = "fp_agents"
 KV_CONTROLLERS = "fp_controllers"
+
+
+def deployment_key(app: str, deployment: str) -> str:
+    """`{app}.{deployment}`: how a deployment is named in logs, metrics and report streams."""
+    return f"{app}.{deployment}"

@@ -16,23 +16,18 @@ with its capacity and the monotonic `now`, and carries out the actions it gets b
 
 Nothing here does I/O or reads a clock, so a plan is a function of its inputs: applying the
 actions and planning again with the same inputs yields no further start, stop or kill.
-The module also turns a `TargetSet` into the specs of this agent's replicas, and a spec into the
-replica's command line (both pure).
+The module also checks a target read from KV (`wanted_target`) and turns it into the replica's
+command line (`replica_argv`; the settings' flags come from shared.replicaspec). Both pure.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-from shared.appconfig import AutoscalingConfig, DeploymentConfig
-from shared.control import TargetSet
-from shared.errors import FleetpulseError, WireError
-from shared.subjects import Subjects, validate_name
-from shared.wire import reasons
+from shared.kv.targets import ReplicaTarget, TargetKey
+from shared.subjects import Subjects
 
 KILL_MARGIN_S = 5.0
 """SIGKILL comes this long after a replica's graceful_shutdown_timeout_s has run out: the replica
@@ -46,28 +41,10 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaSpec:
-    """How to run one replica: everything its command line needs."""
-
-    app: str
-    deployment: str
-    replica_id: str
-    version: str
-    rpc_subject: str
-    import_path: str
-    init_args: tuple[Any, ...] = ()
-    init_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_ongoing_requests: int = 5
-    health_check_period_s: float = 10.0
-    health_check_timeout_s: float = 30.0
-    graceful_shutdown_timeout_s: float = 20.0
-
-
-@dataclass(frozen=True, slots=True)
 class ChildState:
     """One replica process this agent started and has not forgotten."""
 
-    spec: ReplicaSpec
+    target: ReplicaTarget
     phase: Phase = Phase.RUNNING
     stop_deadline: float | None = None
     exit_code: int | None = None
@@ -89,7 +66,7 @@ class ChildState:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    spec: ReplicaSpec
+    target: ReplicaTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +103,7 @@ Action = Start | Stop | Kill | Forget | OverCapacity
 
 
 def plan(
-    wanted: Mapping[str, ReplicaSpec],
+    wanted: Mapping[str, ReplicaTarget],
     running: Mapping[str, ChildState],
     capacity: int,
     now: float,
@@ -145,7 +122,7 @@ def plan(
         live += 1
         if child.phase is Phase.RUNNING:
             if rid not in wanted:
-                grace = child.spec.graceful_shutdown_timeout_s
+                grace = child.target.spec.graceful_shutdown_timeout_s
                 actions.append(Stop(rid, now + grace + kill_margin_s))
                 draining += 1
         elif child.phase is Phase.STOPPING:
@@ -175,7 +152,7 @@ def apply(running: Mapping[str, ChildState], actions: Sequence[Action]) -> dict[
     out = dict(running)
     for action in actions:
         if isinstance(action, Start):
-            out[action.spec.replica_id] = ChildState(action.spec)
+            out[action.target.replica_id] = ChildState(action.target)
         elif isinstance(action, Stop):
             out[action.replica_id] = out[action.replica_id].stopping(action.deadline)
         elif isinstance(action, Kill):
@@ -185,83 +162,34 @@ def apply(running: Mapping[str, ChildState], actions: Sequence[Action]) -> dict[
     return out
 
 
-# -- from targets to specs ---------------------------------------------------------------------
-
-_CONFIG_FIELDS = frozenset(f.name for f in fields(DeploymentConfig))
-_SCALING_FIELDS = frozenset(f.name for f in fields(AutoscalingConfig))
+# -- from targets to command lines ---------------------------------------------------------------
 
 
-def deployment_config(raw: Mapping[str, Any]) -> DeploymentConfig:
-    """A TargetSet's `config` as a validated DeploymentConfig; unknown fields are ignored."""
-    try:
-        doc = {k: v for k, v in raw.items() if k in _CONFIG_FIELDS}
-        scaling = doc.get("autoscaling")
-        if scaling is not None:
-            doc["autoscaling"] = AutoscalingConfig(
-                **{k: v for k, v in dict(scaling).items() if k in _SCALING_FIELDS}
-            )
-        doc["init_args"] = tuple(doc.get("init_args", ()))
-        doc["init_kwargs"] = dict(doc.get("init_kwargs", {}))
-        return DeploymentConfig(**doc)
-    except (FleetpulseError, TypeError, ValueError) as exc:
-        raise WireError(reasons.BAD_VALUE, f"targets.config: {exc}") from None
+def wanted_target(
+    key: str, target: ReplicaTarget, agent_id: str, subjects: Subjects
+) -> ReplicaTarget | None:
+    """The target read under `key` if it is this agent's to run (None: another agent's);
+    WireError when the key is not a target key or names another replica than the value."""
+    where = TargetKey.parse(key)
+    target.check_key(key)
+    if where.agent_id != agent_id:
+        return None
+    if not target.rpc_subject:
+        rpc = subjects.rpc(target.app, target.deployment, target.replica_id)
+        return replace(target, rpc_subject=rpc)
+    return target
 
 
-def specs_for_agent(
-    targets: TargetSet, agent_id: str, subjects: Subjects | None = None
-) -> list[ReplicaSpec]:
-    """The replicas of `targets` assigned to `agent_id`, in target order (WireError if the
-    config is invalid; nothing to run means no config check)."""
-    mine = [r for r in targets.replicas if r.agent_id == agent_id]
-    if not mine:
-        return []
-    cfg = deployment_config(targets.config)
-    subjects = subjects or Subjects()
-    try:
-        validate_name(targets.app, "app")
-        validate_name(targets.deployment, "deployment")
-    except FleetpulseError as exc:
-        raise WireError(reasons.BAD_VALUE, f"targets: {exc}") from None
-    out = []
-    for r in mine:
-        if not isinstance(r.version, str) or not isinstance(r.rpc_subject, str):
-            raise WireError(reasons.WRONG_TYPE, "targets.replicas: version and rpc_subject")
-        try:
-            # the names become subject tokens and command-line arguments: check them here
-            rpc = r.rpc_subject or subjects.rpc(targets.app, targets.deployment, r.replica_id)
-            validate_name(r.replica_id, "replica_id")
-        except FleetpulseError as exc:
-            raise WireError(reasons.BAD_VALUE, f"targets.replicas: {exc}") from None
-        out.append(
-            ReplicaSpec(
-                app=targets.app,
-                deployment=targets.deployment,
-                replica_id=r.replica_id,
-                version=r.version or targets.version,
-                rpc_subject=rpc,
-                import_path=cfg.import_path,
-                init_args=cfg.init_args,
-                init_kwargs=cfg.init_kwargs,
-                max_ongoing_requests=cfg.max_ongoing_requests,
-                health_check_period_s=cfg.health_check_period_s,
-                health_check_timeout_s=cfg.health_check_timeout_s,
-                graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
-            )
-        )
-    return out
-
-
-def merge_wanted(per_key: Mapping[str, Sequence[ReplicaSpec]]) -> dict[str, ReplicaSpec]:
-    """All deployments' specs in one order: by KV key, then target order (first id wins)."""
-    out: dict[str, ReplicaSpec] = {}
-    for key in sorted(per_key):
-        for spec in per_key[key]:
-            out.setdefault(spec.replica_id, spec)
+def merge_wanted(per_key: Mapping[str, ReplicaTarget]) -> dict[str, ReplicaTarget]:
+    """All wanted replicas by id, in start order (by deployment, then order; first id wins)."""
+    out: dict[str, ReplicaTarget] = {}
+    for t in sorted(per_key.values(), key=lambda t: (t.app, t.deployment, t.order, t.slot)):
+        out.setdefault(t.replica_id, t)
     return out
 
 
 def replica_argv(
-    spec: ReplicaSpec, *, python: str, nats_url: str, agent_id: str, namespace: str
+    target: ReplicaTarget, *, python: str, nats_url: str, agent_id: str, namespace: str
 ) -> list[str]:
     """The command line of the replica process (`python -m services.replica ...`)."""
     return [
@@ -273,27 +201,14 @@ def replica_argv(
         "--namespace",
         namespace,
         "--app",
-        spec.app,
+        target.app,
         "--deployment",
-        spec.deployment,
+        target.deployment,
         "--replica-id",
-        spec.replica_id,
-        "--import-path",
-        spec.import_path,
-        "--init-args",
-        json.dumps(list(spec.init_args)),
-        "--init-kwargs",
-        json.dumps(dict(spec.init_kwargs)),
-        "--max-ongoing-requests",
-        str(spec.max_ongoing_requests),
-        "--health-check-period-s",
-        repr(spec.health_check_period_s),
-        "--health-check-timeout-s",
-        repr(spec.health_check_timeout_s),
-        "--graceful-shutdown-timeout-s",
-        repr(spec.graceful_shutdown_timeout_s),
+        target.replica_id,
+        *target.spec.argv(),
         "--agent-id",
         agent_id,
         "--version",
-        spec.version,
+        target.version,
     ]

@@ -57,8 +57,15 @@ class ChildProcesses:
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def start(self, replica_id: str, argv: Sequence[str], log_name: str) -> int:
-        """Spawn; returns the pid. Raises OSError if the process cannot be started."""
+    def start(
+        self,
+        replica_id: str,
+        argv: Sequence[str],
+        log_name: str,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """Spawn (with `env` over the agent's child environment); returns the pid. Raises
+        OSError if the process cannot be started."""
         if replica_id in self._procs:
             raise ValueError(f"replica {replica_id!r} already has a process")
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +73,7 @@ class ChildProcesses:
             proc = subprocess.Popen(
                 list(argv),
                 cwd=self._cwd,
-                env=self._env,
+                env={**self._env, **env} if env else self._env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -3,11 +3,11 @@
 How it works:
 1. Register in KV `fp_agents` (TTL bucket) under the agent id, then re-put the entry every TTL/3,
    and at once whenever the number of running replicas changes.
-2. Watch every key of KV `fp_targets`; each value is turned into the specs of the replicas
-   assigned to this agent (`core.specs_for_agent`). A value that does not decode is counted and
+2. Watch this agent's keys of KV `fp_targets` (`{agent}.>`: one value per replica it must run,
+   so what it reads is bounded by what it runs). A value that does not decode is counted and
    dropped, and the last good one for that key stays in force: a garbled write must not stop
    replicas that are serving. Nothing starts before the initial values are all in, so "the first N
-   in target order" means the same after a restart.
+   in start order" means the same after a restart.
 3. Every tick (and at once on a change) reap exited children, ask `core.plan` what to do, and do
    it. Every exit is reported as a Lifecycle "exited" (crashes and SIGKILL included, which the
    replica cannot report itself). Nothing is restarted here: the controller decides.
@@ -31,12 +31,12 @@ from types import MappingProxyType
 from shared.badinput import BadInput
 from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.control import TargetSet, deployment_key
 from shared.errors import BusError, FleetpulseError, WireError
+from shared.kv import buckets, envelope
+from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.natsbus import NatsBus
 from shared.startup import retrying
-from shared.subjects import KV_AGENTS, KV_TARGETS, Subjects
-from shared.wire import reasons
+from shared.subjects import KV_AGENTS, Subjects
 from shared.wire.codec import encode
 from shared.wire.messages import Lifecycle
 
@@ -46,13 +46,12 @@ from .core import (
     Forget,
     Kill,
     OverCapacity,
-    ReplicaSpec,
     Start,
     Stop,
     merge_wanted,
     plan,
     replica_argv,
-    specs_for_agent,
+    wanted_target,
 )
 from .info import AGENT_TTL_S, AgentInfo
 from .metrics import BAD_TARGETS, CAPACITY, EXITS, KILLS, RUNNING, START_FAILURES, STARTS, STOPS
@@ -90,7 +89,8 @@ class AgentService:
         self._hostname = socket.gethostname()
         self.ticks = 0
         self._children: dict[str, ChildState] = {}
-        self._specs: dict[str, list[ReplicaSpec]] = {}
+        self._targets: dict[str, ReplicaTarget] = {}
+        """KV key -> the replica wanted there (this agent's keys only)."""
         self._synced = False
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -168,16 +168,15 @@ class AgentService:
         assert self.bus is not None
         self._agents_kv = await self.bus.kv(KV_AGENTS, ttl=AGENT_TTL_S)
         await self._register()
-        return await (
-            await self.bus.kv(KV_TARGETS, create=False)
-        ).watch()  # the controller makes it
+        targets = await buckets.open_bucket(self.bus, buckets.TARGETS, create=False)
+        return await targets.watch(agent_pattern(self.cfg.agent_id))  # the controller makes it
 
     async def _consume(self, watcher: KVWatcher) -> None:
         async for entry in watcher:
             if entry is None:
                 self._synced = True
             elif entry.op == "DEL":
-                self._specs.pop(entry.key, None)
+                self._targets.pop(entry.key, None)
             else:
                 try:
                     self._on_targets(entry.key, entry.value)
@@ -189,26 +188,24 @@ class AgentService:
 
     def _on_targets(self, key: str, value: bytes) -> None:
         try:
-            targets = TargetSet.decode(value)
-            if deployment_key(targets.app, targets.deployment) != key:
-                raise WireError(
-                    reasons.BAD_VALUE, f"key {key!r} holds {targets.app}.{targets.deployment}"
-                )
-            specs = specs_for_agent(targets, self.cfg.agent_id, self.subjects)
+            target = wanted_target(
+                key, envelope.decode(value, ReplicaTarget), self.cfg.agent_id, self.subjects
+            )
         except WireError as exc:
             BAD_TARGETS.labels(exc.reason).inc()
             self.bad.drop(exc.reason, f"fp_targets/{key}: {exc.detail}")
             return
-        if specs:
-            self._specs[key] = specs
+        if target is not None:
+            self._targets[key] = target
         else:
-            self._specs.pop(key, None)
+            self._targets.pop(key, None)
 
     async def _reconcile(self) -> None:
         before = self._live()
         for rid, code in self.procs.poll():
             await self._on_exit(rid, code)
-        wanted = merge_wanted(self._specs) if self._synced and not self._stopping.is_set() else {}
+        running = self._synced and not self._stopping.is_set()
+        wanted = merge_wanted(self._targets) if running else {}
         now = self.clock.monotonic()
         actions = plan(
             wanted, self._children, self.cfg.max_replicas, now, kill_margin_s=self.cfg.kill_margin_s
@@ -217,7 +214,7 @@ class AgentService:
             self._skipped = ()
         for action in actions:
             if isinstance(action, Start):
-                await self._start(action.spec)
+                await self._start(action.target)
             elif isinstance(action, Stop):
                 self._signal(action.replica_id, signal.SIGTERM)
                 STOPS.inc()
@@ -239,7 +236,7 @@ class AgentService:
             self._register_now.set()
         self.ticks += 1
 
-    async def _start(self, spec: ReplicaSpec) -> None:
+    async def _start(self, spec: ReplicaTarget) -> None:
         argv = replica_argv(
             spec,
             python=self.cfg.python,
@@ -250,7 +247,7 @@ class AgentService:
         name = f"{spec.app}.{spec.deployment}.{spec.replica_id}"
         self._children[spec.replica_id] = ChildState(spec)
         try:
-            pid = self.procs.start(spec.replica_id, argv, name)
+            pid = self.procs.start(spec.replica_id, argv, name, spec.spec.env)
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
             log.error("replica %s could not be started: %s", spec.replica_id, exc)
             START_FAILURES.inc()
@@ -273,7 +270,7 @@ class AgentService:
         EXITS.labels(str(code)).inc()
         level = logging.INFO if code == 0 else logging.WARNING
         log.log(level, "replica %s exited with code %d", replica_id, code)
-        spec = child.spec
+        spec = child.target
         event = Lifecycle(
             replica_id=replica_id,
             agent_id=self.cfg.agent_id,
@@ -357,7 +354,7 @@ class AgentService:
             return
         log.info("agent %s: stopping %d replica(s)", self.cfg.agent_id, self._live())
         longest = max(
-            (c.spec.graceful_shutdown_timeout_s for c in self._children.values()), default=0
+            (c.target.spec.graceful_shutdown_timeout_s for c in self._children.values()), default=0
         )
         give_up = self.clock.monotonic() + longest + self.cfg.kill_margin_s + DRAIN_EXTRA_S
         while self._live() and self.clock.monotonic() < give_up:

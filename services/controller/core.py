@@ -14,20 +14,17 @@ fills the demand windows without deciding anything; then live ticks begin.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.agent.info import AgentInfo
 from shared.appconfig import AppConfig, DeploymentConfig
-from shared.control import (
-    AppStatusView,
-    Membership,
-    TargetSet,
-    deployment_key,
-)
 from shared.errors import UsageError, WireError
+from shared.kv import buckets
+from shared.kv.membership import Member
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 from shared.wire.codec import decode_as
 from shared.wire.columnar import decode_handle_report_columnar, detect_format
@@ -35,6 +32,7 @@ from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycl
 
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
+from .kv_delta import DeleteDoc, PutDoc
 from .managed import ManagedDeployment
 from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placement
@@ -54,18 +52,6 @@ class ControllerConfig:
     control_interval_s: float = 0.1
     status_refresh_s: float = 2.0
     """Status (demand, counts) is rewritten at least this often even without a change."""
-
-
-@dataclass(frozen=True, slots=True)
-class PutTargets:
-    key: str
-    value: TargetSet
-
-
-@dataclass(frozen=True, slots=True)
-class PutMembership:
-    key: str
-    value: Membership
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +88,7 @@ class Event:
     """Decision events: "up" or "down"."""
 
 
-Action = PutTargets | PutMembership | PutStatus | DeleteKey | Probe | Event
+Action = PutDoc | DeleteDoc | PutStatus | DeleteKey | Probe | Event
 
 
 @dataclass(slots=True)
@@ -152,7 +138,7 @@ class ControllerCore:
         wanted: dict[DepKey, tuple[DeploymentConfig, str]] = {}
         for app in apps.values():
             for d in app.deployments:
-                wanted[(app.name, d.name)] = (d, app.version or _config_version(d))
+                wanted[(app.name, d.name)] = (d, app.version or d.replica_spec().version())
         for key, (dcfg, version) in wanted.items():
             m = self.deployments.get(key) or self.deleting.pop(key, None)
             if m is None:
@@ -170,19 +156,20 @@ class ControllerCore:
             self._dirty_apps.add(key[0])
 
     def restore(
-        self, targets: Iterable[TargetSet], memberships: Iterable[Membership], now: float
+        self, targets: Iterable[ReplicaTarget], members: Iterable[Member], now: float
     ) -> None:
-        """After a restart: take over the replicas and epochs the previous owner left in KV."""
-        epochs = {(m.app, m.deployment): m.epoch for m in memberships}
+        """After a restart or takeover: the replicas, slots and epochs the previous owner left
+        in fp_targets and fp_membership."""
+        by_dep: dict[DepKey, tuple[list[ReplicaTarget], list[Member]]] = {}
         for t in targets:
-            m = self.deployments.get((t.app, t.deployment))
+            by_dep.setdefault((t.app, t.deployment), ([], []))[0].append(t)
+        for mem in members:
+            by_dep.setdefault((mem.app, mem.deployment), ([], []))[1].append(mem)
+        for key, (ts, ms) in sorted(by_dep.items()):
+            m = self.deployments.get(key)
             if m is None:
                 continue
-            for r in t.replicas:
-                m.restore_replica(r, now)
-            m.state.membership_epoch = max(
-                m.state.membership_epoch, epochs.get((t.app, t.deployment), 0), t.membership_epoch
-            )
+            m.restore(ts, ms, now)
             m.state.target = max(m.state.target, len(m.state.live()))
             m.policy = PolicyState(target=m.state.target, watch_start=now)
 
@@ -305,8 +292,9 @@ class ControllerCore:
         ]
         if self.placement.ever_seen:
             self._place(managed, now)
-        for key, m, res in results:
-            m.finish(now, res, owner_epoch=self.cfg.owner_epoch)
+        for _, m, res in results:
+            actions.extend(m.take_stray())
+            m.finish(now, res)
             actions.extend(_events(m, res.events))
             if res.decision_changed and m.decision.changed:
                 d = m.decision
@@ -316,12 +304,8 @@ class ControllerCore:
                         "decision", m.app, m.name, detail=d.reason, rule=d.rule, direction=direction
                     )
                 )
-            dkey = deployment_key(*key)
-            if res.membership is not None:
-                actions.append(PutMembership(dkey, res.membership))
-            if res.targets_changed:
-                actions.append(PutTargets(dkey, self._target_set(m)))
-            if res.status_changed or res.targets_changed or res.membership is not None:
+            actions.extend(res.kv)
+            if res.status_changed or res.kv:
                 self._dirty_apps.add(m.app)
             ev = res.evaluation
             if ev is not None:
@@ -368,13 +352,11 @@ class ControllerCore:
         out: list[Action] = []
         for key, m in list(self.deleting.items()):
             if not m.state.replicas:
-                del self.deleting[key]
-                dkey = deployment_key(*key)
-                out += [DeleteKey("fp_targets", dkey), DeleteKey("fp_membership", dkey)]
+                del self.deleting[key]  # its replicas' keys went with them
                 if not any(k[0] == key[0] for k in self.deployments) and not any(
                     k[0] == key[0] for k in self.deleting
                 ):
-                    out.append(DeleteKey("fp_status", key[0]))
+                    out.append(DeleteKey(buckets.STATUS.name, key[0]))
                     self._status_written.pop(key[0], None)
                     self._dirty_apps.discard(key[0])
         return out
@@ -409,17 +391,6 @@ class ControllerCore:
             deployments={name: m.status_view() for name, m in {**gone, **mine}.items()},
         )
 
-    def _target_set(self, m: ManagedDeployment) -> TargetSet:
-        return TargetSet(
-            app=m.app,
-            deployment=m.name,
-            version=m.state.version,
-            owner_epoch=self.cfg.owner_epoch,
-            membership_epoch=m.state.membership_epoch,
-            replicas=m.targets(),
-            config=_config_json(m.cfg),
-        )
-
 
 def _probe_candidates(
     stale: list[tuple[ManagedDeployment, Int64Array]], limit: int
@@ -447,29 +418,3 @@ def _id_prefix(app: str, deployment: str) -> str:
     tag, a hash of both full names, keeps ids apart even when long names are cut short."""
     tag = hashlib.sha256(f"{app}.{deployment}".encode()).hexdigest()[:4]
     return f"{app[:24]}-{deployment[:24]}-{tag}"
-
-
-_CODE_FIELDS = (
-    "import_path",
-    "init_args",
-    "init_kwargs",
-    "max_ongoing_requests",
-    "health_check_period_s",
-    "health_check_timeout_s",
-    "graceful_shutdown_timeout_s",
-)
-
-
-def _config_version(d: DeploymentConfig) -> str:
-    """A version from what a replica process is started with: changing the autoscaling policy
-    or the replica count does not restart replicas, changing the code or its arguments does."""
-    cfg = _config_json(d)
-    doc = json.dumps({k: cfg[k] for k in _CODE_FIELDS}, sort_keys=True, default=str).encode()
-    return hashlib.sha256(doc).hexdigest()[:10]
-
-
-def _config_json(d: DeploymentConfig) -> dict[str, object]:
-    app = AppConfig("x", (d,))
-    doc = json.loads(app.to_json())
-    dep: dict[str, object] = doc["deployments"][0]
-    return dep

@@ -55,12 +55,14 @@ class DeploymentStatus(enum.Enum):
 
 
 class Revision:
-    """A counter of changes to one deployment's records (shared by the records)."""
+    """A counter of changes to one deployment's records (shared by the records), and the ids of
+    the records changed since `take_dirty` last ran (what the KV delta looks at)."""
 
-    __slots__ = ("n",)
+    __slots__ = ("dirty", "n")
 
     def __init__(self) -> None:
         self.n = 0
+        self.dirty: set[str] = set()
 
 
 @dataclass(slots=True)
@@ -81,6 +83,7 @@ class ReplicaRecord:
         rev = getattr(self, "rev", None)
         if rev is not None:
             rev.n += 1
+            rev.dirty.add(self.replica_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,6 @@ class DeploymentState:
     id_prefix: str
     target: int = 0
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
-    membership: tuple[tuple[str, str], ...] = ()
     membership_epoch: int = 0
     start_failures: int = 0
     settled: bool = False
@@ -206,14 +208,17 @@ class DeploymentState:
         self._rev.n += 1
         return rec
 
-    def adopt(self, replica_id: str, version: str, now: float, *, id_number: int = 0) -> None:
-        """Take over a replica found in fp_targets after a restart (state PENDING until it speaks)."""
+    def adopt(
+        self, replica_id: str, version: str, now: float, *, id_number: int = 0, order: int = 0
+    ) -> None:
+        """Take over a replica found in fp_targets after a restart (state PENDING until it
+        speaks), keeping its start order."""
         if replica_id in self.replicas:
             return
-        self._next_order += 1
+        self._next_order = max(self._next_order + 1, order)
         self._next_id = max(self._next_id, id_number)
         self.replicas[replica_id] = ReplicaRecord(
-            replica_id, version, ReplicaState.PENDING, now, self._next_order, rev=self._rev
+            replica_id, version, ReplicaState.PENDING, now, order or self._next_order, rev=self._rev
         )
         self._rev.n += 1
 
@@ -272,6 +277,12 @@ class DeploymentState:
     def _remove(self, replica_id: str) -> None:
         del self.replicas[replica_id]
         self._rev.n += 1
+        self._rev.dirty.add(replica_id)
+
+    def take_dirty(self) -> set[str]:
+        """The ids of records changed, added or removed since the last call."""
+        dirty, self._rev.dirty = self._rev.dirty, set()
+        return dirty
 
     def assign_agent(self, replica_id: str, agent_id: str) -> None:
         self.replicas[replica_id].agent_id = agent_id
@@ -343,15 +354,6 @@ class DeploymentState:
         return events
 
     # -- outputs -----------------------------------------------------------------------------
-
-    def update_membership(self) -> bool:
-        """Recompute the routable set; True (and a new epoch) when it changed."""
-        members = self.view().members
-        if members is self.membership or members == self.membership:
-            return False
-        self.membership = members
-        self.membership_epoch += 1
-        return True
 
     def target_ids(self) -> list[ReplicaRecord]:
         """Replicas the agents must run: everything not draining, in start order."""

@@ -20,10 +20,12 @@ Pure: `plan(now)` turns the current view into Take / Release / Lose decisions fo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from shared.errors import WireError
+from shared.kv import envelope
+from shared.kv.group import PartitionLease
+from shared.kv.group import lease_key as lease_key  # the key shape is the contract's
+from shared.kv.group import lease_partition as lease_partition
 
 DEFAULT_HEARTBEAT_S = 0.5
 DEFAULT_MEMBER_TTL_S = 2.0
@@ -31,35 +33,22 @@ DEFAULT_MEMBER_TTL_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Lease:
+    """A partition's lease as read: its document (shared.kv.group) and the KV revision it was
+    read at, which the next compare-and-set is checked against."""
+
     partition: int
     owner: str
     epoch: int
     revision: int
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"v": 1, "kind": "lease", "owner": self.owner, "epoch": self.epoch}
-        ).encode()
+        return envelope.encode(PartitionLease(self.owner, self.epoch))
 
     @staticmethod
     def decode(partition: int, value: bytes, revision: int) -> Lease:
-        try:
-            doc = json.loads(value)
-            if doc.get("v") != 1 or doc.get("kind") != "lease":
-                raise ValueError("not a v1 lease")
-            return Lease(partition, str(doc["owner"]), int(doc["epoch"]), revision)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise WireError("wrong_type", f"lease p{partition}: {exc}") from None
-
-
-def lease_key(partition: int) -> str:
-    return f"p{partition}"
-
-
-def lease_partition(key: str) -> int | None:
-    if key.startswith("p") and key[1:].isdigit():
-        return int(key[1:])
-    return None
+        """Raises WireError (with the reason) when `value` is not a lease document."""
+        doc = envelope.decode(value, PartitionLease)
+        return Lease(partition, doc.owner, doc.epoch, revision)
 
 
 @dataclass(frozen=True, slots=True)

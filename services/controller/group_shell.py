@@ -19,22 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shared.bus import Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, KVConflict, WireError
+from shared.kv import buckets, envelope
+from shared.kv.group import ControllerMember, lease_key, lease_partition
 from shared.subjects import KV_CONTROLLERS
 
-from .group import GroupCore, Lease, Lose, Release, Take, lease_key, lease_partition
+from .group import GroupCore, Lease, Lose, Release, Take
 
 log = logging.getLogger(__name__)
 
-KV_LEASES = "fp_leases"
+KV_LEASES = buckets.LEASES.name
 LEASE_RESYNC_S = 2.0
 _UNECHOED_KEPT = 64
 
@@ -51,7 +52,7 @@ class GroupRunner:
         on_drop: OnDrop,
         *,
         heartbeat_s: float,
-        describe: Callable[[], dict[str, Any]],
+        describe: Callable[[], Mapping[str, Any]],
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.bus = bus
@@ -182,10 +183,20 @@ class GroupRunner:
                 with contextlib.suppress(WireError):  # the watch logs it
                     self.core.lease_seen(Lease.decode(p, entry.value, entry.revision))
 
+    def member_entry(self) -> ControllerMember:
+        """Our fp_controllers value: `describe()` says what we do (partitions, pending, apps)."""
+        d = self.describe()
+        return ControllerMember(
+            self.core.member_id,
+            partitions=tuple(d.get("partitions", ())),
+            pending=int(d.get("pending", 0)),
+            apps=int(d.get("apps", 0)),
+        )
+
     async def _beat(self) -> None:
-        doc = {"v": 1, "kind": "controller", "member_id": self.core.member_id, **self.describe()}
+        value = envelope.encode(self.member_entry())
         try:
-            rev = await self.members_kv.put(self.core.member_id, json.dumps(doc).encode())
+            rev = await self.members_kv.put(self.core.member_id, value)
             self._last_beat_ok = self.clock.monotonic()
             self._unechoed.append((rev, self._last_beat_ok))
             self.core.member_seen(self.core.member_id, self._last_beat_ok)

@@ -144,6 +144,7 @@ class KVWriter(Generic[T]):
         backlog: WriteBacklog[T] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         on_done: Callable[[T, float, bool], None] | None = None,
+        concurrency: int = 1,
     ) -> None:
         self._write = write
         self._describe = describe
@@ -151,6 +152,8 @@ class KVWriter(Generic[T]):
         self._clock = clock
         self._on_done = on_done
         """Called after each attempt with its item, duration and whether it landed."""
+        self._concurrency = concurrency
+        """Writes in flight at once, each to another key (a key's writes never overlap)."""
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -169,6 +172,18 @@ class KVWriter(Generic[T]):
         return self._idle.is_set()
 
     async def run(self) -> None:
+        if self._concurrency == 1:
+            await self._worker()
+            return
+        workers = [asyncio.create_task(self._worker()) for _ in range(self._concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def _worker(self) -> None:
         while True:
             now = self._clock.monotonic()
             nxt = self.backlog.next(now)

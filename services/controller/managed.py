@@ -6,10 +6,10 @@ runs one control tick over them in a fixed order:
 
     index/registry/metrics follow the replica records -> expire silent handles -> sample demand
     -> health verdicts (replace) -> policy decides the target -> reconcile replicas
-    -> membership / targets / status outputs
+    -> (after placement) per-replica KV deltas and the status
 
-Only changes come out (a new membership epoch, a new target set, a status change), so a steady
-deployment costs no KV writes.
+Only changes come out: the puts and deletes of the replicas whose records changed (kv_delta.py)
+and a status change, so a steady deployment costs no KV writes and one replaced replica a few.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
-from shared.control import DeploymentStatusView, Member, Membership, ReplicaTarget
+from shared.kv.membership import Member
+from shared.kv.status import DeploymentStatusView
+from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 
 from .demand_window import DemandWindow
 from .deployment_state import DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
+from .kv_delta import KVChange, KVDelta
 from .metrics_store import DeploymentMetrics
 from .policy import Decision, PolicyInputs, PolicyState, decide, initial_state
 from .replica_index import ReplicaIndex
@@ -31,8 +34,9 @@ from .replica_index import ReplicaIndex
 @dataclass(slots=True)
 class StepResult:
     events: list[StateEvent] = field(default_factory=list)
-    membership: Membership | None = None
-    targets_changed: bool = False
+    kv: list[KVChange] = field(default_factory=list)
+    """Puts and deletes of fp_targets / fp_membership keys for the replicas that changed."""
+    members_changed: bool = False
     status_changed: bool = False
     decision_changed: bool = False
     previous_target: int = 0
@@ -63,8 +67,9 @@ class ManagedDeployment:
         self.policy: PolicyState = initial_state(self.policy_cfg, now)
         self.state.target = self.policy.target
         self.decision = Decision(self.policy.target, self.policy.target, "initial", False)
-        self._last_targets: tuple[ReplicaTarget, ...] = ()
-        self._targets: tuple[int, tuple[ReplicaTarget, ...]] = (-1, ())
+        self.kv = KVDelta(app, cfg.name)
+        self._stray: list[KVChange] = []
+        self.kv.set_spec(version, cfg.replica_spec())
         self._followed = -1
         """The records' revision the index, registry and metrics last followed."""
         self._last_rule = ""
@@ -82,6 +87,7 @@ class ManagedDeployment:
         self.policy_cfg = new_policy
         self.health = self._registry()
         self._followed = -1
+        self.kv.set_spec(version, cfg.replica_spec())
         self.state.set_version(version)
 
     def _registry(self) -> HealthRegistry:
@@ -134,15 +140,22 @@ class ManagedDeployment:
         )
         return out
 
-    def finish(self, now: float, out: StepResult, *, owner_epoch: int = 0) -> None:
-        """After placement: the outputs that changed this tick."""
-        if self.state.update_membership():
-            out.membership = self.membership(owner_epoch)
-        targets = self.targets()
-        if targets is not self._last_targets and targets != self._last_targets:
-            self._last_targets = targets
-            out.targets_changed = True
+    def finish(self, now: float, out: StepResult) -> None:
+        """After placement: the KV writes and the status change of this tick."""
+        dirty = self.state.take_dirty()
+        if dirty:
+            out.kv, out.members_changed = self.kv.changes(
+                self.state.replicas,
+                sorted(dirty),
+                rpc_for=self._rpc_for,
+                epoch=self.state.membership_epoch + 1,
+            )
+            if out.members_changed:
+                self.state.membership_epoch += 1
         out.status_changed = self.state.update_status(now)
+
+    def _rpc_for(self, replica_id: str) -> str:
+        return self.subjects.rpc(self.app, self.name, replica_id)
 
     def waiting_for_agent(self) -> list[str]:
         return [
@@ -180,27 +193,6 @@ class ManagedDeployment:
 
     # -- outputs -----------------------------------------------------------------------------
 
-    def membership(self, owner_epoch: int = 0) -> Membership:
-        members = tuple(Member(rid, subj) for rid, subj in self.state.membership)
-        return Membership(self.app, self.name, self.state.membership_epoch, members, owner_epoch)
-
-    def targets(self) -> tuple[ReplicaTarget, ...]:
-        revision, cached = self._targets
-        if revision == self.state.revision:
-            return cached
-        targets = tuple(
-            ReplicaTarget(
-                r.replica_id,
-                r.version,
-                r.state.value,
-                r.agent_id,
-                r.rpc_subject or self.subjects.rpc(self.app, self.name, r.replica_id),
-            )
-            for r in self.state.view().by_order
-        )
-        self._targets = (self.state.revision, targets)
-        return targets
-
     def status_view(self) -> DeploymentStatusView:
         view = self.state.view()
         return DeploymentStatusView(
@@ -217,13 +209,32 @@ class ManagedDeployment:
     def replica_states(self) -> dict[str, str]:
         return {rid: r.state.value for rid, r in self.state.replicas.items()}
 
-    def restore_replica(self, t: ReplicaTarget, now: float) -> None:
-        try:
-            number = int(t.replica_id.rsplit("-", 1)[-1], 16)
-        except ValueError:
-            number = 0
-        self.state.adopt(t.replica_id, t.version, now, id_number=number)
-        rec = self.state.replicas[t.replica_id]
-        rec.agent_id, rec.rpc_subject = t.agent_id, t.rpc_subject
-        if t.state in (s.value for s in ReplicaState):
-            rec.state = ReplicaState(t.state)
+    def restore(self, targets: list[ReplicaTarget], members: list[Member], now: float) -> None:
+        """Take over what a previous owner left in KV: its replicas (RUNNING when they are
+        members, else PENDING until they speak), their slots and the membership epoch."""
+        running = {m.replica_id for m in members}
+        by_id = {t.replica_id: t for t in targets}
+        # a member without a target is being stopped by its agent: not ours to adopt
+        for t in sorted(by_id.values(), key=lambda t: t.order):
+            try:
+                number = int(t.replica_id.rsplit("-", 1)[-1], 16)
+            except ValueError:
+                number = 0
+            self.state.adopt(t.replica_id, t.version, now, id_number=number, order=t.order)
+            rec = self.state.replicas[t.replica_id]
+            rec.agent_id, rec.rpc_subject = t.agent_id, t.rpc_subject
+            if t.replica_id in running:
+                rec.state = ReplicaState.RUNNING
+        known = [m for m in members if m.replica_id in by_id]
+        self.kv.restore(by_id.values(), known)
+        self.state.membership_epoch = max(
+            [self.state.membership_epoch, *(m.epoch for m in members)]
+        )
+        # what we adopted is already in KV: only later changes are written
+        self.state.take_dirty()
+        self._stray = self.kv.stray_members(members)
+
+    def take_stray(self) -> list[KVChange]:
+        """Member keys found on takeover that name no replica we run (deleted once)."""
+        stray, self._stray = self._stray, []
+        return stray

@@ -13,7 +13,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.control import AppStatusView
+from shared.kv.status import AppStatusView
 
 from .core import CoreStats, Event
 from .health_registry import VerdictReason

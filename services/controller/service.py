@@ -29,8 +29,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.agent.info import AGENT_TTL_S, AgentInfo
 from shared.appconfig import AppConfig
+from shared.badinput import BadInput
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.control import Membership, TargetSet
 from shared.errors import (
     BusError,
     BusTimeout,
@@ -39,9 +39,13 @@ from shared.errors import (
     NoResponders,
     WireError,
 )
+from shared.kv import buckets, envelope
+from shared.kv.membership import Member
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.startup import retrying
-from shared.subjects import KV_AGENTS, KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
+from shared.subjects import KV_AGENTS, KV_APPS, KV_STATUS
 from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
 
@@ -53,14 +57,13 @@ from .core import (
     DeleteKey,
     Event,
     Probe,
-    PutMembership,
     PutStatus,
-    PutTargets,
 )
 from .fenced import FencedWriter
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S, GroupCore, partition_of
 from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
+from .kv_delta import DeleteDoc, PutDoc
 from .kv_writer import KVWriter
 from .stats import StatsDump, ingest_kind
 from .stream import (
@@ -73,9 +76,12 @@ from .stream import (
 
 log = logging.getLogger(__name__)
 
-KVAction = PutMembership | PutTargets | PutStatus | DeleteKey
+KVAction = PutDoc | DeleteDoc | PutStatus | DeleteKey
 KVWrite = tuple[KVAction, int]
 """A queued KV action and the partition epoch it was decided under."""
+KV_WRITERS = 16
+"""KV writes in flight at once (different keys; one key's writes stay in order): a deployment of
+65,536 replicas starts with as many target writes, and one at a time they took minutes."""
 STOP_FLUSH_S = 2.0
 """How long `stop` lets queued KV writes land before stepping down."""
 
@@ -122,8 +128,9 @@ class ControllerService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: dict[str, FencedWriter] = {}
         self._kv: KVWriter[KVWrite] = KVWriter(
-            self._write_kv, describe=_describe_key, on_done=self._wrote
+            self._write_kv, describe=_describe_key, on_done=self._wrote, concurrency=KV_WRITERS
         )
+        self.bad_kv = BadInput("controller: control state", log)
         """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
@@ -169,11 +176,8 @@ class ControllerService:
             self.cfg.retention_s,
             replicas=self.cfg.stream_replicas,
         )
-        for bucket in (KV_TARGETS, KV_STATUS):
-            self._writers[bucket] = FencedWriter(await bus.kv(bucket), 0)
-        self._writers[KV_MEMBERSHIP] = FencedWriter(
-            await bus.kv(KV_MEMBERSHIP), 0, lambda v: Membership.decode(v).owner_epoch
-        )
+        for bucket in (buckets.TARGETS, buckets.MEMBERSHIP, buckets.STATUS):
+            self._writers[bucket.name] = FencedWriter(await buckets.open_bucket(bus, bucket), 0)
         await self._load_apps()
 
     async def _load_apps(self) -> None:
@@ -243,27 +247,19 @@ class ControllerService:
                 log.warning("ignoring fp_agents/%s: %s", entry.key, exc)
 
     async def _restore(self, now: float, apps: set[str]) -> None:
+        """The replicas and members the previous owner of `apps` left in KV (read per app:
+        what a takeover reads is bounded by what it takes over)."""
         assert self.bus is not None
-        targets: list[TargetSet] = []
-        memberships: list[Membership] = []
-        for bucket, sink, decode in (
-            (KV_TARGETS, targets, TargetSet.decode),
-            (KV_MEMBERSHIP, memberships, Membership.decode),
-        ):
-            kv = await self.bus.kv(bucket)
-            for key in await kv.keys():
-                entry = await kv.get(key)
-                if entry is None:
-                    continue
-                if key.split(".", 1)[0] not in apps:
-                    continue
-                try:
-                    sink.append(decode(entry.value))  # type: ignore[arg-type]
-                except WireError as exc:
-                    log.warning("ignoring %s/%s: %s", bucket, key, exc)
-        self.core.restore(targets, memberships, now)
-        if targets:
-            log.info("restored %d deployments' replicas from fp_targets", len(targets))
+        targets = DocKV(self._writers[buckets.TARGETS.name].kv, ReplicaTarget, self.bad_kv)
+        members = DocKV(self._writers[buckets.MEMBERSHIP.name].kv, Member, self.bad_kv)
+        found_t: list[ReplicaTarget] = []
+        found_m: list[Member] = []
+        for app in sorted(apps):
+            found_t += [c.doc for c in await targets.snapshot(app_pattern(app)) if c.doc]
+            found_m += [c.doc for c in await members.snapshot(f"{app}.>") if c.doc]
+        self.core.restore(found_t, found_m, now)
+        if found_t:
+            log.info("restored %d replicas of %d app(s) from fp_targets", len(found_t), len(apps))
 
     async def _take_partition(self, p: int, epoch: int) -> None:
         """A partition became ours: restore its apps from KV, replay its history, then act."""
@@ -429,7 +425,7 @@ class ControllerService:
     async def _execute(self, actions: list[Action]) -> None:
         for a in actions:
             try:
-                if isinstance(a, PutMembership | PutTargets | PutStatus):
+                if isinstance(a, PutDoc | DeleteDoc | PutStatus):
                     self._submit(a)
                 elif isinstance(a, DeleteKey):
                     if a.bucket == KV_STATUS:
@@ -455,39 +451,26 @@ class ControllerService:
             self._kv.submit(_key_of(a), (a, epoch))
 
     async def _write_kv(self, item: KVWrite) -> None:
-        """One queued write; dropped if the partition changed hands (or epoch) since."""
+        """One queued write, stamped with the epoch at which we hold the app's partition;
+        dropped if the partition changed hands (or epoch) since it was decided."""
         a, decided = item
         if self._epoch_of(_app_of(a)) != decided:
             return
-        if isinstance(a, DeleteKey):
+        if isinstance(a, DeleteKey | DeleteDoc):
             await self._writers[a.bucket].delete(a.key, decided)
+        elif isinstance(a, PutDoc):
+            doc = replace(a.doc, owner_epoch=decided)
+            await self._writers[a.bucket].put(a.key, envelope.encode(doc), decided)
         else:
-            await self._write(a)
+            value = replace(a.value, owner_epoch=decided)
+            await self._writers[KV_STATUS].put(a.key, value.encode(), decided)
+            self.exporter.status(a.value)
 
     def _wrote(self, item: KVWrite, took: float, ok: bool) -> None:
         if self.stats is not None:
             self.stats.wrote(took, ok)
         if not ok:
             prom.ACTION_ERRORS.labels(type(item[0]).__name__).inc()
-
-    async def _write(self, a: PutMembership | PutTargets | PutStatus) -> None:
-        """A fenced write, stamped with the epoch at which we hold the app's partition."""
-        app = a.key if isinstance(a, PutStatus) else a.value.app
-        epoch = self._epoch_of(app)
-        if epoch is None:
-            return  # handed over between decision and write
-        if isinstance(a, PutMembership):
-            value = replace(a.value, owner_epoch=epoch)
-            await self._writers[KV_MEMBERSHIP].put(a.key, value.encode(), epoch)
-        elif isinstance(a, PutTargets):
-            await self._writers[KV_TARGETS].put(
-                a.key, replace(a.value, owner_epoch=epoch).encode(), epoch
-            )
-        else:
-            await self._writers[KV_STATUS].put(
-                a.key, replace(a.value, owner_epoch=epoch).encode(), epoch
-            )
-            self.exporter.status(a.value)
 
     async def _probe(self, a: Probe) -> None:
         assert self.bus is not None
@@ -537,14 +520,17 @@ class ControllerService:
 
 
 def _app_of(a: KVAction) -> str:
-    return a.key.split(".", 1)[0]  # `{app}.{deployment}` or, for fp_status, `{app}`
+    if isinstance(a, PutDoc):
+        return a.doc.app
+    if isinstance(a, DeleteDoc) and a.bucket == buckets.TARGETS.name:
+        return a.key.split(".", 2)[1]  # {agent}.{app}.{deployment}.{slot}
+    return a.key.split(".", 1)[0]  # {app}.{deployment}.{slot}, or {app} for fp_status
 
 
 def _key_of(a: KVAction) -> tuple[str, str]:
-    if isinstance(a, DeleteKey):
-        return a.bucket, a.key
-    bucket = KV_TARGETS if isinstance(a, PutTargets) else KV_MEMBERSHIP
-    return (KV_STATUS if isinstance(a, PutStatus) else bucket), a.key
+    if isinstance(a, PutStatus):
+        return KV_STATUS, a.key
+    return a.bucket, a.key
 
 
 def _describe_key(key: Hashable) -> str:

@@ -15,7 +15,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shared.bus import KV, Bus
-from shared.errors import BusAuthError, BusError, ConfigError, FleetpulseError, UsageError
+from shared.errors import (
+    BucketNotFound,
+    BusAuthError,
+    BusError,
+    ConfigError,
+    FleetpulseError,
+    UsageError,
+)
 from shared.natsbus import NatsBus
 
 EXIT_OK = 0
@@ -64,11 +71,8 @@ async def existing_kv(bus: Bus, bucket: str) -> KV | None:
     """The bucket, or None when nobody created it yet (nothing deployed, no controller ran)."""
     try:
         return await bus.kv(bucket, create=False)
-    except BusError as exc:
-        # both Bus implementations say so in these words; a typed error would be better
-        if "does not exist" in str(exc):
-            return None
-        raise
+    except BucketNotFound:
+        return None
 
 
 def run_command(command: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:

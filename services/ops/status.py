@@ -37,8 +37,10 @@ from services.ops import (
 )
 from shared.appconfig import AppConfig
 from shared.bus import Bus
-from shared.control import AppStatusView, DeploymentStatusView
 from shared.errors import ConfigError, UsageError, WireError
+from shared.kv import envelope
+from shared.kv.group import ControllerMember
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS
 
 DEFAULT_INTERVAL_S = 1.0
@@ -407,7 +409,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 async def read_group(bus: Bus) -> dict[str, Any]:
     """The controller group as its members announce themselves (KV fp_controllers):
-    member -> {partitions, pending}. Entries expire with the bucket TTL once a member is gone."""
+    member -> {partitions, pending}. Entries expire with the bucket TTL once a member is gone;
+    a value that is not a `ControllerMember` document is left out."""
     kv = await existing_kv(bus, KV_CONTROLLERS)
     out: dict[str, Any] = {}
     if kv is None:
@@ -417,13 +420,10 @@ async def read_group(bus: Bus) -> dict[str, Any]:
         if entry is None:
             continue
         try:
-            doc = json.loads(entry.value)
-            out[key] = {
-                "partitions": sorted(int(p) for p in doc.get("partitions", [])),
-                "pending": int(doc.get("pending", 0)),
-            }
-        except (ValueError, TypeError, AttributeError):
+            member = envelope.decode(entry.value, ControllerMember)
+        except WireError:
             continue
+        out[key] = {"partitions": list(member.partitions), "pending": member.pending}
     return out
 
 

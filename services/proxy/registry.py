@@ -18,13 +18,13 @@ path segments (`/shop` serves `/shop` and `/shop/cart`, not `/shopping`); `/` se
 no longer prefix claims. Apps whose route_prefix is null are not served over HTTP. Two apps with
 the same prefix (which `fleetpulse deploy` refuses) resolve to the first by name.
 
-A `Route` is also the value the proxy publishes in KV fp_routes (key = app, JSON), so that other
-ingress instances and callers can discover apps without running the rule themselves.
+A `Route` is also the value the proxy publishes in KV fp_routes (key = app), so that other
+ingress instances and callers can discover apps without running the rule themselves; its
+document is shared.kv.routes `RouteDoc` (`to_json` / `from_json` convert).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,12 +35,12 @@ from services.proxy.serviceability import (
     deployment_serviceability,
 )
 from shared.appconfig import AppConfig
-from shared.control import AppStatusView, DeploymentStatusView
-from shared.errors import WireError
+from shared.kv import buckets, envelope
+from shared.kv.routes import DeploymentRouteDoc, RouteDoc
+from shared.kv.status import AppStatusView, DeploymentStatusView
 
-KV_ROUTES: Final = "fp_routes"
-ROUTE_KIND: Final = "route"
-MAX_ROUTE_VALUE_BYTES: Final = 1024 * 1024
+KV_ROUTES: Final = buckets.ROUTES.name
+ROUTE_KIND: Final = RouteDoc.KIND
 DELETING: Final = "DELETING"
 NO_STATUS: Final = "no status from a controller yet"
 
@@ -70,69 +70,50 @@ class Route:
     deployments: Mapping[str, DeploymentRoute]
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "app": self.app,
-            "route_prefix": self.route_prefix,
-            "ingress": self.ingress,
-            "registered": self.registered,
-            "down": self.down,
-            "reason": self.reason,
-            "deployments": {
-                name: {
-                    "status": d.status,
-                    "running_replicas": d.running_replicas,
-                    "serviceable": d.serviceable,
-                    "serviceability": d.serviceability.value,
-                    "reason": d.reason,
-                }
-                for name, d in sorted(self.deployments.items())
+        return self.document().to_doc()
+
+    def document(self) -> RouteDoc:
+        return RouteDoc(
+            app=self.app,
+            route_prefix=self.route_prefix,
+            ingress=self.ingress,
+            registered=self.registered,
+            down=self.down,
+            reason=self.reason,
+            deployments={
+                name: DeploymentRouteDoc(
+                    d.status, d.running_replicas, d.serviceability.value, d.reason
+                )
+                for name, d in self.deployments.items()
             },
-        }
+        )
 
     def to_json(self) -> bytes:
         """The fp_routes value: the same bytes for the same route (no timestamps), so proxies
         that agree write nothing new."""
-        doc = {"v": 1, "kind": ROUTE_KIND, **self.to_doc()}
-        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return envelope.encode(self.document())
 
     @staticmethod
     def from_json(data: bytes) -> Route:
         """Decode an fp_routes value (WireError when it is not one)."""
-        if len(data) > MAX_ROUTE_VALUE_BYTES:
-            raise WireError("oversize", f"{len(data)} bytes > {MAX_ROUTE_VALUE_BYTES}")
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise WireError("malformed", f"route: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("v") != 1 or doc.get("kind") != ROUTE_KIND:
-            raise WireError("unexpected_kind", "not a v1 route document")
-        try:
-            deployments = {
-                str(name): DeploymentRoute(
-                    status=str(d["status"]),
-                    running_replicas=int(d["running_replicas"]),
-                    serviceability=Serviceability(d["serviceability"]),
-                    reason=str(d["reason"]),
+        return Route.from_document(envelope.decode(data, RouteDoc))
+
+    @staticmethod
+    def from_document(doc: RouteDoc) -> Route:
+        return Route(
+            app=doc.app,
+            route_prefix=doc.route_prefix,
+            ingress=doc.ingress,
+            registered=doc.registered,
+            down=doc.down,
+            reason=doc.reason,
+            deployments={
+                name: DeploymentRoute(
+                    d.status, d.running_replicas, Serviceability(d.serviceability), d.reason
                 )
-                for name, d in dict(doc["deployments"]).items()
-            }
-            return Route(
-                app=str(doc["app"]),
-                route_prefix=_optional_str(doc["route_prefix"]),
-                ingress=_optional_str(doc["ingress"]),
-                registered=bool(doc["registered"]),
-                down=bool(doc["down"]),
-                reason=str(doc["reason"]),
-                deployments=deployments,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise WireError("wrong_type", f"route: {exc}") from None
-
-
-def _optional_str(value: object) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"expected a string or null, got {type(value).__name__}")
-    return value
+                for name, d in doc.deployments.items()
+            },
+        )
 
 
 # -- the rule over every app ----------------------------------------------------------------------

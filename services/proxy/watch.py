@@ -29,8 +29,8 @@ from services.proxy.registry import KV_ROUTES, RouteTable, build_routes
 from shared.appconfig import AppConfig
 from shared.bus import KV, Bus, RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.control import AppStatusView
 from shared.errors import BusError
+from shared.kv.status import AppStatusView
 from shared.subjects import KV_APPS, KV_STATUS
 
 logger = logging.getLogger(__name__)

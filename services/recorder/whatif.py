@@ -45,9 +45,8 @@ from services.controller.policy import PolicyInputs, decide, initial_state
 from services.controller.replica_index import ReplicaIndex
 from services.controller.staleness import source_timeout_s
 from shared.appconfig import AppConfig, AutoscalingConfig
-from shared.control import deployment_key
 from shared.errors import UsageError, WireError
-from shared.subjects import DEFAULT_NAMESPACE, Subjects
+from shared.subjects import DEFAULT_NAMESPACE, Subjects, deployment_key
 from shared.wire.codec import decode_as
 from shared.wire.columnar import decode_handle_report_columnar, detect_format
 from shared.wire.messages import HandleReport, ReplicaReport

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 
 async def serve(cfg: ReplicaConfig) -> int:
-    user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
+    spec = cfg.spec
+    user = await UserDeployment.create(spec.import_path, spec.init_args, dict(spec.init_kwargs))
     bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
     runtime = ReplicaRuntime(cfg, bus, user)
     try:

@@ -106,10 +106,11 @@ class ReplicaRuntime:
         self.rng = rng or random.Random()
         self.subjects = Subjects(cfg.namespace)
         self.rpc_subject = self.subjects.rpc(cfg.app, cfg.deployment, cfg.replica_id)
-        self.admission = AdmissionControl(cfg.max_ongoing_requests)
+        self.admission = AdmissionControl(cfg.spec.max_ongoing_requests)
         self.tracker = HealthTracker(cfg.replica_id)
         self.carriage = HealthCarriage(
-            freshness_window(cfg.health_check_period_s), reports_carry_health=cfg.push_metrics
+            freshness_window(cfg.spec.health_check_period_s),
+            reports_carry_health=cfg.spec.push_metrics,
         )
         self.running = LevelAverage(clock.monotonic())
         self.stats = ReplicaStats()
@@ -133,7 +134,7 @@ class ReplicaRuntime:
         )
         self._loops.append(asyncio.create_task(self._health_loop(), name="health"))
         self._loops.append(asyncio.create_task(self._tick_loop(), name="tick"))
-        if self.cfg.push_metrics:
+        if self.cfg.spec.push_metrics:
             self._loops.append(asyncio.create_task(self._report_loop(), name="reports"))
         # composition: routers in this process carry our health in their handle reports
         self._unregister_provider = self._providers.register(self.local_health)
@@ -147,7 +148,9 @@ class ReplicaRuntime:
         pending = set(self._tasks)
         if pending:
             log.info("draining %d in-flight request(s)", len(pending))
-            _, still = await asyncio.wait(pending, timeout=self.cfg.graceful_shutdown_timeout_s)
+            _, still = await asyncio.wait(
+                pending, timeout=self.cfg.spec.graceful_shutdown_timeout_s
+            )
             for task in still:
                 task.cancel()
             if still:
@@ -190,7 +193,7 @@ class ReplicaRuntime:
     # -- health ------------------------------------------------------------------------------
 
     async def _check_once(self) -> HealthStatus:
-        ok = await self.user.check_health(self.cfg.health_check_timeout_s)
+        ok = await self.user.check_health(self.cfg.spec.health_check_timeout_s)
         status = self.tracker.record(ok, self.clock.wall())
         (self.prom.healthy if ok else self.prom.unhealthy).inc()
         self.carriage.on_check(status)
@@ -200,7 +203,7 @@ class ReplicaRuntime:
 
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(next_check_delay(self.cfg.health_check_period_s, self.rng))
+            await asyncio.sleep(next_check_delay(self.cfg.spec.health_check_period_s, self.rng))
             await self._check_once()
             await self._frame_tick()
             await self._maybe_heartbeat()
@@ -239,7 +242,7 @@ class ReplicaRuntime:
 
     async def _report_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.cfg.metrics_interval_s)
+            await asyncio.sleep(self.cfg.spec.metrics_interval_s)
             try:
                 await self._publish_report()
             except Exception:
@@ -303,7 +306,7 @@ class ReplicaRuntime:
             return
         self.stats.admitted += 1
         self.prom.accepted.inc()
-        frames = req.supports_health_frames and not self.cfg.push_metrics
+        frames = req.supports_health_frames and not self.cfg.spec.push_metrics
         self.carriage.carried(latest, now)
         self.running.set(self.admission.ongoing, now)
         admitted = Admission(True, self.admission.ongoing, latest, frames)

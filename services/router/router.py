@@ -1,9 +1,11 @@
 """`Router`: the per-deployment state every handle in a process shares.
 
 How it works: one `Router` per (bus, namespace, app, deployment) owns
-- the membership, from a watch on KV `fp_membership` key `{app}.{deployment}`; a value is applied
-  only when its epoch is newer than the one held (a watch replays old values after a reconnect, so
-  an equal epoch is a no-op); a deleted key empties the member set but keeps the epoch;
+- the membership, from a watch on KV `fp_membership` keys `{app}.{deployment}.>` (one key per
+  slot: a put replaces that slot's member, a delete empties it; shared.kv.membership). The initial
+  values are gathered into a fresh view that replaces the old one at once when complete, so a
+  re-established watch never shows a half-read member set; a burst of changes is applied to the
+  chooser once (the refresh is coalesced). The view epoch is the largest member epoch applied;
 - the replica chooser (choice.py), the carried-health map (carried_health.py) and the
   time-weighted windows (window.py) that feed the handle reports;
 - the queue: a request that finds no available replica (none at all, or all backing off after
@@ -43,11 +45,13 @@ from services.router.reports import (
 )
 from services.router.window import TimeWeightedCounts, TimeWeightedGauge
 from shared.badinput import BadInput
-from shared.bus import Bus, KVWatcher, RateLimiter
+from shared.bus import Bus, RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.control import Member, Membership, deployment_key
 from shared.errors import BusError, WireError
-from shared.subjects import DEFAULT_SUBJECTS, KV_MEMBERSHIP, Subjects
+from shared.kv import buckets
+from shared.kv.membership import Member, MembershipView, deployment_pattern
+from shared.kv.view import DocKV, DocWatch
+from shared.subjects import DEFAULT_SUBJECTS, Subjects, deployment_key
 from shared.wire.messages import Admission, HandleReport, HealthStatus
 
 logger = logging.getLogger(__name__)
@@ -92,7 +96,9 @@ class Router:
         self.queued = TimeWeightedGauge(now)
         self.members: dict[str, Member] = {}
         self.probe_subjects: dict[str, str] = {}
+        self.view = MembershipView(app, deployment)
         self.epoch = -1
+        self._refresh_scheduled = False
         self.seq = 0
         self.queued_now = 0
         self.reports_sent = 0
@@ -105,7 +111,7 @@ class Router:
         self._report_errors = RateLimiter(REPORT_ERROR_LOG_INTERVAL_S, clock)
         self._watch_errors = RateLimiter(WATCH_ERROR_LOG_INTERVAL_S, clock)
         self._tasks: list[asyncio.Task[None]] = []
-        self._watcher: KVWatcher | None = None
+        self._watcher: DocWatch[Member] | None = None
         self._started = False
         self.closed = False
 
@@ -143,23 +149,39 @@ class Router:
                 await self._watcher.stop()
 
     # -- membership ---------------------------------------------------------------------------
-    def apply_membership(self, membership: Membership | None) -> bool:
-        """Apply a membership value (None: the key was deleted). True if anything changed."""
-        if membership is None:
-            if not self.members:
-                return False
-            members: dict[str, Member] = {}
-        else:
-            if membership.epoch <= self.epoch:
-                return False
-            self.epoch = membership.epoch
-            members = {m.replica_id: m for m in membership.replicas}
+    def apply_members(self, epoch: int, members: list[Member]) -> bool:
+        """Replace the whole view (tests and tools; the watch applies changes one by one)."""
+        view = MembershipView(self.app, self.deployment)
+        for m in members:
+            view.put(m.key, m)
+        view.epoch = max(view.epoch, epoch)
+        self.view = view
+        return self._refresh()
+
+    def _refresh(self) -> bool:
+        """Hand the view to the chooser and the health map; True if the member set changed."""
+        self._refresh_scheduled = False
+        self.epoch = max(self.epoch, self.view.epoch)
+        members = {m.replica_id: m for m in self.view.members()}
+        if members.keys() == self.members.keys() and all(
+            members[r].rpc_subject == self.members[r].rpc_subject for r in members
+        ):
+            self.members = members
+            return False
         self.members = members
         self.probe_subjects = {rid: self.subjects.probe(rid) for rid in members}
         self.chooser.set_members(members)
         self.health.prune_to(members)
         self._notify()
+        logger.debug(
+            "router %s: membership epoch %d, %d replicas", self.key, self.epoch, len(members)
+        )
         return True
+
+    def _refresh_soon(self) -> None:
+        if not self._refresh_scheduled:
+            self._refresh_scheduled = True
+            asyncio.get_running_loop().call_soon(self._refresh)
 
     async def _watch_membership(self) -> None:
         while not self.closed:
@@ -178,36 +200,32 @@ class Router:
             await asyncio.sleep(WATCH_RETRY_S)
 
     async def _watch_once(self) -> None:
-        kv = await self.bus.kv(KV_MEMBERSHIP, create=False)
-        self._watcher = watcher = await kv.watch(self.key)
+        kv = await buckets.open_bucket(self.bus, buckets.MEMBERSHIP, create=False)
+        docs = DocKV(kv, Member, self.bad_input)
+        watch = await docs.watch(deployment_pattern(self.app, self.deployment))
+        self._watcher = watch
+        view = MembershipView(self.app, self.deployment)
+        initial = True
         try:
-            async for entry in watcher:
-                if entry is None:
+            async for change in watch:
+                if change is None:
+                    initial = False
+                    self.view = view
+                    self._refresh()
                     self._ready.set()
-                elif entry.op == "DEL":
-                    self.apply_membership(None)
-                else:
-                    self._apply_entry(entry.value)
+                    continue
+                try:
+                    changed = (
+                        view.put(change.key, change.doc) if change.doc else view.delete(change.key)
+                    )
+                except WireError as exc:
+                    self.bad_input.drop(exc.reason, exc.detail)
+                    continue
+                if changed and not initial:
+                    self._refresh_soon()
         finally:
             with contextlib.suppress(Exception):
-                await watcher.stop()
-
-    def _apply_entry(self, value: bytes) -> None:
-        try:
-            membership = Membership.decode(value)
-        except WireError as exc:
-            self.bad_input.drop(exc.reason, exc.detail)
-            return
-        if (membership.app, membership.deployment) != (self.app, self.deployment):
-            self.bad_input.drop("wrong_key", f"value for {membership.app}.{membership.deployment}")
-            return
-        if self.apply_membership(membership):
-            logger.debug(
-                "router %s: membership epoch %d, %d replicas",
-                self.key,
-                membership.epoch,
-                len(membership.replicas),
-            )
+                await watch.stop()
 
     # -- per-request bookkeeping (the fast path: O(1), no awaits) ------------------------------
     def dispatched(self, replica_id: str, now: float) -> None:

@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.control import Member, Membership, deployment_key
 from shared.errors import BusError
-from shared.subjects import DEFAULT_SUBJECTS, KV_MEMBERSHIP, Subjects
+from shared.kv import buckets
+from shared.kv.membership import Member, deployment_pattern
+from shared.kv.view import DocKV
+from shared.subjects import DEFAULT_SUBJECTS, Subjects
 from shared.wire.codec import decode_as, decode_body, encode
 from shared.wire.messages import (
     Admission,
@@ -84,8 +87,8 @@ class FakeReplica:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def member(self) -> Member:
-        return Member(self.replica_id, self.rpc_subject)
+    def member(self) -> Seat:
+        return Seat(self.replica_id, self.rpc_subject)
 
     def health(self) -> HealthStatus:
         self._checks += 1
@@ -172,11 +175,31 @@ class FakeReplica:
         await self.bus.publish(reply, encode(message))
 
 
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """A replica as a test lists it in a membership: its id and rpc subject."""
+
+    replica_id: str
+    rpc_subject: str
+
+
+def members_of(app: str, deployment: str, epoch: int, seats: Sequence[Seat]) -> list[Member]:
+    """The membership documents of `seats`, in slots 0.. and start order as given."""
+    return [
+        Member(app, deployment, slot, s.replica_id, s.rpc_subject, slot + 1, epoch)
+        for slot, s in enumerate(seats)
+    ]
+
+
 async def put_membership(
-    bus: Bus, app: str, deployment: str, epoch: int, members: Sequence[Member]
+    bus: Bus, app: str, deployment: str, epoch: int, seats: Sequence[Seat]
 ) -> None:
-    """Write a membership value (what the controller does), creating the bucket if needed."""
-    kv = await bus.kv(KV_MEMBERSHIP)
-    await kv.put(
-        deployment_key(app, deployment), Membership(app, deployment, epoch, tuple(members)).encode()
-    )
+    """Make `seats` the whole membership of the deployment (what the controller's writes add up
+    to): slot keys 0.. are written, any further slot keys deleted; creates the bucket if needed."""
+    kv = await buckets.open_bucket(bus, buckets.MEMBERSHIP)
+    docs = DocKV(kv, Member)
+    for m in members_of(app, deployment, epoch, seats):
+        await docs.put(m.key, m)
+    for change in await docs.snapshot(deployment_pattern(app, deployment)):
+        if change.doc is not None and change.doc.slot >= len(seats):
+            await docs.delete(change.key)

@@ -19,8 +19,8 @@ from services.ops.status import run_status
 from shared.appconfig import AppConfig
 from shared.appyaml import load_apps
 from shared.bus import KV, Bus
-from shared.control import AppStatusView, DeploymentStatusView
-from shared.errors import BusError
+from shared.kv.status import AppStatusView, DeploymentStatusView
+from shared.errors import BucketNotFound
 from shared.natsbus import NatsBus
 from shared.subjects import KV_APPS, KV_STATUS
 
@@ -254,7 +254,7 @@ async def test_status_table_and_an_empty_server(
     assert "no applications deployed" in capsys.readouterr().out
     assert await status(nats_url) == 0
     assert json.loads(capsys.readouterr().out) == {"applications": {}, "controllers": {}}
-    with pytest.raises(BusError, match="does not exist"):
+    with pytest.raises(BucketNotFound):
         await client.kv(KV_STATUS, create=False)  # a read-only command created nothing
     await client.kv(KV_STATUS)
     await client.kv(KV_APPS)

@@ -40,6 +40,7 @@ from services.replica.config import config_from_args as replica_config_from_args
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
 from shared.control import ReplicaTarget, TargetSet
 from shared.errors import ConfigError, UsageError, WireError
+from shared.kv.envelope import MAX_DOCUMENT_BYTES
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import validate_name
 
@@ -415,7 +416,7 @@ def test_agent_info_rejects_bad_fields(change: dict, reason: str) -> None:
             b'"pid":1,"started_at":NaN}',
             "bad_value",
         ),
-        (b" " * (64 * 1024 + 1), "oversize"),
+        (b" " * (MAX_DOCUMENT_BYTES + 1), "oversize"),
     ],
 )
 def test_agent_info_rejects_garbage(data: bytes, reason: str) -> None:

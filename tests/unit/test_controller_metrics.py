@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from services.controller.core import ControllerConfig, Event
 from services.controller.metrics import Exporter
 from services.controller.service import ControllerService, ServiceConfig
-from shared.control import AppStatusView, DeploymentStatusView
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import encode
 from shared.wire.columnar import handle_report_to_columnar

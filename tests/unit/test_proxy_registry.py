@@ -7,7 +7,7 @@ import pytest
 from services.proxy.registry import Route, RouteTable, build_routes, route_for
 from services.proxy.serviceability import Serviceability
 from shared.appconfig import AppConfig, DeploymentConfig
-from shared.control import AppStatusView, DeploymentStatusView
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.errors import WireError
 
 

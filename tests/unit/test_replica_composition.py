@@ -17,14 +17,14 @@ async def test_in_process_router_reports_carry_the_host_replica_health() -> None
     server = FakeServer()
     bus = server.connect()
     providers = LocalHealthProviders()
-    cfg = ReplicaConfig(
+    cfg = ReplicaConfig.of(
         app="front",
         deployment="api",
         import_path="services.examples.echo:Echo",
         replica_id="host-1",
         health_check_period_s=10.0,
     )
-    user = await UserDeployment.create(cfg.import_path, (), {})
+    user = await UserDeployment.create(cfg.spec.import_path, (), {})
     rt = ReplicaRuntime(cfg, bus, user, providers=providers)
     await rt.start()
     # the host's user code holds a handle to a downstream deployment

@@ -26,7 +26,7 @@ def value(name: str, deployment: str, **labels: str) -> float:
 
 
 async def replica(bus: Bus, deployment: str, **kw: Any) -> ReplicaRuntime:
-    cfg = ReplicaConfig(
+    cfg = ReplicaConfig.of(
         app=APP,
         deployment=deployment,
         import_path="services.examples.echo:Echo",
@@ -35,7 +35,7 @@ async def replica(bus: Bus, deployment: str, **kw: Any) -> ReplicaRuntime:
         health_check_timeout_s=1.0,
         **kw,
     )
-    user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
+    user = await UserDeployment.create(cfg.spec.import_path, cfg.spec.init_args, cfg.spec.init_kwargs)
     rt = ReplicaRuntime(cfg, bus, user)
     await rt.start()
     return rt

@@ -35,7 +35,7 @@ ECHO = "services.examples.echo:Echo"
 
 
 async def make_replica(bus: Bus, *, import_path: str = ECHO, **overrides: Any) -> ReplicaRuntime:
-    cfg = ReplicaConfig(
+    cfg = ReplicaConfig.of(
         app="app",
         deployment="dep",
         import_path=import_path,
@@ -45,7 +45,7 @@ async def make_replica(bus: Bus, *, import_path: str = ECHO, **overrides: Any) -
         graceful_shutdown_timeout_s=overrides.pop("graceful_shutdown_timeout_s", 2.0),
         **overrides,
     )
-    user = await UserDeployment.create(cfg.import_path, cfg.init_args, cfg.init_kwargs)
+    user = await UserDeployment.create(cfg.spec.import_path, cfg.spec.init_args, cfg.spec.init_kwargs)
     rt = ReplicaRuntime(cfg, bus, user)
     await rt.start()
     return rt

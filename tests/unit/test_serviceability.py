@@ -11,7 +11,7 @@ from services.proxy.serviceability import (
     deployment_serviceability,
 )
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.control import AppStatusView, DeploymentStatusView
+from shared.kv.status import AppStatusView, DeploymentStatusView
 
 S = Serviceability
 

@@ -14,7 +14,7 @@ from services.ops.status import (
     status_json,
 )
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.control import AppStatusView, DeploymentStatusView
+from shared.kv.status import AppStatusView, DeploymentStatusView
 
 NOW = 1_700_000_000.0
 

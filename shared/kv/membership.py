@@ -1,0 +1,147 @@
+"""KV `fp_membership`: the replicas routers may send requests to, one value per member.
+
+Key `{app}.{deployment}.{slot}` (the same slot as the replica's target). A router watches
+`{app}.{deployment}.>` and applies each change as it comes: a put adds or replaces the member in
+that slot, a delete empties it. Values are small and fixed in size, so a change to one replica
+costs one small message whatever the size of the deployment.
+
+`epoch` is the deployment's membership epoch when the value was written (it only grows); a
+router's view epoch is the largest it applied, and handle reports carry it (the controller uses it
+to know when a report's replica list may have changed). A KV watcher delivers values in revision
+order and skips what it delivered before a reconnect, so a router never applies an older value.
+Writer: the owning controller (revision-checked, `owner_epoch`). Readers: routers, the proxy, the
+controller on takeover.
+
+`MembershipView` is the reader's side, pure: entries in, the member set out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shared.errors import UsageError, WireError
+from shared.kv import envelope as e
+from shared.subjects import validate_name
+from shared.wire import reasons
+
+
+def member_key(app: str, deployment: str, slot: int) -> str:
+    return f"{app}.{deployment}.{slot}"
+
+
+def deployment_pattern(app: str, deployment: str) -> str:
+    return f"{app}.{deployment}.>"
+
+
+def parse_member_key(key: str) -> tuple[str, str, int]:
+    parts = key.split(".")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise WireError(
+            reasons.BAD_VALUE, f"not a member key ({{app}}.{{deployment}}.{{slot}}): {key!r}"
+        )
+    try:
+        validate_name(parts[0], "app")
+        validate_name(parts[1], "deployment")
+    except UsageError as exc:
+        raise WireError(reasons.BAD_VALUE, f"member key {key!r}: {exc}") from None
+    return parts[0], parts[1], int(parts[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    KIND: ClassVar[str] = "member"
+    app: str
+    deployment: str
+    slot: int
+    replica_id: str
+    rpc_subject: str
+    order: int
+    """Start order within the deployment (older first)."""
+    epoch: int
+    owner_epoch: int = 0
+
+    @property
+    def key(self) -> str:
+        return member_key(self.app, self.deployment, self.slot)
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "deployment": self.deployment,
+            "slot": self.slot,
+            "replica_id": self.replica_id,
+            "rpc_subject": self.rpc_subject,
+            "order": self.order,
+            "epoch": self.epoch,
+            "owner_epoch": self.owner_epoch,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Member:
+        return cls(
+            app=e.name(doc, "app"),
+            deployment=e.name(doc, "deployment"),
+            slot=e.count(doc, "slot"),
+            replica_id=e.name(doc, "replica_id"),
+            rpc_subject=e.string(doc, "rpc_subject"),
+            order=e.count(doc, "order"),
+            epoch=e.count(doc, "epoch"),
+            owner_epoch=e.count(doc, "owner_epoch", 0),
+        )
+
+    def check_key(self, key: str) -> None:
+        if key != self.key:
+            raise WireError(reasons.BAD_VALUE, f"key {key!r} holds the member of {self.key!r}")
+
+
+class MembershipView:
+    """One deployment's members as a router sees them: slot -> Member.
+
+    `put` and `delete` return whether the member set changed; `members()` lists them in start
+    order. Each call is O(1) but `members()`, which the caller asks for once per batch of changes."""
+
+    __slots__ = ("_by_slot", "app", "deployment", "epoch")
+
+    def __init__(self, app: str, deployment: str) -> None:
+        self.app = app
+        self.deployment = deployment
+        self.epoch = 0
+        self._by_slot: dict[int, Member] = {}
+
+    def put(self, key: str, member: Member) -> bool:
+        """Apply a value read under `key` (WireError if it is not this deployment's)."""
+        member.check_key(key)
+        if (member.app, member.deployment) != (self.app, self.deployment):
+            raise WireError(
+                reasons.BAD_VALUE, f"{key!r} is not a member of {self.app}.{self.deployment}"
+            )
+        self.epoch = max(self.epoch, member.epoch)
+        old = self._by_slot.get(member.slot)
+        self._by_slot[member.slot] = member
+        return old is None or (old.replica_id, old.rpc_subject) != (
+            member.replica_id,
+            member.rpc_subject,
+        )
+
+    def delete(self, key: str) -> bool:
+        try:
+            _, _, slot = parse_member_key(key)
+        except WireError:
+            return False
+        return self._by_slot.pop(slot, None) is not None
+
+    def clear(self) -> bool:
+        had = bool(self._by_slot)
+        self._by_slot.clear()
+        return had
+
+    def members(self) -> list[Member]:
+        return sorted(self._by_slot.values(), key=_by_order)
+
+    def __len__(self) -> int:
+        return len(self._by_slot)
+
+
+def _by_order(m: Member) -> tuple[int, int]:
+    return m.order, m.slot
