@@ -6,17 +6,20 @@
 Layout: <name>.msgpack + <name>.json for msgpack messages, <name>.fpc1 + <name>.json for columnar
 handle report parts, invalid/<name>.bin for inputs every decoder must reject, and index.json /
 invalid/index.json describing them. Each invalid vector's reason is checked against the Python
-decoder while generating, so the index cannot drift from the implementation.
+decoder while generating, so the index cannot drift from the implementation. `kv/` holds the
+control-state documents' vectors (scripts/gen_kv_vectors.py makes them).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import struct
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgpack
@@ -391,7 +394,17 @@ def build() -> dict[str, bytes]:
         files[f"invalid/{name}.bin"] = data
         invalid.append({"file": f"{name}.bin", "decoder": decoder, "reason": reason, "note": note})
     files["invalid/index.json"] = _json_bytes(invalid)
+    files.update({f"kv/{k}": v for k, v in _sibling("gen_kv_vectors").build().items()})
     return files
+
+
+def _sibling(name: str) -> ModuleType:
+    """A script next to this one (scripts/ is not a package: both also run as files)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _expect_reason(data: bytes, decoder: str, reason: str, name: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared.errors import UsageError
+from shared.kv import buckets
 
 TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 _TOKEN_RE = re.compile(TOKEN_PATTERN)
@@ -116,13 +117,13 @@ class Subjects:
 
 DEFAULT_SUBJECTS = Subjects()
 
-# KV bucket names (one namespace per NATS account; see docs/architecture.md).
-KV_APPS = "fp_apps"
-KV_TARGETS = "fp_targets"
-KV_MEMBERSHIP = "fp_membership"
-KV_STATUS = "fp_status"
-KV_AGENTS = "fp_agents"
-KV_CONTROLLERS = "fp_controllers"
+# KV bucket names, declared with the rest of each bucket in shared.kv.buckets.
+KV_APPS = buckets.APPS.name
+KV_TARGETS = buckets.TARGETS.name
+KV_MEMBERSHIP = buckets.MEMBERSHIP.name
+KV_STATUS = buckets.STATUS.name
+KV_AGENTS = buckets.AGENTS.name
+KV_CONTROLLERS = buckets.CONTROLLERS.name
 
 
 def deployment_key(app: str, deployment: str) -> str:

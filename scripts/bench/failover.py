@@ -46,7 +46,9 @@ from services.controller.group import (
 from services.controller.group_shell import KV_LEASES
 from services.controller.stream import DEFAULT_PARTITIONS
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.control import AppStatusView, TargetSet, deployment_key
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster
 from shared.subjects import DEFAULT_SUBJECTS as S
@@ -163,23 +165,40 @@ class Watch:
 
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._follow(KV_STATUS, APP)),
-            asyncio.create_task(self._follow(KV_TARGETS, deployment_key(APP, DEPLOYMENT))),
+            asyncio.create_task(self._follow_status()),
+            asyncio.create_task(self._follow_targets()),
         ]
 
-    async def _follow(self, bucket: str, key: str) -> None:
-        async for entry in await (await self.bus.kv(bucket)).watch(key):
+    async def _follow_status(self) -> None:
+        async for entry in await (await self.bus.kv(KV_STATUS)).watch(APP):
             if entry is None or entry.op != "PUT":
                 continue
-            at = time.monotonic()
-            if bucket == KV_STATUS:
-                st = AppStatusView.decode(entry.value)
-                dep = st.deployments.get(DEPLOYMENT)
-                if dep is not None:
-                    self.writes.append(Write(at, bucket, st.owner_epoch, dep.target_replicas))
+            st = AppStatusView.decode(entry.value)
+            dep = st.deployments.get(DEPLOYMENT)
+            if dep is not None:
+                self.writes.append(
+                    Write(time.monotonic(), KV_STATUS, st.owner_epoch, dep.target_replicas)
+                )
+
+    async def _follow_targets(self) -> None:
+        """One key per replica: a write's target is the number of the deployment's keys after
+        it; a delete carries no owner epoch (-1 here)."""
+        live: set[str] = set()
+        docs = DocKV(await self.bus.kv(KV_TARGETS), ReplicaTarget)
+        async for change in await docs.watch(app_pattern(APP)):
+            if change is None:
+                continue
+            if change.doc is None:
+                if change.key not in live:
+                    continue
+                live.discard(change.key)
+                epoch = -1
+            elif change.doc.deployment != DEPLOYMENT:
+                continue
             else:
-                t = TargetSet.decode(entry.value)
-                self.writes.append(Write(at, bucket, t.owner_epoch, len(t.replicas)))
+                live.add(change.key)
+                epoch = change.doc.owner_epoch
+            self.writes.append(Write(time.monotonic(), KV_TARGETS, epoch, len(live)))
 
     def first_after(self, since: float, above_epoch: int) -> Write | None:
         return next((w for w in self.writes if w.at >= since and w.owner_epoch > above_epoch), None)

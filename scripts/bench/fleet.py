@@ -74,8 +74,6 @@ APP = "bench"
 SIZES = (1024, 4096, 16384, 65536)
 QUICK_SIZES = (1024, 16384)
 INTERVALS = (10.0, 1.0)
-TARGET_BYTES_PER_REPLICA = 160
-"""fp_targets JSON per replica (measured ~130 B with these ids): sizes the server's max_payload."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -161,22 +159,14 @@ def app_config(n: int, deployments: int, interval: float) -> AppConfig:
     )
 
 
-def max_payload_for(n: int, deployments: int) -> int:
-    """The server's max_payload: the default unless one deployment's fp_targets needs more."""
-    need = math.ceil(n / deployments) * TARGET_BYTES_PER_REPLICA
-    size = DEFAULT_MAX_PAYLOAD
-    while size < need:
-        size *= 2
-    return size
-
-
 class Point:
     """One replica count: servers up, fleet running, measured at each interval."""
 
     def __init__(self, n: int, args: argparse.Namespace, workdir: Path) -> None:
         self.n, self.args, self.workdir = n, args, workdir
         self.deployments = max(1, min(args.deployments, n // 64))
-        self.max_payload = args.max_payload or max_payload_for(n, self.deployments)
+        # the server's defaults: no control value or message grows with a deployment any more
+        self.max_payload = args.max_payload or DEFAULT_MAX_PAYLOAD
         self.server = NatsServer(max_payload=self.max_payload, monitoring=True)
         self.stats = StatsFile(workdir / f"controller-{n}.jsonl")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -328,6 +318,8 @@ class Point:
             "routers": self.args.routers * self.deployments,
             "metrics_interval_s": interval,
             "max_payload": self.max_payload,
+            "largest_kv_value_bytes": self.sim.largest_kv_value,
+            "largest_message_bytes": max(self.sim.largest_kv_value, self.sim.largest_sent),
             "window_s": span,
             "ticks": int(loop.size),
             "loop_p50_ms": _pct(loop, 50),
@@ -437,7 +429,8 @@ def _brief(r: dict[str, Any]) -> str:
         f"cpu {r['controller_cpu']:.2f}, misses {r['misses_pct']:.4f}%, "
         f"hb behind routers {r['heartbeats_behind_routers']}, "
         f"detect {r['detect_unhealthy_max_s']:.1f}/{r['detect_silent_max_s']:.1f} s, "
-        f"gap p99 {r['gap_p99_s']:.1f} s"
+        f"gap p99 {r['gap_p99_s']:.1f} s, largest KV value {r['largest_kv_value_bytes']} B, "
+        f"largest message {r['largest_message_bytes']} B"
     )
 
 
@@ -456,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--measure-s", type=float)
     ap.add_argument("--startup-timeout-s", type=float, default=120.0)
     ap.add_argument(
-        "--max-payload", type=int, help="nats-server max_payload (default: what fp_targets needs)"
+        "--max-payload", type=int, help="nats-server max_payload (default: the server's own, 1 MiB)"
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-plot", action="store_true")
@@ -499,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             heartbeats_behind_routers=r["heartbeats_behind_routers"],
             controller_cpu=r["controller_cpu"], detect_s=r["detect_unhealthy_max_s"],
             metrics_interval_s=r["metrics_interval_s"], core_p99_ms=r["core_p99_ms"],
-            core_cpu_p99_ms=r["core_cpu_p99_ms"],
+            core_cpu_p99_ms=r["core_cpu_p99_ms"], largest_kv_value_bytes=r["largest_kv_value_bytes"],
+            largest_message_bytes=r["largest_message_bytes"],
         )  # fmt: skip
     return 0
 

@@ -22,9 +22,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from scripts.bench.common import result_line
 from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
-from services.controller.core import Action, ControllerCore, PutMembership, PutTargets
+from services.controller.core import Action, ControllerCore
+from services.controller.kv_delta import DeleteDoc, PutDoc
+from shared.kv import buckets, envelope
+from shared.kv.membership import Member, parse_member_key
+from shared.kv.targets import ReplicaTarget, TargetKey
 
 TICK_S = 0.1
 SIM_TICK_S = 0.2
@@ -49,14 +54,37 @@ class Offline:
         for subject, data in out:
             self.core.ingest(subject, data, self.now)
 
-    def _apply(self, actions: list[Action]) -> None:
+    def _apply(self, actions: list[Action]) -> int:
+        """Carry out the fp_targets / fp_membership writes on the simulator; returns the bytes
+        they write (keys and values; fp_status refreshes are not counted)."""
+        written = 0
+        targets, members = set(), set()
         for a in actions:
-            if isinstance(a, PutTargets):
-                wanted = {r.replica_id: r.version for r in a.value.replicas}
-                sim = self.sims[a.value.deployment]
-                self._feed(sim.apply_targets(wanted, self.now, WALL0 + self.now)[0])
-            elif isinstance(a, PutMembership):
-                self.sims[a.value.deployment].apply_membership(a.value)
+            if not isinstance(a, PutDoc | DeleteDoc):
+                continue
+            written += len(a.key) + (len(envelope.encode(a.doc)) if isinstance(a, PutDoc) else 0)
+            if isinstance(a, PutDoc) and isinstance(a.doc, ReplicaTarget):
+                sim = self.sims[a.doc.deployment]
+                sim.wanted_by_key[a.key] = (a.doc.replica_id, a.doc.version)
+                targets.add(sim.name)
+            elif isinstance(a, PutDoc) and isinstance(a.doc, Member):
+                self.sims[a.doc.deployment].view.put(a.key, a.doc)
+                members.add(a.doc.deployment)
+            elif a.bucket == buckets.TARGETS.name:
+                sim = self.sims[TargetKey.parse(a.key).deployment]
+                sim.wanted_by_key.pop(a.key, None)
+                targets.add(sim.name)
+            else:
+                dep = parse_member_key(a.key)[1]
+                self.sims[dep].view.delete(a.key)
+                members.add(dep)
+        for name in sorted(targets):
+            sim = self.sims[name]
+            wanted = dict(sim.wanted_by_key.values())
+            self._feed(sim.apply_targets(wanted, self.now, WALL0 + self.now)[0])
+        for name in sorted(members):
+            self.sims[name].apply_membership(self.sims[name].view)
+        return written
 
     def start(self, n: int) -> None:
         while self.members() < n:
@@ -81,10 +109,18 @@ class Offline:
             actions = self.core.tick(self.now, WALL0 + self.now)
             if prof is not None:
                 prof.disable()
-            rows.append((self.now, time.perf_counter() - wall, time.thread_time() - cpu))
-            self._apply(actions)
+            took = time.perf_counter() - wall, time.thread_time() - cpu
+            rows.append((self.now, *took, self._apply(actions)))
             self.now += TICK_S
         return np.asarray(rows)
+
+    def replace_one(self, seconds: float) -> np.ndarray:
+        """One replica of the first deployment crashes (its process exits): the ticks that
+        follow, as rows of (virtual time, wall s, CPU s, KV bytes)."""
+        sim = next(iter(self.sims.values()))
+        victim = next(iter(sim.slot_of))
+        self._feed([sim._lifecycle(victim, sim.versions.get(victim, ""), "exited", WALL0, 1)])
+        return self.run(seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--measure-s", type=float, default=60.0, help="virtual seconds")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="cProfile the measured ticks")
+    ap.add_argument(
+        "--replace", action="store_true",
+        help="then crash one replica and measure the ticks until it is replaced",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     off = Offline(args.replicas, args.deployments, args.interval, args.seed)
     off.start(args.replicas)
@@ -112,6 +152,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    if args.replace:
+        rows = off.replace_one(5.0)
+        wrote = rows[rows[:, 3] > 0]
+        worst = float(rows[:, 1].max() * 1e3)
+        print(
+            f"replace one of {args.replicas}: {len(wrote)} ticks wrote fp_targets/fp_membership, "
+            f"{int(rows[:, 3].sum())} bytes in all; worst tick {worst:.2f} ms, worst writing tick "
+            f"{float(wrote[:, 1].max() * 1e3) if len(wrote) else 0.0:.2f} ms"
+        )
+        result_line(
+            "fleet_core_replace", replicas=args.replicas, worst_tick_ms=round(worst, 3),
+            kv_bytes=int(rows[:, 3].sum()), members=off.members(),
+        )  # fmt: skip
     return 0
 
 

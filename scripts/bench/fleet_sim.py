@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -48,11 +47,14 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from shared.control import Membership
 from shared.errors import WireError
-from shared.subjects import KV_MEMBERSHIP, KV_TARGETS, Subjects
+from shared.kv import buckets, envelope
+from shared.kv.membership import Member, MembershipView, parse_member_key
+from shared.kv.targets import ReplicaTarget, TargetKey
+from shared.subjects import Subjects
 from shared.wire.codec import encode
 from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS, encode_handle_report_columnar
+from shared.wire.limits import REPORT_PART_MAX_BYTES
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,9 @@ class DeploymentSim:
         self.member_slots: I64 = np.zeros(0, dtype=np.int64)
         self.member_ids: pa.Array = pa.array([], type=pa.utf8())
         self.membership_epoch = 0
+        self.wanted_by_key: dict[str, tuple[str, str]] = {}
+        """fp_targets key -> (replica id, version), kept from the per-replica changes."""
+        self.view = MembershipView(cfg.app, name)
         self.starting: list[tuple[float, int]] = []
         self.versions: dict[str, str] = {}
         self.subject = {k: self.subjects.report(k, cfg.app, name) for k in
@@ -217,11 +222,9 @@ class DeploymentSim:
         )  # fmt: skip
         return self.subject["lifecycle"], encode(msg)
 
-    def apply_membership(self, m: Membership) -> None:
-        if m.epoch < self.membership_epoch:
-            return
-        self.membership_epoch = m.epoch
-        ids = [x.replica_id for x in m.replicas if x.replica_id in self.slot_of]
+    def apply_membership(self, view: MembershipView) -> None:
+        self.membership_epoch = view.epoch
+        ids = [x.replica_id for x in view.members() if x.replica_id in self.slot_of]
         self.member_slots = np.fromiter((self.slot_of[r] for r in ids), np.int64, len(ids))
         self.member_ids = pa.array(ids, type=pa.utf8())
         self.member[:] = False
@@ -379,7 +382,7 @@ class DeploymentSim:
                 **meta, replica_ids=self.member_ids, running=running,  # type: ignore[arg-type]
                 health_healthy=self.r_healthy[r, ms], health_checked_at=np.where(valid, ck, 0.0),
                 health_failures=self.r_failures[r, ms], health_valid=valid,
-                max_payload=self.cfg.max_payload,
+                max_payload=min(self.cfg.max_payload, REPORT_PART_MAX_BYTES),
             )  # fmt: skip
             kind = "handle_columnar"
         else:
@@ -461,10 +464,16 @@ class FleetSim:
         """Wall time each simulator tick took (the simulator must keep up for numbers to hold)."""
         self.late_ticks = 0
         self.bad_values = 0
+        self.largest_kv_value = 0
+        """Bytes of the largest fp_targets / fp_membership value seen (no limit raised for it)."""
+        self.largest_sent = 0
+        """Bytes of the largest message the simulated fleet published."""
         self._bus: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._stop = asyncio.Event()
+        self._dirty_targets: set[str] = set()
+        self._dirty_members: set[str] = set()
 
     def set_interval(self, metrics_interval_s: float) -> None:
         self.cfg = dataclasses.replace(self.cfg, metrics_interval_s=metrics_interval_s)
@@ -486,10 +495,10 @@ class FleetSim:
         nc = bus.nc
         self._subs.append(await nc.subscribe(f"{Subjects().prefix}.probe.*", cb=self._on_probe))
         self._index: dict[str, DeploymentSim] = {}
-        targets = await bus.kv(KV_TARGETS)
-        members = await bus.kv(KV_MEMBERSHIP)
-        self._tasks.append(asyncio.create_task(self._watch(targets, self._on_targets)))
-        self._tasks.append(asyncio.create_task(self._watch(members, self._on_membership)))
+        targets = await buckets.open_bucket(bus, buckets.TARGETS)
+        members = await buckets.open_bucket(bus, buckets.MEMBERSHIP)
+        self._tasks.append(asyncio.create_task(self._watch(targets, self._on_target)))
+        self._tasks.append(asyncio.create_task(self._watch(members, self._on_member)))
         self._tasks.append(asyncio.create_task(self._loop()))
 
     async def stop(self) -> None:
@@ -501,37 +510,59 @@ class FleetSim:
             await self._bus.close()
 
     async def _watch(self, kv: Any, apply: Any) -> None:
+        """Per-replica (targets) and per-slot (members) changes are gathered here and applied
+        to the deployments once per simulator tick (`_apply_changes`), as a router would."""
         async for entry in await kv.watch():
-            if entry is None or entry.op != "PUT" or entry.value is None:
+            if entry is None:
                 continue
+            self.largest_kv_value = max(self.largest_kv_value, len(entry.value or b""))
             try:
-                await apply(entry.key, entry.value)
+                apply(entry.key, entry.value if entry.op == "PUT" else None)
             except (WireError, ValueError, KeyError) as exc:
                 self.bad_values += 1
                 log.warning("simulator: ignoring %s: %s", entry.key, exc)
 
-    async def _on_targets(self, key: str, value: bytes) -> None:
-        doc = json.loads(value)
-        d = self.deps.get(doc["deployment"])
+    def _on_target(self, key: str, value: bytes | None) -> None:
+        where = TargetKey.parse(key)
+        d = self.deps.get(where.deployment)
         if d is None:
             return
-        wanted = {r["replica_id"]: r["version"] for r in doc["replicas"]}
-        out, gone = d.apply_targets(wanted, time.monotonic(), time.time())
-        now = time.monotonic()
-        for rid in gone:
-            self._index.pop(rid, None)
-            f = self.faults.get(rid)
-            if f is not None and f.detected_after_s is None:
-                f.detected_after_s = now - f.at
-        for rid in wanted:
-            self._index[rid] = d
-        await self._publish(out)
+        if value is None:
+            d.wanted_by_key.pop(key, None)
+        else:
+            t = envelope.decode(value, ReplicaTarget)
+            d.wanted_by_key[key] = (t.replica_id, t.version)
+        self._dirty_targets.add(d.name)
 
-    async def _on_membership(self, key: str, value: bytes) -> None:
-        m = Membership.decode(value)
-        d = self.deps.get(m.deployment)
-        if d is not None:
-            d.apply_membership(m)
+    def _on_member(self, key: str, value: bytes | None) -> None:
+        _, dep, _ = parse_member_key(key)
+        d = self.deps.get(dep)
+        if d is None:
+            return
+        if value is None:
+            d.view.delete(key)
+        else:
+            d.view.put(key, envelope.decode(value, Member))
+        self._dirty_members.add(dep)
+
+    async def _apply_changes(self) -> None:
+        now = time.monotonic()
+        for name in sorted(self._dirty_targets):
+            d = self.deps[name]
+            wanted = dict(d.wanted_by_key.values())
+            out, gone = d.apply_targets(wanted, now, time.time())
+            for rid in gone:
+                self._index.pop(rid, None)
+                f = self.faults.get(rid)
+                if f is not None and f.detected_after_s is None:
+                    f.detected_after_s = now - f.at
+            for rid in wanted:
+                self._index[rid] = d
+            await self._publish(out)
+        self._dirty_targets.clear()
+        for name in sorted(self._dirty_members):
+            self.deps[name].apply_membership(self.deps[name].view)
+        self._dirty_members.clear()
 
     async def _on_probe(self, msg: Any) -> None:
         rid = msg.subject.rsplit(".", 1)[1]
@@ -552,6 +583,7 @@ class FleetSim:
         while not self._stop.is_set():
             started = time.perf_counter()
             now, wall = time.monotonic(), time.time()
+            await self._apply_changes()
             out: Outbox = []
             for d in self.deps.values():
                 out += d.tick(now, wall, self.tick_s)
@@ -567,6 +599,7 @@ class FleetSim:
     async def _publish(self, out: Outbox) -> None:
         nc = self._bus.nc
         for subject, data in out:
+            self.largest_sent = max(self.largest_sent, len(data))
             await nc.publish(subject, data)
 
     def inject(self, kind: int, count: int) -> list[FaultRecord]:

@@ -40,17 +40,12 @@ from scripts.bench.common import ROOT, percentiles, print_table, result_line, wr
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle, release_router, shared_router
 from services.router.http import read_head, send_http
-from shared.control import (
-    AppStatusView,
-    DeploymentStatusView,
-    Member,
-    Membership,
-    deployment_key,
-)
+from services.router.testing import Seat, put_membership
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import DEFAULT_SUBJECTS as S
-from shared.subjects import KV_MEMBERSHIP, KV_STATUS
+from shared.subjects import KV_STATUS
 from shared.wire.messages import HttpRequest
 
 APP, DEPLOYMENT, REPLICA, PREFIX = "bench", "Echo", "b1", "/bench"
@@ -105,10 +100,7 @@ async def wait_for_proxy(log: Path, pattern: re.Pattern[str] = LISTENING_RE) -> 
 
 async def publish_app(bus: NatsBus) -> None:
     """What a controller would write: the replica's membership and a HEALTHY status."""
-    member = Member(REPLICA, S.rpc(APP, DEPLOYMENT, REPLICA))
-    await (await bus.kv(KV_MEMBERSHIP)).put(
-        deployment_key(APP, DEPLOYMENT), Membership(APP, DEPLOYMENT, 1, (member,)).encode()
-    )
+    await put_membership(bus, APP, DEPLOYMENT, 1, [Seat(REPLICA, S.rpc(APP, DEPLOYMENT, REPLICA))])
     view = DeploymentStatusView("HEALTHY", "", 1, 1, 0.0, 1, 0, "")
     status = AppStatusView(APP, "RUNNING", PREFIX, DEPLOYMENT, time.time(), 1, {DEPLOYMENT: view})
     await (await bus.kv(KV_STATUS)).put(APP, status.encode())

@@ -21,11 +21,10 @@ import nats
 from scripts.bench.common import ROOT, percentiles, print_table, result_line, write_json
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle
-from shared.control import Member, Membership, deployment_key
+from services.router.testing import Seat, put_membership
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import DEFAULT_SUBJECTS as S
-from shared.subjects import KV_MEMBERSHIP
 
 RAW_SUBJECT = "bench.raw.echo"
 RAW_RESPONDER = f"""
@@ -63,11 +62,7 @@ async def run(requests: int, payload_size: int, rounds: int) -> dict[str, object
         nc = await nats.connect(server.url)
         bus = await NatsBus.connect(server.url, name="bench-client")
         await _wait_ready(nc, bus)
-        kv = await bus.kv(KV_MEMBERSHIP)
-        member = Member("b1", S.rpc("bench", "Echo", "b1"))
-        await kv.put(
-            deployment_key("bench", "Echo"), Membership("bench", "Echo", 1, (member,)).encode()
-        )
+        await put_membership(bus, "bench", "Echo", 1, [Seat("b1", S.rpc("bench", "Echo", "b1"))])
         handle = await connect_handle("bench", "Echo", bus=bus, config=RouterConfig())
         echo = handle.options(method="echo")
 

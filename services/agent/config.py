@@ -16,6 +16,7 @@ from pathlib import Path
 
 from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
+from shared.kv.targets import UNPLACED
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
@@ -58,6 +59,10 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         validate_name(self.agent_id, "agent id")
+        if self.agent_id == UNPLACED:
+            raise ConfigError(
+                f"{UNPLACED!r} is reserved (replicas not placed on any agent)", field="agent_id"
+            )
         validate_name(self.namespace, "namespace")
         if self.max_replicas < 0:
             raise ConfigError("must be >= 0", field="max_replicas")

@@ -330,10 +330,12 @@ class ControllerCore:
         return actions
 
     def _place(self, managed: list[tuple[DepKey, ManagedDeployment]], now: float) -> None:
+        waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
+        if not waiting:
+            return  # the usual tick: nothing to place, and no pass over every replica for load
         load: Counter[str] = Counter(
             r.agent_id for _, m in managed for r in m.state.replicas.values() if r.agent_id
         )
-        waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
         chosen = self.placement.assign([rid for _, rid in waiting], load, now)
         for m, rid in waiting:
             agent = chosen.get(rid)

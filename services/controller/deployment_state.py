@@ -18,31 +18,27 @@ rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is 
 UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
 again, DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
 
-Cost: every tick asks for the live set, the running ids, the membership, the targets and the
-status, and at tens of thousands of replicas a pass over the records each time is the whole
-control loop. So what is derived from the records is computed once per `revision` and cached: a
-record counts every assignment to any of its fields (its `__setattr__`), and adding or removing a
-record counts too, so the cache can never serve a view older than the records. A steady
-deployment costs no pass over its replicas at all.
+Cost: every tick asks for the live set, the running ids, the counts and the status, and at tens
+of thousands of replicas a pass over the records each time is the whole control loop. So what is
+derived from the records is kept up to date by delta (records.py): a record reports every
+assignment to any of its fields, and adding or removing one is reported too, on change channels
+that each consumer empties when it catches up. A steady deployment costs no pass over its replicas
+at all, and one changed replica costs O(1) (a rollout re-sorts old from new once).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from .records import RecordSets, ReplicaRecord, ReplicaState, Revision, take
+
+__all__ = ["DeploymentState", "DeploymentStatus", "ReplicaRecord", "ReplicaState", "StateEvent"]
 
 STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
 UNHEALTHY_HOLD_S = 30.0
-
-
-class ReplicaState(enum.Enum):
-    PENDING = "PENDING"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    DRAINING = "DRAINING"
 
 
 class DeploymentStatus(enum.Enum):
@@ -52,65 +48,6 @@ class DeploymentStatus(enum.Enum):
     DOWNSCALING = "DOWNSCALING"
     UNHEALTHY = "UNHEALTHY"
     DEPLOY_FAILED = "DEPLOY_FAILED"
-
-
-class Revision:
-    """A counter of changes to one deployment's records (shared by the records), and the ids of
-    the records changed since `take_dirty` last ran (what the KV delta looks at)."""
-
-    __slots__ = ("dirty", "n")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.dirty: set[str] = set()
-
-
-@dataclass(slots=True)
-class ReplicaRecord:
-    replica_id: str
-    version: str
-    state: ReplicaState
-    since: float
-    order: int
-    rpc_subject: str = ""
-    agent_id: str = ""
-    verdict: str = ""
-    rev: Revision | None = field(default=None, repr=False, compare=False)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        # any change may alter what the deployment derived from its records
-        rev = getattr(self, "rev", None)
-        if rev is not None:
-            rev.n += 1
-            rev.dirty.add(self.replica_id)
-
-
-@dataclass(frozen=True, slots=True)
-class RecordView:
-    """What the per-tick logic needs from the records, computed in one pass (see `view()`)."""
-
-    key: tuple[int, str]
-    live: tuple[ReplicaRecord, ...]
-    """Not draining, in dict (= start) order."""
-    by_order: tuple[ReplicaRecord, ...]
-    """`live` sorted by start order."""
-    old: tuple[ReplicaRecord, ...]
-    """Live replicas of another version than the deployment's."""
-    new: tuple[ReplicaRecord, ...]
-    waiting: tuple[ReplicaRecord, ...]
-    """PENDING or STARTING."""
-    running: tuple[str, ...]
-    """RUNNING replica ids in dict order."""
-    members: tuple[tuple[str, str], ...]
-    """RUNNING without a verdict, by start order: (replica id, rpc subject)."""
-    running_current: int
-    """RUNNING, no verdict, current version."""
-    running_condemned: int
-    condemned: int
-    """Records holding a verdict."""
-    draining_clean: bool
-    """Some replica drains without a verdict (scale-down or rollout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,61 +76,34 @@ class DeploymentState:
     _next_id: int = 0
     _next_order: int = 0
     _rev: Revision = field(default_factory=Revision, repr=False, compare=False)
-    _view: RecordView | None = field(default=None, repr=False, compare=False)
+    _sets: RecordSets | None = field(default=None, repr=False, compare=False)
+    _sets_changes: set[str] = field(default_factory=set, repr=False, compare=False)
+    _kv_changes: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._rev.channels += [self._sets_changes, self._kv_changes]
 
     @property
     def revision(self) -> int:
         """Changes to the records so far (a cache key for views of them)."""
         return self._rev.n
 
-    def view(self) -> RecordView:
-        """The records' derived view, recomputed only after a change."""
-        key = (self._rev.n, self.version)
-        v = self._view
-        if v is not None and v.key == key:
-            return v
-        self._view = v = self._compute_view(key)
-        return v
+    def channel(self) -> set[str]:
+        """A new change channel: the ids of records changed (set, added, removed) from now on;
+        its owner empties it (records.take) when it has caught up."""
+        return self._rev.channel()
 
-    def _compute_view(self, key: tuple[int, str]) -> RecordView:
-        live: list[ReplicaRecord] = []
-        waiting: list[ReplicaRecord] = []
-        running: list[str] = []
-        members: list[ReplicaRecord] = []
-        current = running_condemned = condemned = 0
-        draining_clean = False
-        for r in self.replicas.values():
-            state = r.state
-            if r.verdict:
-                condemned += 1
-            if state is ReplicaState.DRAINING:
-                draining_clean = draining_clean or not r.verdict
-                continue
-            live.append(r)
-            if state is ReplicaState.RUNNING:
-                running.append(r.replica_id)
-                if r.verdict:
-                    running_condemned += 1
-                else:
-                    members.append(r)
-                    current += r.version == self.version
-            else:
-                waiting.append(r)
-        by_order = tuple(sorted(live, key=_by_order))
-        return RecordView(
-            key=key,
-            live=tuple(live),
-            by_order=by_order,
-            old=tuple(r for r in live if r.version != self.version),
-            new=tuple(r for r in live if r.version == self.version),
-            waiting=tuple(waiting),
-            running=tuple(running),
-            members=tuple((r.replica_id, r.rpc_subject) for r in sorted(members, key=_by_order)),
-            running_current=current,
-            running_condemned=running_condemned,
-            condemned=condemned,
-            draining_clean=draining_clean,
-        )
+    def view(self) -> RecordSets:
+        """The records' classes and counts, brought up to date with the records changed since
+        (O(changed), see records.py)."""
+        sets = self._sets
+        if sets is None:
+            sets = self._sets = RecordSets(self.version)
+            sets.update(self.replicas, self.replicas, self.version)
+            self._sets_changes.clear()
+        elif self._sets_changes or sets.version != self.version:
+            sets.update(self.replicas, take(self._sets_changes), self.version)
+        return sets
 
     # -- ids ---------------------------------------------------------------------------------
 
@@ -205,7 +115,6 @@ class DeploymentState:
             rid, self.version, ReplicaState.PENDING, now, self._next_order, rev=self._rev
         )
         self.replicas[rid] = rec
-        self._rev.n += 1
         return rec
 
     def adopt(
@@ -220,7 +129,6 @@ class DeploymentState:
         self.replicas[replica_id] = ReplicaRecord(
             replica_id, version, ReplicaState.PENDING, now, order or self._next_order, rev=self._rev
         )
-        self._rev.n += 1
 
     # -- lifecycle input ---------------------------------------------------------------------
 
@@ -276,13 +184,12 @@ class DeploymentState:
 
     def _remove(self, replica_id: str) -> None:
         del self.replicas[replica_id]
-        self._rev.n += 1
-        self._rev.dirty.add(replica_id)
+        self._rev.touched(replica_id)
 
-    def take_dirty(self) -> set[str]:
-        """The ids of records changed, added or removed since the last call."""
-        dirty, self._rev.dirty = self._rev.dirty, set()
-        return dirty
+    def take_dirty(self) -> list[str]:
+        """The ids of records changed, added or removed since the last call (the KV delta's
+        channel), sorted."""
+        return take(self._kv_changes)
 
     def assign_agent(self, replica_id: str, agent_id: str) -> None:
         self.replicas[replica_id].agent_id = agent_id
@@ -290,7 +197,7 @@ class DeploymentState:
     # -- reconcile ---------------------------------------------------------------------------
 
     def live(self) -> list[ReplicaRecord]:
-        return list(self.view().live)
+        return list(self.view().live.values())
 
     def running_ids(self) -> list[str]:
         return list(self.view().running)
@@ -304,14 +211,14 @@ class DeploymentState:
             return events  # stop retrying; a new version or a redeploy resets
         view = self.view()
         if view.old:
-            events += self._roll(list(view.old), list(view.new), now)
+            events += self._roll(list(view.old.values()), view.new(), now)
         else:
-            events += self._resize(view.new, now)
+            events += self._resize(view, now)
         return events
 
     def _time_out_starts(self, now: float) -> list[StateEvent]:
         events: list[StateEvent] = []
-        for rec in self.view().waiting:
+        for rec in list(self.view().waiting.values()):
             if now - rec.since >= STARTUP_TIMEOUT_S:
                 self._remove(rec.replica_id)
                 self.start_failures += 1
@@ -321,15 +228,16 @@ class DeploymentState:
                 )
         return events
 
-    def _resize(self, new: Sequence[ReplicaRecord], now: float) -> list[StateEvent]:
+    def _resize(self, view: RecordSets, now: float) -> list[StateEvent]:
         events: list[StateEvent] = []
-        for _ in range(self.target - len(new)):
+        count = view.new_count
+        for _ in range(self.target - count):
             rec = self._new_replica(now)
             events.append(StateEvent("replica_added", rec.replica_id, f"target {self.target}"))
-        surplus = len(new) - self.target
+        surplus = count - self.target
         if surplus > 0:
             rank = {ReplicaState.PENDING: 0, ReplicaState.STARTING: 1, ReplicaState.RUNNING: 2}
-            victims = sorted(new, key=lambda r: (rank[r.state], -r.order))[:surplus]
+            victims = sorted(view.new(), key=lambda r: (rank[r.state], -r.order))[:surplus]
             for rec in victims:
                 rec.state, rec.since = ReplicaState.DRAINING, now
                 events.append(StateEvent("replica_draining", rec.replica_id, "scale down"))
@@ -357,7 +265,7 @@ class DeploymentState:
 
     def target_ids(self) -> list[ReplicaRecord]:
         """Replicas the agents must run: everything not draining, in start order."""
-        return list(self.view().by_order)
+        return self.view().by_order()
 
     def update_status(self, now: float) -> bool:
         status, message = self._compute_status(now)
@@ -388,7 +296,7 @@ class DeploymentState:
             return DeploymentStatus.UNHEALTHY, "replicas failing health checks or crashing"
         if current < self.target:
             return DeploymentStatus.UPSCALING, f"{current}/{self.target} replicas running"
-        if running > self.target or view.draining_clean:
+        if running > self.target or view.draining_clean > 0:
             return DeploymentStatus.DOWNSCALING, f"draining to {self.target}"
         return DeploymentStatus.HEALTHY, f"{current}/{self.target} replicas running"
 
@@ -397,10 +305,6 @@ class DeploymentState:
             self.version = version
             self.settled = False
             self.start_failures = 0
-
-
-def _by_order(r: ReplicaRecord) -> int:
-    return r.order
 
 
 def app_status(statuses: Iterable[DeploymentStatus], deleting: bool = False) -> str:

@@ -63,15 +63,25 @@ class FencedWriter:
         # not fenced, just busy: the caller's retry (kv_writer.py) tries again later
         raise KVConflict(key, self._revisions.get(key), "lost the revision race 3 times")
 
-    async def delete(self, key: str, epoch: int | None = None) -> None:
+    async def delete(self, key: str, epoch: int | None = None) -> bool:
+        """Delete unless a newer owner wrote the key (False then): revision-checked like `put`,
+        also for a key this writer never wrote (one a previous owner left)."""
         mine = self.owner_epoch if epoch is None else epoch
         rev = self._revisions.pop(key, None)
-        try:
-            await self.kv.delete(key, last_revision=rev)
-        except KVConflict:
-            current = await self.kv.get(key)
-            if current is None or self.epoch_of(current.value) <= mine:
-                await self.kv.delete(key)
+        for _ in range(3):
+            if rev is None:
+                current = await self.kv.get(key)
+                if current is None:
+                    return True
+                if self.epoch_of(current.value) > mine:
+                    return self._fenced(key, mine)
+                rev = current.revision
+            try:
+                await self.kv.delete(key, last_revision=rev)
+                return True
+            except KVConflict:
+                rev = None
+        raise KVConflict(key, None, "lost the revision race 3 times")
 
     def _fenced(self, key: str, epoch: int) -> bool:
         self.fenced += 1

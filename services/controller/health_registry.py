@@ -267,7 +267,8 @@ class HealthRegistry:
         self._grow(self._index.capacity)
         id_at = self._index.id_at
         ids = self._ids
-        for slot in range(self._index.capacity):
+        changed = self._index.changed_since(self._synced_version)
+        for slot in range(self._index.capacity) if changed is None else sorted(set(changed)):
             rid = id_at(slot)
             if rid != ids[slot]:
                 self._reset(slot)

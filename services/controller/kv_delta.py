@@ -4,7 +4,8 @@ How it works: `DeploymentState` notes which replica records changed since the la
 field set, a record added or removed). `KVDelta.changes(...)` looks at those records only and
 says what each now needs:
 
-    a target    while it is not draining and has an agent  -> key {agent}.{app}.{deployment}.{slot}
+    a target    while it is not draining               -> key {agent}.{app}.{deployment}.{slot}
+                (no agent chosen yet: `_unplaced` instead of the agent id)
     a member    while it is RUNNING without a verdict       -> key {app}.{deployment}.{slot}
 
 and returns the puts and deletes that bring the written keys to that, so one replaced replica
@@ -92,9 +93,7 @@ class KVDelta:
         wants: list[tuple[str, ReplicaRecord | None, bool, bool]] = []
         for rid in dirty:
             rec = records.get(rid)
-            target = (
-                rec is not None and rec.state is not ReplicaState.DRAINING and bool(rec.agent_id)
-            )
+            target = rec is not None and rec.state is not ReplicaState.DRAINING
             member = rec is not None and rec.state is ReplicaState.RUNNING and not rec.verdict
             wants.append((rid, rec, target, member))
         members_changed = False

@@ -8,7 +8,10 @@ it decided it. A write that fails (a value over the server's max_payload, a time
 connection, a revision race that kept losing) stays queued and is tried again after a backoff
 that doubles from `first_retry_s` to `max_retry_s`; a newer value for the key is tried at once.
 A failing key is logged when it first fails and then at most once per `warn_every_s`, and once
-more when it lands.
+more when it lands; over all keys at most LOG_BURST lines a second (then a count of the rest).
+Up to `concurrency` writes to different keys are in flight at once; a failed write halves that,
+and writes that land grow it back by one at a time (a burst of a huge deployment's writes on a
+busy server must not crowd out everything else, the member's own lease refresh included).
 
 Why: a write awaited inside the tick made the tick wait for the KV round trip and for whatever
 ingest callbacks ran meanwhile (in a quiet window the fp_status refresh every 2 s set the loop's
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Key = Hashable
 
+LOG_BURST = 10
+"""KV write log lines per second at most, over all keys."""
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
 WARN_EVERY_S = 60.0
@@ -153,7 +158,17 @@ class KVWriter(Generic[T]):
         self._on_done = on_done
         """Called after each attempt with its item, duration and whether it landed."""
         self._concurrency = concurrency
-        """Writes in flight at once, each to another key (a key's writes never overlap)."""
+        """Most writes in flight at once, each to another key (a key's writes never overlap)."""
+        self.limit = concurrency
+        """Writes allowed in flight now: halved by a failed write, grown by one after `limit`
+        writes in a row land (a burst of a huge deployment's writes must not crowd out the
+        member's own lease refresh on a busy server)."""
+        self._in_flight = 0
+        self._landed_streak = 0
+        self._slot_free = asyncio.Event()
+        self._log_window = (-math.inf, 0)
+        """(start, lines) of the current one-second log window."""
+        self._suppressed = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -185,6 +200,10 @@ class KVWriter(Generic[T]):
 
     async def _worker(self) -> None:
         while True:
+            if self._in_flight >= self.limit:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
             now = self._clock.monotonic()
             nxt = self.backlog.next(now)
             if nxt is None:
@@ -192,6 +211,7 @@ class KVWriter(Generic[T]):
                 continue
             key, item, gen = nxt
             started = time.perf_counter()
+            self._in_flight += 1
             try:
                 await self._write(item)
             except asyncio.CancelledError:
@@ -200,6 +220,9 @@ class KVWriter(Generic[T]):
                 self._failed(key, item, gen, exc, time.perf_counter() - started)
             else:
                 self._landed(key, item, gen, time.perf_counter() - started)
+            finally:
+                self._in_flight -= 1
+                self._slot_free.set()
 
     async def _sleep(self, now: float) -> None:
         if not len(self.backlog):
@@ -212,19 +235,41 @@ class KVWriter(Generic[T]):
 
     def _landed(self, key: Key, item: T, gen: int, took: float) -> None:
         self.written += 1
+        self._landed_streak += 1
+        if self._landed_streak >= self.limit and self.limit < self._concurrency:
+            self.limit += 1
+            self._landed_streak = 0
         before = self.backlog.landed(key, gen)
-        if before:
+        if before and self._may_log():
             log.warning("wrote %s after %d failed attempt(s)", self._describe(key), before)
         if self._on_done is not None:
             self._on_done(item, took, True)
 
     def _failed(self, key: Key, item: T, gen: int, exc: Exception, took: float) -> None:
         self.failures += 1
+        self.limit = max(1, self.limit // 2)
+        self._landed_streak = 0
         f = self.backlog.failed(key, gen, self._clock.monotonic())
-        if f.warn:
+        if f.warn and self._may_log():
             log.warning(
                 "writing %s failed (%d in a row): %s: %s; retrying in %.3g s",
                 self._describe(key), f.failures, type(exc).__name__, exc, f.retry_in,
             )  # fmt: skip
         if self._on_done is not None:
             self._on_done(item, took, False)
+
+    def _may_log(self) -> bool:
+        """At most LOG_BURST lines per second over all keys (a burst of many failing keys must
+        not flood the log); the next line after a pause says how many were left out."""
+        now = self._clock.monotonic()
+        start, lines = self._log_window
+        if now - start >= 1.0:
+            start, lines = now, 0
+        if lines >= LOG_BURST:
+            self._suppressed += 1
+            return False
+        self._log_window = (start, lines + 1)
+        if self._suppressed:
+            log.warning("(%d more KV write messages since the last one)", self._suppressed)
+            self._suppressed = 0
+        return True

@@ -28,6 +28,7 @@ from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
 from .kv_delta import KVChange, KVDelta
 from .metrics_store import DeploymentMetrics
 from .policy import Decision, PolicyInputs, PolicyState, decide, initial_state
+from .records import take
 from .replica_index import ReplicaIndex
 
 
@@ -70,8 +71,10 @@ class ManagedDeployment:
         self.kv = KVDelta(app, cfg.name)
         self._stray: list[KVChange] = []
         self.kv.set_spec(version, cfg.replica_spec())
+        self._changes = self.state.channel()
+        """Records changed since the index, registry and metrics last followed them."""
         self._followed = -1
-        """The records' revision the index, registry and metrics last followed."""
+        """-1: follow in full next time (a new registry)."""
         self._last_rule = ""
 
     @property
@@ -100,14 +103,27 @@ class ManagedDeployment:
         )
 
     def follow_records(self, now: float) -> None:
-        """Index, registry and metrics track the replica records (free when unchanged)."""
-        revision = self.state.revision
-        if revision == self._followed:
+        """Index, registry and metrics track the replica records, by delta: only the records
+        changed since the last call are looked at (free when unchanged)."""
+        if self._followed < 0:  # first time, or after a reconfigure: in full
+            self._changes.clear()
+            self.index.sync(self.state.replicas)
+            self.health.sync(now)
+            self.metrics.set_running(self.state.running_ids())
+            self._followed = 0
             return
-        self.index.sync(self.state.replicas)
+        if not self._changes:
+            return
+        changed = take(self._changes)
+        replicas = self.state.replicas
+        for rid in changed:  # removals first: a freed slot may go to a replica added now
+            if rid not in replicas:
+                self.index.remove(rid)
+        for rid in changed:
+            if rid in replicas:
+                self.index.add(rid)
         self.health.sync(now)
-        self.metrics.set_running(self.state.running_ids())
-        self._followed = revision
+        self.metrics.update_running(changed, self.state.view().running)
 
     def sample(self, now: float) -> float:
         """Add one demand sample (also used while rebuilding the window from the stream)."""
@@ -158,9 +174,11 @@ class ManagedDeployment:
         return self.subjects.rpc(self.app, self.name, replica_id)
 
     def waiting_for_agent(self) -> list[str]:
+        """PENDING replicas without an agent, in start order (a look at the waiting ones only)."""
+        waiting = self.state.view().waiting.values()
         return [
             r.replica_id
-            for r in sorted(self.state.replicas.values(), key=lambda r: r.order)
+            for r in sorted(waiting, key=lambda r: r.order)
             if r.state is ReplicaState.PENDING and not r.agent_id
         ]
 

@@ -37,7 +37,7 @@ handle (see docs/benchmarks.md, "Ingest", for why not an incremental total).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar, cast
 
@@ -141,6 +141,8 @@ class DeploymentMetrics:
         self._index_version = index.version
         self._running_ids: set[str] = set()
         self._owner: dict[int, str] = {}
+        self._slot_of_running: dict[str, int] = {}
+        """The inverse of `_owner`."""
         self._running = np.zeros(n, np.bool_)
         self._running_version = 0
         self._own: F64 = _nan(n)
@@ -167,6 +169,45 @@ class DeploymentMetrics:
         self._running_ids = set(replica_ids)
         self._resolve_running()
 
+    def update_running(self, changed: Iterable[str], running: Container[str]) -> None:
+        """`set_running` by delta: the replicas in `changed` may have started or stopped running,
+        or been added to or removed from the index; `running` answers for each (O(changed))."""
+        if self._index.version != self._index_version:
+            self._index_version = self._index.version
+            self._grow(self._index.capacity)
+        dropped: list[int] = []
+        touched = False
+        for rid in changed:
+            if rid in running:
+                self._running_ids.add(rid)
+            else:
+                self._running_ids.discard(rid)
+            old = self._slot_of_running.get(rid, NO_SLOT)
+            new = self._index.slot(rid) if rid in self._running_ids else NO_SLOT
+            if old == new:
+                continue
+            touched = True
+            if old != NO_SLOT:
+                del self._slot_of_running[rid]
+                if self._owner.get(old) == rid:
+                    del self._owner[old]
+                    self._running[old] = False
+                    dropped.append(old)
+            if new != NO_SLOT:
+                prev = self._owner.get(new)
+                if prev is not None:  # the slot was another replica's: its data goes
+                    del self._slot_of_running[prev]
+                    dropped.append(new)
+                self._owner[new] = rid
+                self._slot_of_running[rid] = new
+                self._running[new] = True
+        if not touched:
+            return
+        self._version += 1
+        self._running_version += 1
+        if dropped:
+            self._clear_slots(np.asarray(sorted(set(dropped)), dtype=np.int64))
+
     def running_ids(self) -> list[str]:
         self._sync()
         return sorted(self._owner.values())
@@ -190,6 +231,7 @@ class DeploymentMetrics:
         # A slot whose replica left (or whose slot was reused by another) loses its data.
         dropped = [s for s, rid in self._owner.items() if owner.get(s) != rid]
         self._owner = owner
+        self._slot_of_running = {rid: s for s, rid in owner.items()}
         self._version += 1
         self._running = np.zeros(self._cap, np.bool_)
         self._running[np.fromiter(owner, np.int64, len(owner))] = True

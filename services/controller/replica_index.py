@@ -19,13 +19,16 @@ _MIN_CAPACITY = 8
 
 
 class ReplicaIndex:
-    __slots__ = ("_free", "_ids", "_slot_of", "version")
+    __slots__ = ("_free", "_ids", "_log", "_log_base", "_slot_of", "version")
 
     def __init__(self) -> None:
         self._ids: list[str | None] = []
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self.version = 0
+        self._log: list[int] = []
+        """The slot of each change since version `_log_base` (what followers catch up from)."""
+        self._log_base = 0
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -57,7 +60,7 @@ class ReplicaIndex:
             slot = len(self._ids)
             self._ids.append(replica_id)
         self._slot_of[replica_id] = slot
-        self.version += 1
+        self._changed(slot)
         return slot
 
     def remove(self, replica_id: str) -> int:
@@ -65,8 +68,23 @@ class ReplicaIndex:
         if slot != NO_SLOT:
             self._ids[slot] = None
             self._free.append(slot)
-            self.version += 1
+            self._changed(slot)
         return slot
+
+    def _changed(self, slot: int) -> None:
+        self.version += 1
+        if len(self._log) >= max(1024, 4 * len(self._ids)):
+            # followers further behind than this rescan every slot once (changed_since: None)
+            self._log.clear()
+            self._log_base = self.version - 1
+        self._log.append(slot)
+
+    def changed_since(self, version: int) -> list[int] | None:
+        """The slots added or removed since `version` (repeats possible), or None when the log no
+        longer reaches back that far (then look at every slot)."""
+        if version < self._log_base:
+            return None
+        return self._log[version - self._log_base :]
 
     def sync(self, replica_ids: Iterable[str]) -> None:
         """Make the index hold exactly `replica_ids` (keeping the slots of those it already has)."""

@@ -31,6 +31,7 @@ from shared.appconfig import AppConfig
 from shared.appyaml import load_apps
 from shared.bus import KV
 from shared.errors import ConfigError, KVConflict, UsageError
+from shared.kv import envelope
 from shared.subjects import KV_APPS, validate_name
 
 
@@ -148,12 +149,18 @@ def plan_deploy(
         if c.app is not None and c.app.route_prefix is not None and name not in redeployed
     }
     steps: list[Step] = []
+    limit = min(max_payload, envelope.MAX_DOCUMENT_BYTES)
     for app in apps:
-        value = app.to_json()
-        if len(value) > max_payload:
+        try:
+            value = app.to_json()
+        except UsageError:  # over the control-state limit: no KV value may be larger
+            value = b""
+        if not value or len(value) > limit:
+            size = f"{len(value)} bytes" if value else f"over {envelope.MAX_DOCUMENT_BYTES} bytes"
             problems.append(
-                f"application {app.name!r}: its config is {len(value)} bytes, more than the "
-                f"server's max_payload of {max_payload}; pass large init values by file or URL"
+                f"application {app.name!r}: its config is {size}, more than the limit of "
+                f"{limit} bytes (a control value, and the server's max_payload of {max_payload}); "
+                "pass large init values by file or URL"
             )
         owner = None if app.route_prefix is None else owners.get(app.route_prefix)
         if owner is not None:

@@ -52,6 +52,7 @@ from shared.kv import buckets
 from shared.kv.membership import Member, MembershipView, deployment_pattern
 from shared.kv.view import DocKV, DocWatch
 from shared.subjects import DEFAULT_SUBJECTS, Subjects, deployment_key
+from shared.wire.limits import REPORT_PART_MAX_BYTES
 from shared.wire.messages import Admission, HandleReport, HealthStatus
 
 logger = logging.getLogger(__name__)
@@ -378,7 +379,7 @@ class Router:
         parts = encode_handle_report(
             report,
             columnar_min_replicas=self.config.columnar_min_replicas,
-            max_payload=self.bus.max_payload,
+            max_payload=min(self.bus.max_payload, REPORT_PART_MAX_BYTES),
         )
         for part in parts:
             await self.bus.publish(self.report_subject, part)

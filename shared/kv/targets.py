@@ -21,8 +21,13 @@ from shared.subjects import validate_name
 from shared.wire import reasons
 
 
+UNPLACED = "_unplaced"
+"""The agent token of a replica no agent was chosen for (no agents announced themselves: replicas
+are run by something else that reads fp_targets). No agent may be called this."""
+
+
 def target_key(agent_id: str, app: str, deployment: str, slot: int) -> str:
-    return f"{agent_id}.{app}.{deployment}.{slot}"
+    return f"{agent_id or UNPLACED}.{app}.{deployment}.{slot}"
 
 
 def agent_pattern(agent_id: str) -> str:
@@ -65,6 +70,7 @@ class ReplicaTarget:
     deployment: str
     replica_id: str
     agent_id: str
+    """Empty while no agent was chosen (the key then says `_unplaced`)."""
     slot: int
     order: int
     """Start order within the deployment (older first): kept across controller restarts."""
@@ -97,7 +103,7 @@ class ReplicaTarget:
             app=e.name(doc, "app"),
             deployment=e.name(doc, "deployment"),
             replica_id=e.name(doc, "replica_id"),
-            agent_id=e.name(doc, "agent_id"),
+            agent_id=e.name(doc, "agent_id", ""),
             slot=e.count(doc, "slot"),
             order=e.count(doc, "order"),
             version=e.string(doc, "version"),

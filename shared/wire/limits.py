@@ -48,5 +48,10 @@ MAX_METADATA_VALUE_LEN: Final = 1024
 MAX_PARTS: Final = 65_536
 """Most parts one columnar report may be split into."""
 
+REPORT_PART_MAX_BYTES: Final = 256 * 1024
+"""Routers split a handle report into parts of at most this many bytes (or max_payload, if
+smaller), so no message on the bus grows with the size of a deployment: a 65,536-replica report
+is ~12 parts that each merge on their own, not three near the server's 1 MiB limit."""
+
 COLUMNAR_SPLIT_MARGIN: Final = 0.95
 """The splitter aims parts at this fraction of max_payload so the first estimate usually fits."""

@@ -18,7 +18,9 @@ import pytest
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle, connect_handle
 from shared.bus import Bus
-from shared.control import AppStatusView, TargetSet
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
@@ -115,9 +117,14 @@ async def app_status(bus: Bus) -> AppStatusView | None:
     return AppStatusView.decode(entry.value) if entry else None
 
 
-async def targets(bus: Bus) -> TargetSet | None:
-    entry = await (await bus.kv(KV_TARGETS)).get("shop.Model")
-    return TargetSet.decode(entry.value) if entry else None
+async def targets(bus: Bus) -> list[ReplicaTarget]:
+    """shop.Model's fp_targets values (one key per replica, on any agent)."""
+    docs = DocKV(await bus.kv(KV_TARGETS), ReplicaTarget)
+    return [
+        c.doc
+        for c in await docs.snapshot(app_pattern("shop"))
+        if c.doc and c.doc.deployment == "Model"
+    ]
 
 
 async def model(bus: Bus) -> tuple[str, int, int]:
@@ -222,11 +229,11 @@ async def test_killed_replica_is_replaced_and_restarted_agent_recovers(
     try:
         pid = (await handle.options(method="predict").remote(1.0))["pid"]
         os.kill(pid, signal.SIGKILL)
-        first = {r.replica_id for r in (await targets(bus)).replicas}  # type: ignore[union-attr]
+        first = {t.replica_id for t in await targets(bus)}
+        assert len(first) == 2
 
         async def replaced() -> bool:
-            t = await targets(bus)
-            ids = {r.replica_id for r in t.replicas} if t else set()
+            ids = {t.replica_id for t in await targets(bus)}
             return len(ids) == 2 and ids != first
 
         await until(replaced, 20, "the killed replica replaced")
@@ -250,7 +257,8 @@ async def test_nats_restart_reconnects_without_verdicts_or_scale_down(
     path.write_text(APP_YAML.replace("min_replicas: 0", "min_replicas: 2"))
     assert cli("deploy", str(path), "--nats", server.url).returncode == 0
     await until(lambda: _is(model(bus), ("HEALTHY", 2, 2)), 30, "two replicas")
-    before = {r.replica_id for r in (await targets(bus)).replicas}  # type: ignore[union-attr]
+    before = {t.replica_id for t in await targets(bus)}
+    assert len(before) == 2
     handle = await connect_handle("shop", "Model", bus=bus)
     try:
         await asyncio.to_thread(server.restart)
@@ -266,7 +274,7 @@ async def test_nats_restart_reconnects_without_verdicts_or_scale_down(
         await until(serves, 20, "requests work again")
         assert time.monotonic() - restarted < 20
         await asyncio.sleep(5)  # long enough for any spurious verdict or scale-down to show
-        after = {r.replica_id for r in (await targets(bus)).replicas}  # type: ignore[union-attr]
+        after = {t.replica_id for t in await targets(bus)}
         assert after == before, "no replica may be replaced because of a NATS restart"
         assert await model(bus) == ("HEALTHY", 2, 2)
     finally:

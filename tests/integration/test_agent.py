@@ -10,7 +10,6 @@ import functools
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ from services.agent.info import AgentInfo
 from services.agent.service import AgentService
 from shared.appconfig import DeploymentConfig
 from shared.bus import KV, Bus, Msg
-from shared.control import ReplicaTarget, TargetSet, deployment_key
 from shared.errors import BusTimeout, NoResponders
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import KV_AGENTS, KV_TARGETS
@@ -78,18 +78,24 @@ async def events(bus: Bus) -> Events:
 
 
 async def put_targets(
-    kv: KV, replicas: list[tuple[str, str]], epoch: int, config: DeploymentConfig = CONFIG
+    kv: KV, replicas: list[tuple[str, str]], config: DeploymentConfig = CONFIG
 ) -> None:
-    ts = TargetSet(
-        app="app",
-        deployment="dep",
-        version="v1",
-        owner_epoch=1,
-        membership_epoch=epoch,
-        replicas=tuple(ReplicaTarget(rid, "v1", "PENDING", agent) for rid, agent in replicas),
-        config={**asdict(config), "init_args": list(config.init_args)},
-    )
-    await kv.put(deployment_key("app", "dep"), ts.encode())
+    """Make `replicas` (id, agent; in start order) the targets of app.dep, as the controller's
+    writes add up to: one key per replica, a replica keeps its slot, keys of replicas no longer
+    listed (or moved to another agent) are deleted, new ones take the lowest free slot."""
+    docs = DocKV(kv, ReplicaTarget)
+    current = {c.doc.replica_id: c.doc for c in await docs.snapshot(app_pattern("app")) if c.doc}
+    wanted = dict(replicas)
+    for rid, t in current.items():
+        if wanted.get(rid) != t.agent_id:
+            await docs.delete(t.key)
+    slots = {rid: t.slot for rid, t in current.items() if wanted.get(rid) == t.agent_id}
+    spec = config.replica_spec()
+    for order, (rid, agent) in enumerate(replicas, start=1):
+        if rid not in slots:
+            slots[rid] = min(set(range(len(replicas) + len(slots))) - set(slots.values()))
+        t = ReplicaTarget("app", "dep", rid, agent, slots[rid], order, "v1", "", spec, 1)
+        await docs.put(t.key, t)
 
 
 async def gone(bus: Bus, replica_id: str) -> bool:
@@ -144,7 +150,7 @@ async def test_agent_runs_stops_and_reports_its_replicas(
 ) -> None:
     targets = await bus.kv(KV_TARGETS)
     # capacity 2, three assigned: r-x waits; r-o belongs to another agent
-    await put_targets(targets, [("r-a", ME), ("r-o", "other"), ("r-b", ME), ("r-x", ME)], 1)
+    await put_targets(targets, [("r-a", ME), ("r-o", "other"), ("r-b", ME), ("r-x", ME)])
     starts0 = metric("fleetpulse_agent_replica_starts_total")
     crashes0 = metric("fleetpulse_agent_replica_exits_total", code="-9")
     cfg = AgentConfig(
@@ -164,7 +170,7 @@ async def test_agent_runs_stops_and_reports_its_replicas(
         assert (info.agent_id, info.capacity, info.pid) == (ME, 2, os.getpid())
 
         # r-b leaves the targets: SIGTERM, it drains and exits 0; its slot goes to r-x
-        await put_targets(targets, [("r-a", ME), ("r-o", "other"), ("r-x", ME)], 2)
+        await put_targets(targets, [("r-a", ME), ("r-o", "other"), ("r-x", ME)])
         await eventually(lambda: any(e.exit_code == 0 for e in events.of("r-b", "exited")))
         await eventually(lambda: not alive(pids["r-b"]))
         await wait_for_replica(bus, "r-x", timeout=WAIT_S)
@@ -218,7 +224,7 @@ def agent_args(nats_url: str, agent_id: str, log_dir: Path) -> list[str]:
 async def start_agent_process(
     procs: ServiceProcesses, bus: Bus, nats_url: str, tmp_path: Path, agent_id: str, rid: str
 ) -> tuple[Any, int]:
-    await put_targets(await bus.kv(KV_TARGETS), [(rid, agent_id)], 1)
+    await put_targets(await bus.kv(KV_TARGETS), [(rid, agent_id)])
     proc = procs.start(agent_args(nats_url, agent_id, tmp_path), log=tmp_path / "agent.log")
     await wait_for_replica(bus, rid, timeout=WAIT_S)
     kids = await eventually(lambda: children_of(proc.pid))
@@ -277,7 +283,7 @@ async def test_a_replica_ignoring_sigterm_is_killed_after_its_deadline(
         graceful_shutdown_timeout_s=0.5,
     )
     targets = await bus.kv(KV_TARGETS)
-    await put_targets(targets, [("r-s", ME)], 1, config)
+    await put_targets(targets, [("r-s", ME)], config)
     kills0 = metric("fleetpulse_agent_replica_kills_total")
     cfg = AgentConfig(
         nats_url=nats_url,
@@ -294,7 +300,7 @@ async def test_a_replica_ignoring_sigterm_is_killed_after_its_deadline(
         await eventually(marker.exists)
         pid = int(await eventually(marker.read_text))
         assert agent.pid("r-s") == pid
-        await targets.delete(deployment_key("app", "dep"))  # the deployment is gone
+        await put_targets(targets, [])  # the deployment is gone: its keys are deleted
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         exited = await eventually(lambda: events.of("r-s", "exited"))

@@ -17,7 +17,9 @@ from services.controller.group import partition_of
 from services.controller.group_shell import KV_LEASES
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.bus import Bus
-from shared.control import AppStatusView, TargetSet
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster
 from shared.subjects import DEFAULT_SUBJECTS as S
@@ -132,14 +134,21 @@ async def test_balanced_failover_fencing_and_handover(
             await asyncio.sleep(0.2)
 
     pump = asyncio.create_task(reports())
-    targets: list[tuple[float, int, int]] = []  # (time, target, owner epoch)
+    # (time, replicas targeted, owner epoch of the write; -1 for a delete), per change
+    targets: list[tuple[float, int, int]] = []
 
     async def follow_targets() -> None:
-        kv = await bus.kv(KV_TARGETS)
-        async for entry in await kv.watch("busy.Model"):
-            if entry is not None and entry.op == "PUT":
-                t = TargetSet.decode(entry.value)
-                targets.append((time.monotonic(), len(t.replicas), t.owner_epoch))
+        live: dict[str, ReplicaTarget] = {}
+        docs = DocKV(await bus.kv(KV_TARGETS), ReplicaTarget)
+        async for change in await docs.watch(app_pattern(APP)):  # one key per replica
+            if change is None:
+                continue
+            if change.doc is None:
+                live.pop(change.key, None)
+            else:
+                live[change.key] = change.doc
+            epoch = -1 if change.doc is None else change.doc.owner_epoch
+            targets.append((time.monotonic(), len(live), epoch))
 
     follower = asyncio.create_task(follow_targets())
     try:
@@ -161,13 +170,23 @@ async def test_balanced_failover_fencing_and_handover(
         members.by_id[new].send_signal(signal.SIGSTOP)
         third = (survivors - {new}).pop()
         await until(lambda: _owner_in(bus, part, {third}), 10, "taken from the paused member")
+        taken = time.monotonic()
+        _, third_epoch = (await leases(bus))[part]
         await asyncio.sleep(1.0)
         members.by_id[new].send_signal(signal.SIGCONT)
         await asyncio.sleep(3.0)
-        epochs = [e for _, _, e in targets]
+        epochs = [e for _, _, e in targets if e >= 0]
         assert epochs == sorted(epochs), f"a stale owner's write landed: epochs {epochs}"
+        # the per-replica keys are written only on change, so also: nothing written after the
+        # takeover carries an older epoch than the new owner's
+        late = [e for t, _, e in targets if t > taken and e >= 0]
+        assert all(e >= third_epoch for e in late), f"a stale owner's write landed: {late}"
+        # the status is the current owner's (the partition may have moved on once the paused
+        # member came back; nobody rewrites unchanged targets, so compare with the lease)
         st = await (await bus.kv(KV_STATUS)).get(APP)
-        assert st is not None and AppStatusView.decode(st.value).owner_epoch == max(epochs)
+        _, current_epoch = (await leases(bus))[part]
+        assert st is not None and current_epoch >= max([*epochs, third_epoch])
+        assert AppStatusView.decode(st.value).owner_epoch == current_epoch
 
         # graceful SIGTERM of the current owner hands over in about a second
         members.start("c4", 0)

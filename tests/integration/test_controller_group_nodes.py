@@ -42,8 +42,11 @@ from services.controller.stream import (
     partition_subject,
 )
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.control import AppStatusView, ReplicaTarget, TargetSet, deployment_key
 from shared.errors import BusError
+from shared.kv import envelope
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster
 from shared.subjects import DEFAULT_SUBJECTS as S
@@ -174,11 +177,12 @@ class Observer:
         self._task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
-        status, targets = await self.bus.kv(KV_STATUS), await self.bus.kv(KV_TARGETS)
+        status = await self.bus.kv(KV_STATUS)
+        targets = DocKV(await self.bus.kv(KV_TARGETS), ReplicaTarget)
         members = await self.bus.kv(KV_CONTROLLERS, create=False)
         reads = [(KV_STATUS, status, self.app)]
-        reads += [(KV_TARGETS, targets, deployment_key(self.app, DEPLOYMENT))]
         reads += [(KV_CONTROLLERS, members, m) for m in MEMBERS]
+        seen_targets: frozenset[tuple[str, int]] = frozenset()
         while not self._stopping:
             for bucket, kv, key in reads:
                 try:
@@ -189,6 +193,17 @@ class Observer:
                     continue
                 self._revisions[(bucket, key)] = entry.revision
                 self._record(bucket, key, entry.value)
+            try:  # the app's targets: one key per replica
+                now = frozenset(
+                    (c.key, c.revision)
+                    for c in await targets.snapshot(app_pattern(self.app))
+                    if c.doc is not None and c.doc.deployment == DEPLOYMENT
+                )
+            except BusError:
+                now = seen_targets
+            if now != seen_targets:
+                seen_targets = now
+                self.writes.append(Seen(time.monotonic(), KV_TARGETS, len(now)))
             await asyncio.sleep(POLL_S)
 
     def _record(self, bucket: str, key: str, value: bytes) -> None:
@@ -199,8 +214,6 @@ class Observer:
             st = AppStatusView.decode(value)
             dep = st.deployments[DEPLOYMENT]
             self.writes.append(Seen(now, bucket, dep.target_replicas, dep.demand, st.updated_at))
-        else:
-            self.writes.append(Seen(now, bucket, len(TargetSet.decode(value).replicas)))
 
     def live(self) -> set[str]:
         now = time.monotonic()
@@ -370,25 +383,35 @@ async def test_a_taken_partition_decides_nothing_until_its_history_is_replayed(
     try:
         # the previous owner's state: the app at 3 replicas, and the load that explains them
         await (await bus.kv(KV_APPS)).put(app, busy_app(app).to_json())
-        replicas = tuple(ReplicaTarget(f"{DEPLOYMENT}-{i}", "v1", "PENDING") for i in (1, 2, 3))
-        key = deployment_key(app, DEPLOYMENT)
-        targets = await bus.kv(KV_TARGETS)
-        await targets.put(key, TargetSet(app, DEPLOYMENT, "v1", 0, 1, replicas, {}).encode())
+        spec = busy_app(app).deployments[0].replica_spec()
+        ids = {f"{DEPLOYMENT}-{i}" for i in (1, 2, 3)}
+        targets = DocKV(await bus.kv(KV_TARGETS), ReplicaTarget)
+        for slot, rid in enumerate(sorted(ids)):
+            t = ReplicaTarget(app, DEPLOYMENT, rid, "a1", slot, slot + 1, "v1", "", spec)
+            await targets.put(t.key, t)
+        status_kv = await bus.kv(KV_STATUS)
         await ensure_stream(bus.js, S, P, DEFAULT_RETENTION_S)
         load = asyncio.create_task(pump(bus, app, stop))
         await asyncio.sleep(3.0)  # more history than the 2 s look-back
 
         run = asyncio.create_task(svc.run())
-        written: list[TargetSet] = []
+        # what the new owner decides shows in its status (target) and in fp_targets (one key
+        # per replica: a fresh target of 1 would delete two, or write a replica of its own)
+        decided: list[int] = []
+        looks: list[set[str]] = []
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
-            entry = await targets.get(key)
-            now = TargetSet.decode(entry.value) if entry is not None else None
-            if now is not None and now.owner_epoch > 0 and (not written or written[-1] != now):
-                written.append(now)
+            looks.append(
+                {c.doc.replica_id for c in await targets.snapshot(app_pattern(app)) if c.doc}
+            )
+            entry = await status_kv.get(app)
+            st = envelope.decode(entry.value, AppStatusView) if entry is not None else None
+            if st is not None and st.owner_epoch > 0:
+                decided.append(st.deployments[DEPLOYMENT].target_replicas)
             await asyncio.sleep(0.02)
-        assert written, "the new owner never wrote the app's targets"
-        assert [len(t.replicas) for t in written] == [TARGET] * len(written), written
+        assert decided, "the new owner never wrote the app's status"
+        assert decided == [TARGET] * len(decided), decided
+        assert all(ids_now == ids for ids_now in looks), looks
     finally:
         stop.set()
         if load is not None:

@@ -16,7 +16,10 @@ from services.controller.service import ControllerService, ServiceConfig
 from services.router.handle import connect_handle
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.bus import Bus
-from shared.control import AppStatusView, Membership, TargetSet
+from shared.kv.membership import Member, deployment_pattern
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget, app_pattern
+from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
 from tests.procs import ServiceProcesses, replica_args, service_processes
@@ -70,6 +73,20 @@ async def read(bus: Bus, bucket: str, key: str) -> bytes | None:
     return None if entry is None else entry.value
 
 
+async def target_docs(bus: Bus) -> list[ReplicaTarget]:
+    """demo's fp_targets values (one per replica, on any agent), in start order."""
+    docs = DocKV(await bus.kv(KV_TARGETS), ReplicaTarget)
+    found = [c.doc for c in await docs.snapshot(app_pattern("demo")) if c.doc]
+    return sorted(found, key=lambda t: t.order)
+
+
+async def member_docs(bus: Bus) -> list[Member]:
+    """demo.Echo's fp_membership values (one per slot), in start order."""
+    docs = DocKV(await bus.kv(KV_MEMBERSHIP), Member)
+    found = [c.doc for c in await docs.snapshot(deployment_pattern("demo", "Echo")) if c.doc]
+    return sorted(found, key=lambda m: m.order)
+
+
 async def wait_for(cond: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,8 +105,7 @@ class FakeAgent:
         self.running: dict[str, Any] = {}
 
     async def sync(self) -> list[str]:
-        raw = await read(self.bus, KV_TARGETS, "demo.Echo")
-        wanted = [r.replica_id for r in TargetSet.decode(raw).replicas] if raw else []
+        wanted = [t.replica_id for t in await target_docs(self.bus)]
         for rid in wanted:
             if rid not in self.running:
                 extra = ["--health-check-period-s", "0.5", "--graceful-shutdown-timeout-s", "2"]
@@ -102,8 +118,7 @@ class FakeAgent:
 
 
 async def members(bus: Bus) -> list[str]:
-    raw = await read(bus, KV_MEMBERSHIP, "demo.Echo")
-    return [m.replica_id for m in Membership.decode(raw).replicas] if raw else []
+    return [m.replica_id for m in await member_docs(bus)]
 
 
 async def status(bus: Bus) -> AppStatusView | None:
@@ -141,20 +156,21 @@ async def test_deploy_serve_replace_and_restart(
         assert detect_s < 10, f"took {detect_s:.1f} s to replace a killed replica"
         await wait_for(lambda: _status_is(bus, "HEALTHY"), timeout=20)
         assert await handle.options(method="echo").remote("still") == "still"
-        before = await read(bus, KV_TARGETS, "demo.Echo")
-        epoch_before = Membership.decode(await read(bus, KV_MEMBERSHIP, "demo.Echo") or b"").epoch
+        before = await target_docs(bus)
+        epoch_before = max(m.epoch for m in await member_docs(bus))
+        assert len({t.slot for t in before}) == 2  # the replacement reused the freed slot
+        assert {t.slot for t in before} == {0, 1}
         await handle.close()
 
         # restart the controller: it keeps the replicas (no restart, no scale-down)
         await stop_controller(svc, task)
         svc, task = await start_controller(nats_url, epoch=2)
         await asyncio.sleep(2.0)
-        after = TargetSet.decode(await read(bus, KV_TARGETS, "demo.Echo") or b"")
-        assert [r.replica_id for r in after.replicas] == [
-            r.replica_id for r in TargetSet.decode(before or b"").replicas
-        ]
-        m = Membership.decode(await read(bus, KV_MEMBERSHIP, "demo.Echo") or b"")
-        assert m.epoch >= epoch_before and len(m.replicas) == 2
+        after = await target_docs(bus)
+        assert [(t.replica_id, t.key) for t in after] == [(t.replica_id, t.key) for t in before]
+        m = await member_docs(bus)
+        assert max(x.epoch for x in m) >= epoch_before and len(m) == 2
+        assert {x.replica_id for x in m} == {t.replica_id for t in after}
         st2 = await status(bus)
         assert st2 is not None and st2.deployments["Echo"].status == "HEALTHY"
         assert not any(e for e in svc.core.stats.dropped if e != "unknown_deployment")

@@ -16,11 +16,10 @@ import pytest
 from services.router.config import RouterConfig
 from services.router.errors import DeadlineExceeded, ReplicaLostError, RequestFailed
 from services.router.handle import DeploymentHandle, connect_handle
+from services.router.testing import Seat, put_membership
 from shared.bus import Bus, Msg
-from shared.control import Member, Membership, deployment_key
 from shared.natsbus import NatsBus
 from shared.subjects import DEFAULT_SUBJECTS as S
-from shared.subjects import KV_MEMBERSHIP
 from shared.wire import decode_as
 from shared.wire.messages import Heartbeat
 from tests.procs import ServiceProcesses, replica_args, service_processes, wait_for_replica
@@ -42,9 +41,10 @@ def procs() -> Any:
 
 
 async def set_members(bus: Bus, replicas: list[str], epoch: int) -> None:
-    kv = await bus.kv(KV_MEMBERSHIP)
-    members = tuple(Member(r, S.rpc("app", "dep", r)) for r in replicas)
-    await kv.put(deployment_key("app", "dep"), Membership("app", "dep", epoch, members).encode())
+    """The membership of app.dep becomes `replicas` (slot keys 0.., further ones deleted)."""
+    await put_membership(
+        bus, "app", "dep", epoch, [Seat(r, S.rpc("app", "dep", r)) for r in replicas]
+    )
 
 
 async def start_replicas(

@@ -19,8 +19,8 @@ from services.ops.status import run_status
 from shared.appconfig import AppConfig
 from shared.appyaml import load_apps
 from shared.bus import KV, Bus
-from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.errors import BucketNotFound
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.natsbus import NatsBus
 from shared.subjects import KV_APPS, KV_STATUS
 

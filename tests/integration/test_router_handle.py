@@ -11,9 +11,8 @@ import pytest
 from services.router.config import RouterConfig
 from services.router.errors import DeadlineExceeded, ReplicaLostError, RequestFailed
 from services.router.handle import DeploymentHandle, connect_handle
-from services.router.testing import FakeReplica, put_membership
+from services.router.testing import FakeReplica, Seat, put_membership
 from shared.bus import Msg
-from shared.control import Member
 from shared.natsbus import NatsBus
 from shared.wire.codec import decode_as
 from shared.wire.messages import ErrorReply, HandleReport
@@ -72,7 +71,7 @@ async def test_rejection_and_unreachable_replicas_are_retried(connect: Connect) 
     r1, r2, r3 = await start_replicas(connect, "r1", "r2", "r3")
     r1.reject = True
     r2.silent = True
-    ghost = Member("ghost", f"fp.v1.rpc.{APP}.{DEP}.ghost")
+    ghost = Seat("ghost", f"fp.v1.rpc.{APP}.{DEP}.ghost")
     await put_membership(r1.bus, APP, DEP, 2, [r1.member, r2.member, ghost, r3.member])
     h = await new_handle(connect)
     try:

@@ -1,10 +1,10 @@
-"""The agent's pure core (plan, specs, argv), its fp_agents value and its config."""
+"""The agent's pure core (plan, wanted targets, argv), its fp_agents value and its config."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -24,49 +24,60 @@ from services.agent.core import (
     Kill,
     OverCapacity,
     Phase,
-    ReplicaSpec,
     Start,
     Stop,
     apply,
-    deployment_config,
     merge_wanted,
     plan,
     replica_argv,
-    specs_for_agent,
+    wanted_target,
 )
 from services.agent.info import AgentInfo
 from services.replica.config import add_replica_arguments
 from services.replica.config import config_from_args as replica_config_from_args
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
-from shared.control import ReplicaTarget, TargetSet
+from shared.bus import KVEntry
 from shared.errors import ConfigError, UsageError, WireError
+from shared.kv import envelope
 from shared.kv.envelope import MAX_DOCUMENT_BYTES
+from shared.kv.targets import ReplicaTarget, agent_pattern
+from shared.replicaspec import ReplicaSpec
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import validate_name
 
 MARGIN = 5.0
 
 
-def spec(rid: str, grace: float = 2.0, app: str = "app", dep: str = "dep") -> ReplicaSpec:
-    return ReplicaSpec(
+def target(
+    rid: str,
+    grace: float = 2.0,
+    app: str = "app",
+    dep: str = "dep",
+    *,
+    order: int = 1,
+    slot: int = 0,
+) -> ReplicaTarget:
+    return ReplicaTarget(
         app=app,
         deployment=dep,
         replica_id=rid,
+        agent_id="me",
+        slot=slot,
+        order=order,
         version="v1",
         rpc_subject=S.rpc(app, dep, rid),
-        import_path="services.examples.echo:Echo",
-        graceful_shutdown_timeout_s=grace,
+        spec=ReplicaSpec("services.examples.echo:Echo", graceful_shutdown_timeout_s=grace),
     )
 
 
-def wanted_of(*rids: str) -> dict[str, ReplicaSpec]:
-    return {r: spec(r) for r in rids}
+def wanted_of(*rids: str) -> dict[str, ReplicaTarget]:
+    return {r: target(r) for r in rids}
 
 
 def running(**phases: str) -> dict[str, ChildState]:
     out = {}
     for rid, what in phases.items():
-        child = ChildState(spec(rid))
+        child = ChildState(target(rid))
         if what == "stopping":
             child = child.stopping(10.0)
         elif what == "killed":
@@ -78,7 +89,7 @@ def running(**phases: str) -> dict[str, ChildState]:
 
 
 def starts(actions: list) -> list[str]:
-    return [a.spec.replica_id for a in actions if isinstance(a, Start)]
+    return [a.target.replica_id for a in actions if isinstance(a, Start)]
 
 
 # -- plan --------------------------------------------------------------------------------------
@@ -107,13 +118,13 @@ def test_zero_capacity_starts_nothing() -> None:
 
 
 def test_stops_unwanted_with_deadline_grace_plus_margin() -> None:
-    children = {"a": ChildState(spec("a", grace=3.0)), "b": ChildState(spec("b"))}
+    children = {"a": ChildState(target("a", grace=3.0)), "b": ChildState(target("b"))}
     actions = plan(wanted_of("b"), children, 8, now=50.0, kill_margin_s=MARGIN)
     assert actions == [Stop("a", 50.0 + 3.0 + MARGIN)]
 
 
 def test_kills_only_once_the_stop_deadline_has_passed() -> None:
-    children = {"a": ChildState(spec("a")).stopping(deadline=20.0)}
+    children = {"a": ChildState(target("a")).stopping(deadline=20.0)}
     assert plan({}, children, 8, now=19.999) == []
     assert plan({}, children, 8, now=20.0) == [Kill("a")]
     assert plan({}, children, 8, now=25.0) == [Kill("a")]
@@ -144,7 +155,7 @@ def test_a_draining_child_holds_its_slot_until_it_exits() -> None:
     assert actions == [OverCapacity(("new",), assigned=1, draining=1)]
     children["old"] = children["old"].exited_with(0)
     actions = plan(wanted_of("new"), children, capacity=1, now=1.0)
-    assert actions == [Forget("old"), Start(spec("new"))]
+    assert actions == [Forget("old"), Start(target("new"))]
 
 
 def test_a_stopping_child_that_is_wanted_again_is_neither_restarted_nor_stopped_twice() -> None:
@@ -162,7 +173,7 @@ def test_agent_shutdown_is_a_plan_against_nothing() -> None:
 
 
 def test_apply_bookkeeping() -> None:
-    children = apply({}, [Start(spec("a")), Start(spec("b"))])
+    children = apply({}, [Start(target("a")), Start(target("b"))])
     children = apply(children, [Stop("a", 7.0), Kill("b")])
     assert children["a"].phase is Phase.STOPPING and children["a"].stop_deadline == 7.0
     assert children["b"].phase is Phase.KILLED
@@ -182,7 +193,9 @@ CHILD = st.one_of(
 
 
 @st.composite
-def situations(draw: st.DrawFn) -> tuple[dict[str, ReplicaSpec], dict[str, ChildState], int, float]:
+def situations(
+    draw: st.DrawFn,
+) -> tuple[dict[str, ReplicaTarget], dict[str, ChildState], int, float]:
     order = draw(st.permutations(IDS))
     wanted_ids = draw(st.lists(st.sampled_from(order), unique=True, max_size=8))
     have = draw(st.dictionaries(st.sampled_from(IDS), CHILD, max_size=8))
@@ -207,7 +220,7 @@ def test_plan_properties(case: tuple) -> None:
     assert live(after) <= max(capacity, live(children))
     for a in actions:
         if isinstance(a, Start):
-            assert a.spec.replica_id in wanted and a.spec.replica_id not in children
+            assert a.target.replica_id in wanted and a.target.replica_id not in children
         elif isinstance(a, Stop):
             assert a.replica_id not in wanted and children[a.replica_id].phase is Phase.RUNNING
             assert a.deadline > now
@@ -227,122 +240,158 @@ def test_plan_properties(case: tuple) -> None:
     assert [a for a in again if not isinstance(a, OverCapacity)] == []
 
 
-# -- targets -> specs -> argv ---------------------------------------------------------------------
+# -- targets -> wanted -> argv --------------------------------------------------------------------
 
 
-def targets(replicas: list[ReplicaTarget], **config: object) -> TargetSet:
-    cfg = DeploymentConfig(
-        name="dep",
-        import_path="services.examples.echo:Echo",
-        init_args=(0.0,),
-        init_kwargs={"fail_health_file": None},
-        max_ongoing_requests=3,
-        health_check_period_s=0.5,
-        graceful_shutdown_timeout_s=4.0,
-        autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=4),
-    )
-    doc = asdict(cfg)
-    doc["init_args"] = list(doc["init_args"])
-    doc.update(config)
-    return TargetSet("app", "dep", "v7", 1, 1, tuple(replicas), doc)
+CFG = DeploymentConfig(
+    name="dep",
+    import_path="services.examples.echo:Echo",
+    init_args=(0.0,),
+    init_kwargs={"fail_health_file": None},
+    max_ongoing_requests=3,
+    health_check_period_s=0.5,
+    graceful_shutdown_timeout_s=4.0,
+    autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=4, metrics_interval_s=2.0),
+)
 
 
-def test_specs_for_agent_picks_mine_in_order() -> None:
-    ts = targets(
-        [
-            ReplicaTarget("r-2", "", "PENDING", "me"),
-            ReplicaTarget("r-1", "v6", "RUNNING", "other"),
-            ReplicaTarget("r-0", "v6", "RUNNING", "me", "custom.subject"),
-        ]
-    )
-    ts = TargetSet.decode(ts.encode())  # as read from KV
-    specs = specs_for_agent(ts, "me")
-    assert [s.replica_id for s in specs] == ["r-2", "r-0"]
-    assert specs[0].version == "v7" and specs[1].version == "v6"  # the target's own version wins
-    assert specs[0].rpc_subject == S.rpc("app", "dep", "r-2")
-    assert specs[1].rpc_subject == "custom.subject"
-    assert specs[0].init_args == (0.0,) and specs[0].max_ongoing_requests == 3
-    assert specs[0].graceful_shutdown_timeout_s == 4.0
-    assert specs_for_agent(ts, "nobody") == []
+def kv_target(
+    rid: str, agent: str = "me", slot: int = 0, version: str = "v7", rpc: str = "", order: int = 1
+) -> ReplicaTarget:
+    return ReplicaTarget(
+        "app", "dep", rid, agent, slot, order, version, rpc, CFG.replica_spec()
+    )  # fmt: skip
 
 
-def test_unknown_config_fields_are_ignored() -> None:
-    ts = targets([ReplicaTarget("r-0", "", "PENDING", "me")], future_knob=True)
-    ts = TargetSet.decode(ts.encode())
-    assert specs_for_agent(ts, "me")[0].import_path == "services.examples.echo:Echo"
+def as_read(t: ReplicaTarget) -> ReplicaTarget:
+    """The target as an agent reads it from KV."""
+    return envelope.decode(envelope.encode(t), ReplicaTarget)
+
+
+def doc_of(t: ReplicaTarget, **change: object) -> bytes:
+    doc = json.loads(envelope.encode(t))
+    for k, v in change.items():
+        if k.startswith("spec."):
+            doc["spec"][k.removeprefix("spec.")] = v
+        else:
+            doc[k] = v
+    return json.dumps(doc).encode()
+
+
+def test_wanted_target_takes_mine_and_fills_the_rpc_subject() -> None:
+    mine = as_read(kv_target("r-2", slot=2))
+    custom = as_read(kv_target("r-0", slot=0, version="v6", rpc="custom.subject"))
+    other = as_read(kv_target("r-1", agent="other", slot=1, version="v6"))
+    got = wanted_target("me.app.dep.2", mine, "me", S)
+    assert got is not None and got.replica_id == "r-2" and got.version == "v7"
+    assert got.rpc_subject == S.rpc("app", "dep", "r-2")
+    got = wanted_target("me.app.dep.0", custom, "me", S)
+    assert got is not None and got.version == "v6"  # the target's own version
+    assert got.rpc_subject == "custom.subject"
+    assert got.spec.init_args == (0.0,) and got.spec.max_ongoing_requests == 3
+    assert got.spec.graceful_shutdown_timeout_s == 4.0
+    assert got.spec.metrics_interval_s == 2.0  # the deployment's metrics interval rides along
+    assert wanted_target("other.app.dep.1", other, "me", S) is None
+
+
+def test_unknown_fields_are_ignored() -> None:
+    data = doc_of(kv_target("r-0"), future_knob=True, **{"spec.future_knob": 1})
+    t = wanted_target("me.app.dep.0", envelope.decode(data, ReplicaTarget), "me", S)
+    assert t is not None and t.spec.import_path == "services.examples.echo:Echo"
 
 
 @pytest.mark.parametrize(
     "bad",
     [
-        {"import_path": "no-colon"},
-        {"max_ongoing_requests": 0},
-        {"health_check_period_s": -1},
-        {"autoscaling": {"min_replicas": 3, "max_replicas": 1}},
-        {"init_args": 5},
-        {"name": "bad name"},
+        {"spec.import_path": "no-colon"},
+        {"spec.max_ongoing_requests": 0},
+        {"spec.health_check_period_s": -1},
+        {"spec.metrics_interval_s": 0},
+        {"spec.init_args": 5},
+        {"spec.env": {"A=B": "x"}},
+        {"deployment": "bad name"},
+        {"spec": None},
     ],
 )
-def test_a_bad_config_is_a_wire_error(bad: dict) -> None:
-    ts = targets([ReplicaTarget("r-0", "", "PENDING", "me")], **bad)
+def test_a_bad_spec_is_a_wire_error(bad: dict) -> None:
     with pytest.raises(WireError):
-        specs_for_agent(ts, "me")
+        envelope.decode(doc_of(kv_target("r-0"), **bad), ReplicaTarget)
 
 
 @pytest.mark.parametrize(
-    "target",
+    "bad",
     [
-        ReplicaTarget(7, "", "PENDING", "me", "custom.subject"),  # type: ignore[arg-type]
-        ReplicaTarget("r.0", "", "PENDING", "me", "custom.subject"),
-        ReplicaTarget("r-0", 3, "PENDING", "me"),  # type: ignore[arg-type]
-        ReplicaTarget("r-0", "", "PENDING", "me", None),  # type: ignore[arg-type]
+        {"replica_id": 7},
+        {"replica_id": "r.0"},
+        {"version": 3},
+        {"rpc_subject": None},
+        {"slot": -1},
+        {"order": "1"},
+        {"app": "a pp"},
     ],
 )
-def test_bad_replica_targets_are_wire_errors(target: ReplicaTarget) -> None:
+def test_bad_replica_targets_are_wire_errors(bad: dict) -> None:
     with pytest.raises(WireError):
-        specs_for_agent(targets([target]), "me")
+        envelope.decode(doc_of(kv_target("r-0", rpc="custom.subject"), **bad), ReplicaTarget)
 
 
-def test_a_bad_app_name_is_a_wire_error() -> None:
-    ts = targets([ReplicaTarget("r-0", "", "PENDING", "me", "custom.subject")])
-    bad = TargetSet("a pp", "dep", "v", 1, 1, ts.replicas, ts.config)
+@pytest.mark.parametrize(
+    "key",
+    [
+        "me.app.dep.1",  # another slot than the value's
+        "me.app.other.0",  # another deployment
+        "me.app.dep",  # not a target key
+        "me.app.dep.x",
+        "me.app.dep.0.1",
+    ],
+)
+def test_a_target_under_the_wrong_key_is_a_wire_error(key: str) -> None:
     with pytest.raises(WireError):
-        specs_for_agent(bad, "me")
+        wanted_target(key, kv_target("r-0"), "me", S)
 
 
-def test_a_bad_config_does_not_matter_when_nothing_is_mine() -> None:
-    ts = targets([ReplicaTarget("r-0", "", "PENDING", "other")], import_path="no-colon")
-    assert specs_for_agent(ts, "me") == []
+def test_an_agent_reads_only_its_own_keys() -> None:
+    # what replaced "a bad config does not matter when nothing is mine": another agent's targets
+    # are not even read (the watch is on `{agent}.>`), and one that shows up is not ours to run
+    assert agent_pattern("me") == "me.>"
+    assert wanted_target("other.app.dep.0", kv_target("r-0", agent="other"), "me", S) is None
 
 
-def test_deployment_config_round_trips() -> None:
-    cfg = deployment_config(targets([]).config)
-    assert cfg.autoscaling == AutoscalingConfig(min_replicas=1, max_replicas=4)
-    assert cfg.health_check_period_s == 0.5
+def test_merge_wanted_orders_by_deployment_then_start_order() -> None:
+    def t(rid: str, app: str, order: int, slot: int, grace: float = 2.0) -> ReplicaTarget:
+        return target(rid, grace=grace, app=app, order=order, slot=slot)
 
-
-def test_merge_wanted_orders_by_key_then_target_order() -> None:
-    merged = merge_wanted(
-        {"b.dep": [spec("b1"), spec("b0")], "a.dep": [spec("a1"), spec("b1", grace=9.0)]}
-    )
+    # slots are not start order: b0 sits in a lower slot but started later
+    per_key = {
+        f"me.{x.app}.dep.{x.slot}": x
+        for x in (
+            t("b1", "b", 1, 5),
+            t("b0", "b", 2, 0),
+            t("a1", "a", 1, 3),
+            t("b1", "a", 2, 1, grace=9.0),  # the same id in two deployments
+        )
+    }
+    merged = merge_wanted(per_key)
     assert list(merged) == ["a1", "b1", "b0"]
-    assert merged["b1"].graceful_shutdown_timeout_s == 9.0  # first id wins
+    assert merged["b1"].spec.graceful_shutdown_timeout_s == 9.0  # first id wins
 
 
 def test_replica_argv_parses_into_the_same_replica_config() -> None:
-    ts = TargetSet.decode(targets([ReplicaTarget("r-0", "", "PENDING", "me")]).encode())
-    s = specs_for_agent(ts, "me")[0]
-    argv = replica_argv(s, python="/py", nats_url="nats://h:1", agent_id="me", namespace="ns")
+    t = wanted_target("me.app.dep.0", as_read(kv_target("r-0")), "me", S)
+    assert t is not None
+    argv = replica_argv(t, python="/py", nats_url="nats://h:1", agent_id="me", namespace="ns")
     assert argv[:3] == ["/py", "-m", "services.replica"]
     parser = argparse.ArgumentParser()
     parser.add_argument("--nats")
     add_replica_arguments(parser)
     cfg = replica_config_from_args(parser.parse_args(argv[3:]))
     assert (cfg.app, cfg.deployment, cfg.replica_id) == ("app", "dep", "r-0")
-    assert cfg.import_path == s.import_path and cfg.nats_url == "nats://h:1"
-    assert cfg.init_args == (0.0,) and cfg.init_kwargs == {"fail_health_file": None}
-    assert cfg.max_ongoing_requests == 3 and cfg.health_check_period_s == 0.5
-    assert cfg.health_check_timeout_s == 30.0 and cfg.graceful_shutdown_timeout_s == 4.0
+    assert cfg.spec == t.spec and cfg.nats_url == "nats://h:1"
+    assert cfg.spec.import_path == "services.examples.echo:Echo"
+    assert cfg.spec.init_args == (0.0,) and cfg.spec.init_kwargs == {"fail_health_file": None}
+    assert cfg.spec.max_ongoing_requests == 3 and cfg.spec.health_check_period_s == 0.5
+    assert cfg.spec.health_check_timeout_s == 30.0
+    assert cfg.spec.graceful_shutdown_timeout_s == 4.0
     assert (cfg.agent_id, cfg.version, cfg.namespace) == ("me", "v7", "ns")
 
 
@@ -517,13 +566,45 @@ def test_a_garbled_targets_value_keeps_the_last_good_one(tmp_path: Path) -> None
     agent = AgentService(
         AgentConfig(nats_url="nats://127.0.0.1:1", agent_id="me", log_dir=str(tmp_path))
     )
-    good = targets([ReplicaTarget("r-0", "", "PENDING", "me")])
-    agent._on_targets("app.dep", good.encode())
-    assert [s.replica_id for s in agent._specs["app.dep"]] == ["r-0"]
-    agent._on_targets("app.dep", b"{not json")
-    agent._on_targets("other.dep", good.encode())  # a value under the wrong key
-    assert [s.replica_id for s in agent._specs["app.dep"]] == ["r-0"]
-    assert "other.dep" not in agent._specs
+    good = envelope.encode(kv_target("r-0"))
+    agent._on_targets("me.app.dep.0", good)
+    assert agent._targets["me.app.dep.0"].replica_id == "r-0"
+    agent._on_targets("me.app.dep.0", b"{not json")
+    agent._on_targets("me.app.dep.1", good)  # a value under the wrong key
+    assert agent._targets["me.app.dep.0"].replica_id == "r-0"
+    assert "me.app.dep.1" not in agent._targets
     assert agent.bad.counts == {"malformed": 1, "bad_value": 1}
-    agent._on_targets("app.dep", targets([ReplicaTarget("r-0", "", "PENDING", "x")]).encode())
-    assert "app.dep" not in agent._specs  # nothing of ours left in it
+    # a value naming another agent under our key is not the key's own: bad, the last good stays
+    agent._on_targets("me.app.dep.0", envelope.encode(kv_target("r-0", agent="x")))
+    assert agent._targets["me.app.dep.0"].replica_id == "r-0"
+    assert agent.bad.counts == {"malformed": 1, "bad_value": 2}
+
+
+def test_a_deleted_target_key_is_no_longer_wanted(tmp_path: Path) -> None:
+    """A replica moved to another agent or stopped: the controller deletes our key for it."""
+    from services.agent.service import AgentService
+
+    class Replay:
+        def __init__(self, entries: list[KVEntry | None]) -> None:
+            self.entries = entries
+
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            for e in self.entries:
+                yield e
+
+        async def stop(self) -> None:
+            pass
+
+    agent = AgentService(
+        AgentConfig(nats_url="nats://127.0.0.1:1", agent_id="me", log_dir=str(tmp_path))
+    )
+    a, b = kv_target("r-0", slot=0), kv_target("r-1", slot=1)
+    entries: list[KVEntry | None] = [
+        KVEntry("fp_targets", a.key, envelope.encode(a), 1, "PUT"),
+        KVEntry("fp_targets", b.key, envelope.encode(b), 2, "PUT"),
+        None,
+        KVEntry("fp_targets", a.key, b"", 3, "DEL"),
+    ]
+    asyncio.run(agent._consume(Replay(entries)))  # type: ignore[arg-type]
+    assert agent._synced
+    assert list(merge_wanted(agent._targets)) == ["r-1"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -10,7 +9,8 @@ from prometheus_client import REGISTRY
 from services.agent.config import AgentConfig
 from services.agent.service import AgentService
 from shared.appconfig import DeploymentConfig
-from shared.control import ReplicaTarget, TargetSet, deployment_key
+from shared.kv import envelope
+from shared.kv.targets import ReplicaTarget
 
 AGENT = "metered-agent"
 
@@ -19,17 +19,12 @@ def value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def targets(*replica_ids: str) -> TargetSet:
+def targets(*replica_ids: str) -> list[ReplicaTarget]:
     config = DeploymentConfig(name="dep", import_path="m:X", graceful_shutdown_timeout_s=5.0)
-    return TargetSet(
-        app="app",
-        deployment="dep",
-        version="v1",
-        owner_epoch=1,
-        membership_epoch=1,
-        replicas=tuple(ReplicaTarget(rid, "v1", "PENDING", AGENT) for rid in replica_ids),
-        config={**asdict(config), "init_args": list(config.init_args)},
-    )
+    return [
+        ReplicaTarget("app", "dep", rid, AGENT, slot, slot + 1, "v1", "", config.replica_spec())
+        for slot, rid in enumerate(replica_ids)
+    ]
 
 
 async def test_replicas_running_per_agent(tmp_path: Path) -> None:
@@ -49,7 +44,8 @@ async def test_replicas_running_per_agent(tmp_path: Path) -> None:
     agent = AgentService(cfg)
     assert value("fleetpulse_agent_replicas_running", agent=AGENT) == 0
     assert value("fleetpulse_agent_capacity", agent=AGENT) == 3
-    agent._on_targets(deployment_key("app", "dep"), targets("r-1", "r-2").encode())
+    for t in targets("r-1", "r-2"):
+        agent._on_targets(t.key, envelope.encode(t))
     agent._synced = True
     try:
         await agent._reconcile()

@@ -9,21 +9,24 @@ import pytest
 from services.controller.core import (
     ControllerConfig,
     ControllerCore,
+    DeleteKey,
     Event,
     Probe,
-    PutMembership,
     PutStatus,
-    PutTargets,
 )
 from services.controller.health_registry import ProbeOutcome
+from services.controller.kv_delta import DeleteDoc, PutDoc
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.control import TargetSet
+from shared.kv import buckets, envelope
+from shared.kv.membership import Member
+from shared.kv.targets import ReplicaTarget
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import encode
 from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle
 
 TICK = 0.1
+TARGETS, MEMBERS = buckets.TARGETS.name, buckets.MEMBERSHIP.name
 
 
 def app_with(policy: AutoscalingConfig | None = None, num_replicas: int | None = None) -> AppConfig:
@@ -51,17 +54,21 @@ FAST = AutoscalingConfig(
 
 
 class Sim:
+    """The core on a simulated clock, with the fp_targets / fp_membership keys its writes build."""
+
     def __init__(
         self, app: AppConfig, core: ControllerCore | None = None, t: float = 100.0
     ) -> None:
         self.core = core or ControllerCore(ControllerConfig())
         self.t = t
         self.seq = 0
-        self.targets: TargetSet | None = None
-        self.membership: list[str] = []
+        self.kv: dict[tuple[str, str], ReplicaTarget | Member] = {}
         self.epochs: list[int] = []
+        """The membership epoch after each tick that changed a member."""
         self.status: dict[str, Any] = {}
         self.actions: list[Any] = []
+        self.writes: list[list[PutDoc | DeleteDoc]] = []
+        """Each tick's fp_targets / fp_membership writes."""
         self.core.set_apps({app.name: app}, self.t)
 
     def wall(self) -> float:
@@ -78,21 +85,57 @@ class Sim:
         self.t = round(self.t + TICK, 6)
         acts = self.core.tick(self.t, self.wall())
         self.actions += acts
+        self.writes.append([a for a in acts if isinstance(a, PutDoc | DeleteDoc)])
+        members_before = self.membership
         for a in acts:
-            if isinstance(a, PutTargets):
-                self.targets = a.value
-            elif isinstance(a, PutMembership):
-                self.membership = [m.replica_id for m in a.value.replicas]
-                self.epochs.append(a.value.epoch)
+            if isinstance(a, PutDoc):
+                # what lands is what the document encodes to
+                self.kv[(a.bucket, a.key)] = envelope.decode(envelope.encode(a.doc), type(a.doc))
+            elif isinstance(a, DeleteDoc):
+                assert (a.bucket, a.key) in self.kv, f"delete of a key never written: {a}"
+                del self.kv[(a.bucket, a.key)]
             elif isinstance(a, PutStatus):
                 self.status = {
                     "app": a.value.status,
                     **{k: v.status for k, v in a.value.deployments.items()},
                 }
+        if any(isinstance(a, PutDoc | DeleteDoc) and a.bucket == MEMBERS for a in acts):
+            self.epochs.append(
+                max(
+                    m.state.membership_epoch
+                    for m in (*self.core.deployments.values(), *self.core.deleting.values())
+                ),
+            )
+        if self.membership != members_before:
+            assert self.epochs, "the member set changed without a membership write"
+        self.check_keys()
         return acts
 
+    def check_keys(self) -> None:
+        """Every value sits under its own key, and no two replicas share a slot."""
+        for (_, key), doc in self.kv.items():
+            doc.check_key(key)
+        for bucket in (TARGETS, MEMBERS):
+            slots = [(d.app, d.deployment, d.slot) for (b, _), d in self.kv.items() if b == bucket]
+            assert len(slots) == len(set(slots))
+
+    @property
+    def targets(self) -> list[ReplicaTarget]:
+        """fp_targets in start order."""
+        docs = [d for (b, _), d in self.kv.items() if b == TARGETS]
+        return sorted(docs, key=lambda d: d.order)  # type: ignore[return-value]
+
+    @property
+    def members(self) -> list[Member]:
+        docs = [d for (b, _), d in self.kv.items() if b == MEMBERS]
+        return sorted(docs, key=lambda d: d.order)  # type: ignore[return-value]
+
+    @property
+    def membership(self) -> list[str]:
+        return [m.replica_id for m in self.members]
+
     def target_ids(self) -> list[str]:
-        return [r.replica_id for r in self.targets.replicas] if self.targets else []
+        return [t.replica_id for t in self.targets]
 
     def handle_report(
         self,
@@ -114,7 +157,7 @@ class Sim:
             self.core.ingest(subject, encode(r), self.t)
 
     def lifecycle(self, rid: str, state: str) -> None:
-        placed = {r.replica_id: r.agent_id for r in self.targets.replicas} if self.targets else {}
+        placed = {t.replica_id: t.agent_id for t in self.targets}
         ev = Lifecycle(
             rid,
             placed.get(rid, ""),
@@ -251,18 +294,30 @@ def test_restart_from_kv_keeps_replicas_and_does_not_scale_down_without_a_window
     sim.run(1.5, queued=8.0)
     sim.start_all()
     assert len(sim.target_ids()) == 4
-    memberships = [a.value for a in sim.actions if isinstance(a, PutMembership)]
+    old_epoch = max(m.epoch for m in sim.members)
     # a new controller process: only KV survives
     fresh = ControllerCore(ControllerConfig(owner_epoch=2))
     sim2 = Sim(app_with(FAST), core=fresh, t=sim.t)
-    fresh.restore([sim.targets], memberships[-1:], sim.t)  # type: ignore[list-item]
+    sim2.kv = dict(sim.kv)
+    fresh.restore(sim.targets, sim.members, sim.t)
     sim2.tick()
     assert sim2.target_ids() == sim.target_ids()  # nothing lost, nothing restarted
-    assert sim2.targets is None or sim2.targets.owner_epoch == 2
+    assert sim2.membership == sim.membership
+    assert sim2.writes[-1] == []  # what was taken over is not written again
+    statuses = [a.value for a in sim2.actions if isinstance(a, PutStatus)]
+    assert statuses and all(v.owner_epoch == 2 for v in statuses)
     sim2.run(0.5)  # no reports yet: missing data is not zero load
-    assert len(sim2.target_ids() or sim.target_ids()) == 4
-    next_membership = [a for a in sim2.actions if isinstance(a, PutMembership)]
-    assert all(m.value.epoch > memberships[-1].epoch for m in next_membership)
+    assert len(sim2.target_ids()) == 4
+    # the next member change (one replica exits) carries a newer epoch than any the old owner wrote
+    sim2.lifecycle(sim2.target_ids()[0], "exited")
+    sim2.tick()
+    assert sim2.epochs and sim2.epochs[-1] > old_epoch
+    next_members = [
+        a.doc for a in sim2.actions if isinstance(a, PutDoc) and isinstance(a.doc, Member)
+    ]
+    assert all(m.epoch > old_epoch for m in next_members)
+    sim2.start_all()
+    assert len(sim2.membership) == 4 and sim2.epochs[-1] > old_epoch
 
 
 def test_garbage_is_counted_and_dropped() -> None:
@@ -288,8 +343,9 @@ def test_deleted_app_drains_to_zero_then_its_keys_go() -> None:
     for rid in running:
         sim.lifecycle(rid, "exited")
     acts = sim.tick()
-    deleted = {(a.bucket, a.key) for a in acts if type(a).__name__ == "DeleteKey"}
-    assert ("fp_targets", "shop.Model") in deleted and ("fp_status", "shop") in deleted
+    deleted = {(a.bucket, a.key) for a in acts if isinstance(a, DeleteKey)}
+    assert ("fp_status", "shop") in deleted
+    assert sim.kv == {}  # every target and member key of the app went with its replicas
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -312,11 +368,13 @@ def test_replicas_spread_over_agents_within_capacity() -> None:
     sim.core.on_agent(agent("a", 2), sim.t)
     sim.core.on_agent(agent("b", 2), sim.t)
     sim.tick()
-    assigned = [r.agent_id for r in sim.targets.replicas]  # type: ignore[union-attr]
+    assigned = [t.agent_id for t in sim.targets]
     assert sorted(assigned) == ["", "a", "a", "b", "b"]  # the fifth waits for capacity
     sim.core.on_agent(agent("c", 4), sim.t)
     sim.tick()
-    assert sorted(r.agent_id for r in sim.targets.replicas) == ["a", "a", "b", "b", "c"]  # type: ignore[union-attr]
+    assert sorted(t.agent_id for t in sim.targets) == ["a", "a", "b", "b", "c"]
+    # placing the fifth moves one key (unplaced -> c), the other four are not rewritten
+    assert len(sim.writes[-1]) <= 2
 
 
 def test_replicas_of_a_lost_agent_are_replaced_elsewhere() -> None:
@@ -327,12 +385,12 @@ def test_replicas_of_a_lost_agent_are_replaced_elsewhere() -> None:
     sim.core.on_agent(agent("b", 4), sim.t)
     sim.tick()
     sim.start_all()
-    on_b = [r.replica_id for r in sim.targets.replicas if r.agent_id == "b"]  # type: ignore[union-attr]
+    on_b = [t.replica_id for t in sim.targets if t.agent_id == "b"]
     assert len(on_b) == 1
     for _ in range(int(AGENT_TTL_S / TICK) + 2):  # only "a" keeps announcing itself
         sim.core.on_agent(agent("a", 4), sim.t)
         sim.tick()
-    now = {r.replica_id: r.agent_id for r in sim.targets.replicas}  # type: ignore[union-attr]
+    now = {t.replica_id: t.agent_id for t in sim.targets}
     assert on_b[0] not in now and sorted(now.values()) == ["a", "a"]
 
 
@@ -354,6 +412,32 @@ def test_replica_ids_are_unique_across_apps_with_the_same_deployment_name() -> N
     b = AppConfig("blog", a.deployments, version="v1")
     core.set_apps({"shop": a, "blog": b}, 0.0)
     acts = core.tick(0.1, 1.0)
-    ids = [r.replica_id for x in acts if isinstance(x, PutTargets) for r in x.value.replicas]
+    ids = [
+        x.doc.replica_id for x in acts if isinstance(x, PutDoc) and isinstance(x.doc, ReplicaTarget)
+    ]
     assert len(ids) == 4 and len(set(ids)) == 4
     assert all(i.startswith(("shop-Model-", "blog-Model-")) for i in ids)
+
+
+def test_replacing_one_replica_of_a_large_deployment_is_a_few_writes() -> None:
+    sim = Sim(app_with(num_replicas=40))
+    sim.core.on_agent(agent("a", 64), sim.t)
+    sim.tick()
+    sim.start_all()
+    assert len(sim.membership) == 40
+    bad = sim.target_ids()[17]
+    sim.handle_report(health=(sim.healthy(bad, failures=3),))
+    sim.tick()
+    writes = sim.writes[-1]
+    assert bad not in sim.target_ids() and len(sim.target_ids()) == 40
+    # the bad replica's target and member go, its replacement's target comes: not 40 of each
+    assert 1 <= len(writes) <= 4
+    (new,) = set(sim.target_ids()) - set(sim.membership)
+    touched = {a.doc.replica_id for a in writes if isinstance(a, PutDoc)}
+    assert touched <= {new}
+    assert sum(isinstance(a, DeleteDoc) for a in writes) <= 2
+    sim.start_all()
+    assert [type(a) for a in sim.writes[-1]] == [PutDoc]  # one member put when it is ready
+    assert len(sim.membership) == 40
+    # slots stay bounded by the deployment's size
+    assert {t.slot for t in sim.targets} == set(range(40))

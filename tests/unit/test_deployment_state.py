@@ -11,6 +11,8 @@ from services.controller.deployment_state import (
     ReplicaState,
     app_status,
 )
+from services.controller.kv_delta import KVDelta
+from shared.replicaspec import ReplicaSpec
 
 S = DeploymentStatus
 
@@ -19,6 +21,32 @@ def new(target: int = 0, version: str = "v1") -> DeploymentState:
     d = DeploymentState("app", "dep", version, id_prefix="dep-x")
     d.target = target
     return d
+
+
+class Routable:
+    """The routable set as the controller derives it (managed.finish): the records changed since
+    the last look (`take_dirty`) through the KV delta; the epoch grows when the set changed."""
+
+    def __init__(self, d: DeploymentState) -> None:
+        self.d = d
+        self.kv = KVDelta(d.app, d.deployment)
+        self.looked_at: set[str] = set()
+        for v in ("v1", "v2"):
+            self.kv.set_spec(v, ReplicaSpec("m:X"))
+
+    def update(self) -> bool:
+        dirty = self.d.take_dirty()
+        self.looked_at = set(dirty)
+        _, changed = self.kv.changes(
+            self.d.replicas, sorted(dirty), rpc_for=str, epoch=self.d.membership_epoch + 1
+        )
+        if changed:
+            self.d.membership_epoch += 1
+        return changed
+
+    @property
+    def members(self) -> list[str]:
+        return sorted(self.kv.members, key=lambda rid: self.d.replicas[rid].order)
 
 
 def bring_up(d: DeploymentState, now: float) -> list[str]:
@@ -38,13 +66,15 @@ def test_cold_start_is_updating_then_healthy_with_membership() -> None:
     )
     d.update_status(0.0)
     assert d.status is S.UPDATING
-    assert not d.update_membership()  # nobody routable yet
+    routable = Routable(d)
+    assert not routable.update()  # nobody routable yet
     ids = bring_up(d, 1.0)
-    assert d.update_membership() and d.membership_epoch == 1
-    assert [m[0] for m in d.membership] == ids
+    assert routable.update() and d.membership_epoch == 1
+    assert routable.members == ids
     d.update_status(1.0)
     assert d.status is S.HEALTHY
-    assert not d.update_membership()  # unchanged: same epoch
+    assert d.take_dirty() == []  # a steady deployment has nothing to look at
+    assert not routable.update() and d.membership_epoch == 1  # unchanged: same epoch
 
 
 def test_ids_are_deterministic() -> None:
@@ -71,6 +101,7 @@ def test_created_at_zero_is_healthy_and_waking_is_upscaling_not_updating() -> No
 def test_scale_down_drains_pending_first_then_newest_running() -> None:
     d = new(target=3)
     d.reconcile(0.0)
+    routable = Routable(d)
     bring_up(d, 1.0)
     d.target = 4
     d.reconcile(2.0)  # one pending
@@ -78,8 +109,8 @@ def test_scale_down_drains_pending_first_then_newest_running() -> None:
     d.reconcile(3.0)
     draining = sorted(r.replica_id for r in d.replicas.values() if r.state is ReplicaState.DRAINING)
     assert draining == ["dep-x-3", "dep-x-4"]  # the pending one, then the newest running
-    d.update_membership()
-    assert [m[0] for m in d.membership] == ["dep-x-1", "dep-x-2"]
+    routable.update()
+    assert routable.members == ["dep-x-1", "dep-x-2"]
     d.update_status(3.0)
     assert d.status is S.DOWNSCALING
     d.on_lifecycle("dep-x-3", "exited", 4.0)
@@ -91,16 +122,18 @@ def test_scale_down_drains_pending_first_then_newest_running() -> None:
 def test_unhealthy_verdict_replaces_the_replica() -> None:
     d = new(target=2)
     d.reconcile(0.0)
+    routable = Routable(d)
     bring_up(d, 1.0)
-    d.update_membership()
+    routable.update()
     d.update_status(1.0)
     events = d.verdict("dep-x-1", "3 consecutive failed checks", 10.0)
     assert [e.kind for e in events] == ["replica_unhealthy"]
     assert d.verdict("dep-x-1", "again", 11.0) == []  # once
     d.reconcile(10.0)
     assert "dep-x-3" in d.replicas  # replacement
-    assert d.update_membership()
-    assert [m[0] for m in d.membership] == ["dep-x-2"]
+    assert routable.update()
+    assert routable.members == ["dep-x-2"]
+    assert routable.looked_at == {"dep-x-1", "dep-x-3"}  # the replaced one and its successor
     d.update_status(10.0)
     assert d.status is S.UNHEALTHY
     bring_up(d, 12.0)

@@ -7,8 +7,8 @@ import pytest
 from services.proxy.registry import Route, RouteTable, build_routes, route_for
 from services.proxy.serviceability import Serviceability
 from shared.appconfig import AppConfig, DeploymentConfig
-from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.errors import WireError
+from shared.kv.status import AppStatusView, DeploymentStatusView
 
 
 def dep(status: str, running: int = 0, message: str = "") -> DeploymentStatusView:

@@ -23,8 +23,8 @@ from services.router.config import RouterConfig
 from services.router.testing import FakeReplica, put_membership
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.bus import Bus, Msg
-from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.fakebus import FakeServer
+from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS
 from shared.wire.codec import decode_as, encode
 from shared.wire.messages import (

@@ -18,10 +18,9 @@ from services.router.errors import (
     RequestFailed,
 )
 from services.router.handle import DeploymentHandle, connect_handle
-from services.router.testing import FakeReplica, put_membership
+from services.router.testing import FakeReplica, Seat, put_membership
 from shared.bus import FakeBus, FakeServer, Msg
 from shared.clock import FakeClock
-from shared.control import Member
 from shared.wire.codec import decode_as, encode
 from shared.wire.messages import CallArgs, HandleReport
 
@@ -205,7 +204,7 @@ async def test_retry_when_admission_times_out_or_nobody_listens(
 ) -> None:
     r1, r2 = await replicas(rbus, clock, "r1", "r2")
     r1.silent = True
-    ghost = Member("ghost", "fp.v1.rpc.shop.cart.ghost")  # listed, but no process behind it
+    ghost = Seat("ghost", "fp.v1.rpc.shop.cart.ghost")  # listed, but no process behind it
     await put_membership(rbus, APP, DEP, 2, [r1.member, ghost, r2.member])
     h = await handle(bus, clock)
     try:
@@ -255,7 +254,9 @@ async def test_zero_replicas_queues_and_reports_at_once(
             await asyncio.sleep(0.01)
         assert len(reports) == 1, "the cold-start report goes out at once, not after 60 s"
         assert reports[0].queued_requests >= 1 and reports[0].running == {}
-        assert reports[0].membership_epoch == 1 and reports[0].seq == 1
+        # the report carries the view epoch: 0, as no member value was ever written (an empty
+        # membership is the absence of slot keys; epochs live in member values)
+        assert reports[0].membership_epoch == h.router.epoch == 0 and reports[0].seq == 1
         # the controller scales up: the waiting request goes through
         await replicas(rbus, clock, "r1", epoch=2)
         assert (await asyncio.wait_for(call, 2))["args"] == [7]

@@ -17,9 +17,9 @@ from services.router.reports import (
     merge_health,
 )
 from services.router.router import Router
+from services.router.testing import Seat, members_of
 from shared.bus import FakeBus, FakeServer, Msg
 from shared.clock import FakeClock
-from shared.control import Member, Membership
 from shared.errors import BusError
 from shared.wire.codec import decode_as, encode
 from shared.wire.columnar import (
@@ -144,8 +144,8 @@ async def test_router_report_has_window_averages_health_and_local_providers(
         got.append(msg)
 
     await bus.subscribe("fp.v1.report.handle.shop.cart", on_report)
-    router.apply_membership(
-        Membership("shop", "cart", 4, (Member("a", "fp.v1.rpc.shop.cart.a"), Member("b", "x.b")))
+    router.apply_members(
+        4, members_of("shop", "cart", 4, [Seat("a", "fp.v1.rpc.shop.cart.a"), Seat("b", "x.b")])
     )
     t = clock.monotonic()
     router.dispatched("a", t)

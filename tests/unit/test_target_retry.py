@@ -10,15 +10,19 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from services.controller.core import ControllerConfig, DeleteKey, PutStatus, PutTargets
+from services.controller.core import ControllerConfig, DeleteKey, PutStatus
 from services.controller.fenced import FencedWriter
 from services.controller.group import partition_of
+from services.controller.kv_delta import DeleteDoc, PutDoc
 from services.controller.kv_writer import KVWriter, WriteBacklog
 from services.controller.service import ControllerService, ServiceConfig
 from shared.bus import KV, KVEntry, KVWatcher, MaxPayloadExceeded
-from shared.control import AppStatusView, ReplicaTarget, TargetSet
 from shared.errors import BusTimeout
 from shared.fakebus import FakeServer
+from shared.kv import envelope
+from shared.kv.status import AppStatusView
+from shared.kv.targets import ReplicaTarget
+from shared.replicaspec import ReplicaSpec
 from shared.subjects import KV_STATUS, KV_TARGETS
 
 # -- the backlog (pure) --------------------------------------------------------------------------
@@ -127,7 +131,7 @@ async def test_writer_retries_until_the_write_lands(caplog: pytest.LogCaptureFix
     assert any("after 3 failed attempt(s)" in m for m in msgs)
 
 
-# -- the service: PutTargets that failed is written later, fenced as before -------------------
+# -- the service: a target write that failed is written later, fenced as before ---------------
 
 
 class FlakyKV:
@@ -135,8 +139,12 @@ class FlakyKV:
 
     def __init__(self, kv: KV, fail: int) -> None:
         self.kv, self.fail = kv, fail
+        self.fail_keys: set[str] = set()
+        """Keys whose writes always fail."""
 
     def _maybe_fail(self, key: str, value: bytes) -> None:
+        if key in self.fail_keys:
+            raise MaxPayloadExceeded(f"$KV.fp_targets.{key}", len(value), 64)
         if self.fail:
             self.fail -= 1
             raise MaxPayloadExceeded(f"$KV.fp_targets.{key}", len(value), 64)
@@ -166,9 +174,19 @@ class FlakyKV:
         return await self.kv.watch(keys, include_history=include_history)
 
 
-def target_set(app: str = "demo", n: int = 3, epoch: int = 1) -> TargetSet:
-    reps = tuple(ReplicaTarget(f"{app}-d-ab12-{i:x}", "v1", "PENDING") for i in range(n))
-    return TargetSet(app, "d", "v1", 0, epoch, reps, {"name": "d"})
+def target(
+    app: str = "demo", slot: int = 0, version: str = "v1", agent: str = "w1"
+) -> ReplicaTarget:
+    rid = f"{app}-d-ab12-{slot:x}"
+    spec = ReplicaSpec("m:Model")
+    return ReplicaTarget(app, "d", rid, agent, slot, slot + 1, version, f"rpc.{rid}", spec)
+
+
+def put(t: ReplicaTarget) -> PutDoc:
+    return PutDoc(KV_TARGETS, t.key, t)
+
+
+KEY = "w1.demo.d.0"
 
 
 async def service_with(fail: int) -> tuple[ControllerService, KV, FlakyKV]:
@@ -186,17 +204,18 @@ async def value_of(kv: KV, key: str) -> dict[str, object] | None:
     return None if entry is None else json.loads(entry.value)
 
 
-async def test_a_target_set_whose_write_failed_lands_later() -> None:
+async def test_a_target_whose_write_failed_lands_later() -> None:
     svc, kv, flaky = await service_with(fail=2)
     task = asyncio.create_task(svc._kv.run())
     try:
-        await svc._execute([PutTargets("demo.d", target_set())])
+        await svc._execute([put(target())])
         await run_until(lambda: flaky.fail == 0)
         assert await svc._kv.flush(2.0)
-        doc = await value_of(kv, "demo.d")
+        doc = await value_of(kv, KEY)
         assert doc is not None
         assert doc["owner_epoch"] == 7  # stamped with the partition epoch, as before
-        assert len(doc["replicas"]) == 3  # type: ignore[arg-type]
+        got = envelope.decode((await kv.get(KEY)).value, ReplicaTarget)  # type: ignore[union-attr]
+        assert got == ReplicaTarget(**{**_fields(target()), "owner_epoch": 7})
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -205,23 +224,44 @@ async def test_a_target_set_whose_write_failed_lands_later() -> None:
 async def test_the_tick_does_not_wait_for_a_failing_write() -> None:
     svc, kv, _ = await service_with(fail=10**6)
     # no writer task running: _execute only queues, so it returns at once
-    await asyncio.wait_for(svc._execute([PutTargets("demo.d", target_set())]), 0.5)
+    await asyncio.wait_for(svc._execute([put(target())]), 0.5)
     assert len(svc._kv.backlog) == 1
-    assert await value_of(kv, "demo.d") is None
+    assert await value_of(kv, KEY) is None
 
 
-async def test_a_newer_target_set_replaces_the_failing_one() -> None:
+async def test_a_newer_target_replaces_the_failing_one() -> None:
     svc, kv, flaky = await service_with(fail=3)
     task = asyncio.create_task(svc._kv.run())
     try:
-        await svc._execute([PutTargets("demo.d", target_set(n=2, epoch=1))])
+        await svc._execute([put(target(version="v1"))])
         await run_until(lambda: flaky.fail <= 2)
-        await svc._execute([PutTargets("demo.d", target_set(n=4, epoch=2))])
+        await svc._execute([put(target(version="v2"))])
         await run_until(lambda: flaky.fail == 0)
         assert await svc._kv.flush(2.0)
-        doc = await value_of(kv, "demo.d")
-        assert doc is not None and doc["membership_epoch"] == 2
-        assert len(doc["replicas"]) == 4  # type: ignore[arg-type]
+        doc = await value_of(kv, KEY)
+        assert doc is not None and doc["version"] == "v2"
+        assert (await kv.get(KEY)).revision == 1  # type: ignore[union-attr]  # v1 never landed
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_writes_to_other_keys_do_not_wait_behind_a_failing_one() -> None:
+    svc, kv, flaky = await service_with(fail=10**6)
+    svc._kv.backlog.first_retry_s = 0.05
+    task = asyncio.create_task(svc._kv.run())
+    try:
+        await svc._execute([put(target(slot=0))])
+        await run_until(lambda: svc._kv.failures >= 1)
+        flaky.fail = 0  # the next key's write succeeds while slot 0 is still backing off
+        flaky.fail_keys = {KEY}
+        await svc._execute([put(target(slot=1))])
+        await run_until(lambda: svc._kv.written >= 1)
+        assert await value_of(kv, "w1.demo.d.1") is not None
+        assert await value_of(kv, KEY) is None
+        flaky.fail_keys = set()
+        assert await svc._kv.flush(2.0)
+        assert await value_of(kv, KEY) is not None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -232,12 +272,12 @@ async def test_a_retry_is_dropped_once_the_partition_changed_hands() -> None:
     svc._kv.backlog.first_retry_s = 0.2
     task = asyncio.create_task(svc._kv.run())
     try:
-        await svc._execute([PutTargets("demo.d", target_set())])
+        await svc._execute([put(target())])
         await run_until(lambda: flaky.fail == 0)
         # taken over, then taken back under a newer epoch: the value decided at 7 is not ours
         svc._epochs[partition_of("demo", svc.cfg.partitions)] = 8
         assert await svc._kv.flush(2.0)
-        assert await value_of(kv, "demo.d") is None
+        assert await value_of(kv, KEY) is None
         assert svc._kv.written == 1  # done (dropped), not failed again
     finally:
         task.cancel()
@@ -246,15 +286,20 @@ async def test_a_retry_is_dropped_once_the_partition_changed_hands() -> None:
 
 async def test_a_value_of_a_newer_owner_is_not_overwritten_by_a_retry() -> None:
     svc, kv, _ = await service_with(fail=1)
-    newer = target_set()
-    await kv.create("demo.d", TargetSet(**{**_fields(newer), "owner_epoch": 9}).encode())
+    newer = ReplicaTarget(**{**_fields(target(agent="w1")), "owner_epoch": 9})
+    await kv.create(KEY, envelope.encode(newer))
     task = asyncio.create_task(svc._kv.run())
     try:
-        await svc._execute([PutTargets("demo.d", target_set(n=5))])
+        await svc._execute([put(target(version="v5"))])
         assert await svc._kv.flush(2.0)
-        doc = await value_of(kv, "demo.d")
-        assert doc is not None and doc["owner_epoch"] == 9
+        doc = await value_of(kv, KEY)
+        assert doc is not None and doc["owner_epoch"] == 9 and doc["version"] == "v1"
         assert svc._writers[KV_TARGETS].fenced == 1
+        # nor deleted by one
+        await svc._execute([DeleteDoc(KV_TARGETS, KEY)])
+        assert await svc._kv.flush(2.0)
+        assert await value_of(kv, KEY) is not None
+        assert svc._writers[KV_TARGETS].fenced == 2
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -273,10 +318,16 @@ async def test_status_and_deletes_go_through_the_same_queue() -> None:
         await svc._execute([DeleteKey(KV_STATUS, "demo")])
         assert await svc._kv.flush(2.0)
         assert await value_of(status_kv, "demo") is None
+        await svc._execute([put(target())])
+        assert await svc._kv.flush(2.0)
+        assert await value_of(svc._writers[KV_TARGETS].kv, KEY) is not None
+        await svc._execute([DeleteDoc(KV_TARGETS, KEY)])
+        assert await svc._kv.flush(2.0)
+        assert await value_of(svc._writers[KV_TARGETS].kv, KEY) is None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-def _fields(t: TargetSet) -> dict[str, object]:
-    return {f: getattr(t, f) for f in TargetSet.__slots__}
+def _fields(t: ReplicaTarget) -> dict[str, object]:
+    return {f: getattr(t, f) for f in ReplicaTarget.__slots__}
