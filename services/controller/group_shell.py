@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -73,6 +74,10 @@ class GroupRunner:
         self._echo_timeout_s = core.member_ttl_s / 2
         self._reopened_at = clock.monotonic()
         self._stopping = False
+        self.writes_ok_until = -math.inf
+        """Monotonic time until which our leases are certainly still ours (see `writable`)."""
+        self._last_sent_ok = -math.inf
+        self._writable = asyncio.Event()
 
     async def start(self) -> None:
         self.members_kv = await self.bus.kv(KV_CONTROLLERS, ttl=self.core.member_ttl_s * 2)
@@ -195,6 +200,7 @@ class GroupRunner:
 
     async def _beat(self) -> None:
         value = envelope.encode(self.member_entry())
+        sent = self.clock.monotonic()
         try:
             rev = await self.members_kv.put(self.core.member_id, value)
             self._last_beat_ok = self.clock.monotonic()
@@ -202,6 +208,43 @@ class GroupRunner:
             self.core.member_seen(self.core.member_id, self._last_beat_ok)
         except BusError as exc:
             log.warning("membership refresh failed: %s", exc)
+            return
+        gap = sent - self._last_sent_ok
+        self._last_sent_ok = sent
+        if gap > self.core.member_ttl_s / 2 and not await self._leases_still_ours():
+            return  # the loop lets go of what we lost before writes may go on
+        self.writes_ok_until = sent + self.core.member_ttl_s / 2
+        self._writable.set()
+
+    async def _leases_still_ours(self) -> bool:
+        """After a gap in our heartbeats another member may have taken over: read our leases
+        (their changes also reach the core, whose plan then drops what we lost)."""
+        ok = True
+        for p, epoch in sorted(self.core.owned.items()):
+            try:
+                entry = await self.leases_kv.get(lease_key(p))
+            except BusError:
+                return False
+            if entry is None:
+                ok = False
+                continue
+            with contextlib.suppress(WireError):
+                lease = Lease.decode(p, entry.value, entry.revision)
+                self.core.lease_seen(lease)
+                ok = ok and lease.owner == self.core.member_id and lease.epoch == epoch
+        return ok
+
+    async def writable(self) -> None:
+        """Return once a write may go out: our last heartbeat was sent less than half a member
+        TTL ago (and, after a gap, our leases were read back as ours). Another member takes a
+        partition over only after a full TTL without our heartbeats, so a write sent now lands
+        before that unless it is delayed in flight by more than TTL/2. This is what keeps a
+        paused owner's queued writes from landing on keys its successor took over without
+        rewriting them."""
+        while self.clock.monotonic() >= self.writes_ok_until and not self._stopping:
+            self._writable.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._writable.wait(), self.heartbeat_s)
 
     async def _apply(self, actions: list[Take | Release | Lose]) -> None:
         for a in actions:

@@ -454,6 +454,8 @@ class ControllerService:
         """One queued write, stamped with the epoch at which we hold the app's partition;
         dropped if the partition changed hands (or epoch) since it was decided."""
         a, decided = item
+        if self.group is not None:
+            await self.group.writable()  # a paused owner's queue waits until it knows
         if self._epoch_of(_app_of(a)) != decided:
             return
         if isinstance(a, DeleteKey | DeleteDoc):
