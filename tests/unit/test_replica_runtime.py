@@ -185,7 +185,8 @@ async def test_http_body_kind_reaches_call_as_a_request(buses: Any) -> None:
 async def test_a_held_request_gets_frames_only_when_declared(buses: Any) -> None:
     rbus, cbus = buses
     rt = await make_replica(rbus, health_check_period_s=0.05)
-    out = await collect(cbus, call("sleep", 0.4, frames=True))
+    # frames start once the admission (a riding channel) is a freshness window (1 s) old
+    out = await collect(cbus, call("sleep", 1.5, frames=True))
     adm = out[0]
     assert adm.will_send_health_frames
     frames = [m for m in out if isinstance(m, HealthFrame)]
@@ -200,7 +201,10 @@ async def test_a_held_request_gets_frames_only_when_declared(buses: Any) -> None
 
 async def test_self_reporting_replica_declines_frames(buses: Any) -> None:
     rbus, cbus = buses
-    rt = await make_replica(rbus, push_metrics=True, metrics_interval_s=0.1)
+    # its reports come at least once a health period: every check rides on one
+    rt = await make_replica(
+        rbus, push_metrics=True, metrics_interval_s=0.1, health_check_period_s=0.2
+    )
     out = await collect(cbus, call("sleep", 0.2, frames=True))
     assert not out[0].will_send_health_frames
     assert not any(isinstance(m, HealthFrame) for m in out)
