@@ -361,7 +361,7 @@ async def test_a_rejected_admission_records_the_replica_health(
 ) -> None:
     """Issue 14 item 7: a rejection still carries the replica's latest health; the router keeps
     it for its reports like any admission's."""
-    r1, r2 = await replicas(rbus, clock, "r1", "r2")
+    r1, _ = await replicas(rbus, clock, "r1", "r2")
     r1.reject = True
     r1.healthy = False
     h = await handle(bus, clock, seed=1)
