@@ -296,15 +296,19 @@ class ReplicaRuntime:
         if msg.reply is None:
             self.bad.drop("no_reply", f"on {msg.subject}")
             return
+        latest = self.carriage.latest
+        assert latest is not None  # the first check runs before we subscribe
+        now = self.clock.monotonic()
         try:
             req = decode_as(msg.data, Request)
         except WireError as exc:
             self.bad.drop(exc.reason, exc.detail)
+            # every stream starts with one admission (docs/wire.md); the answer to this request
+            # is the error, so the router surfaces it instead of trying another replica
+            self.carriage.carried(latest, now, Via.ADMISSION)
+            await self._send(msg.reply, Admission(True, self.admission.ongoing, latest, False))
             await self._send(msg.reply, ErrorReply("bad_request", str(exc), False))
             return
-        latest = self.carriage.latest
-        assert latest is not None  # the first check runs before we subscribe
-        now = self.clock.monotonic()
         if not self.admission.try_admit():
             self.stats.rejected += 1
             self.prom.rejected.inc()

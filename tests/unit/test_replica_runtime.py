@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -32,6 +33,7 @@ from shared.wire.messages import (
 )
 
 ECHO = "services.examples.echo:Echo"
+VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors"
 
 
 async def make_replica(bus: Bus, *, import_path: str = ECHO, **overrides: Any) -> ReplicaRuntime:
@@ -151,10 +153,14 @@ async def test_errors_are_typed_replies(
 async def test_garbage_gets_bad_request_and_the_replica_keeps_serving(buses: Any) -> None:
     rbus, cbus = buses
     rt = await make_replica(rbus)
-    for junk in (b"", b"\x00\xff garbage", encode(CallArgs((), {}))):
+    req = msgpack.unpackb(call("echo", 1))
+    unsupported = msgpack.packb({**req, "body_kind": "grpc"}, use_bin_type=True)
+    for junk in (b"", b"\x00\xff garbage", encode(CallArgs((), {})), unsupported):
         out = await collect(cbus, junk)
-        assert isinstance(out[0], ErrorReply) and out[0].code == "bad_request"
-    assert rt.bad.total == 3
+        # every stream starts with exactly one admission (docs/wire.md), even this one
+        assert [type(m) for m in out] == [Admission, ErrorReply], junk
+        assert out[1].code == "bad_request" and not out[1].retryable
+    assert rt.bad.total == 4
     out = await collect(cbus, call("echo", 5))
     assert msgpack.unpackb(out[1].data) == 5
     await rt.stop()
@@ -167,6 +173,17 @@ async def test_deadline_exceeded(buses: Any) -> None:
     assert isinstance(out[-1], ErrorReply) and out[-1].code == "deadline_exceeded"
     out = await collect(cbus, call("echo", 1, deadline=rt.clock.wall() - 1))
     assert out[-1].code == "deadline_exceeded"
+    await rt.stop()
+
+
+async def test_the_golden_request_vectors_are_served_by_a_live_replica(buses: Any) -> None:
+    """A vector is what an outside implementer copies: a live replica must serve it, not refuse
+    its method as private (issue 14: request_http used `__http__`)."""
+    rbus, cbus = buses
+    rt = await make_replica(rbus)
+    out = await collect(cbus, (VECTORS / "request_http.msgpack").read_bytes())
+    assert isinstance(out[0], Admission) and out[0].accepted
+    assert isinstance(out[-1], End), out[-1]
     await rt.stop()
 
 
