@@ -244,7 +244,12 @@ class ControllerCore:
         in-process router's reports to any deployment of its app (one owner per app), so look
         the replica up in the app's other deployments (replica ids are global). The rest name
         replicas that left; they are dropped as before."""
-        siblings = [d for (app, _), d in self.deployments.items() if app == m.app and d is not m]
+        siblings = [
+            d
+            for table in (self.deployments, self.deleting)
+            for (app, _), d in table.items()
+            if app == m.app and d is not m
+        ]
         for d in siblings:
             d.follow_records(recv)
         for status in foreign:
