@@ -97,7 +97,7 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ),
         (
             "request_http",
-            Request("req-0002", "__http__", False, True, None, codec.encode(HTTP_REQ), "http"),
+            Request("req-0002", "__call__", False, True, None, codec.encode(HTTP_REQ), "http"),
             "streaming HTTP request without deadline; body is the 'http_request' vector",
         ),
         ("http_request", HTTP_REQ, "repeated header names keep order"),
@@ -111,7 +111,11 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ("health_frame", HealthFrame(BAD), ""),
         ("chunk", Chunk(0, b"hello"), "first chunk"),
         ("end", End(), ""),
-        ("error", ErrorReply("replica_unavailable", "replica draining", True), ""),
+        (
+            "error",
+            ErrorReply("replica_shutdown", "replica stopped before the request finished", True),
+            "a code the replica sends (docs/dataplane.md lists them all)",
+        ),
         (
             "replica_report",
             ReplicaReport("replica-0001", T0, 42, 1.75, {"gpu_util": 0.5, "kv_cache": 12.0}, GOOD),
@@ -338,6 +342,24 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             "str32 header declaring 4 GiB in an 8-byte payload",
         ),
         ("huge_array_header", b"\xdd\x7f\xff\xff\xff", "malformed", "array32 of 2^31 items"),
+        (
+            "str_past_end",
+            b"\x81\xa1v\xd9\xc8abc",
+            "truncated",
+            "str8 declaring 200 bytes, 3 present: a str/bin body past the end is truncated",
+        ),
+        (
+            "items_past_end",
+            b"\x81\xa1a\xdc\x00\x03\x01",
+            "truncated",
+            "array16 of 3 items, 1 present: items missing at the end are truncated",
+        ),
+        (
+            "count_past_payload",
+            b"\x81\xa1a\xdc\x00\x64\x01\x02\x03",
+            "malformed",
+            "array16 of 100 items in a 10-byte payload: a count no payload could hold is malformed",
+        ),
         (
             "invalid_utf8",
             _pack({**health, "replica_id": "x"}).replace(b"\xa1x", b"\xa1\xff"),

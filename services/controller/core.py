@@ -37,6 +37,7 @@ from .managed import ManagedDeployment
 from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placement
 from .policy import PolicyState
+from .replica_index import NO_SLOT
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 
 DepKey = tuple[str, str]
@@ -220,6 +221,30 @@ class ControllerCore:
         if res.reason in _TURNED_AWAY:
             self.stats.turned_away[res.reason] += 1
         self._fold(m, res.health, recv, direct=False)
+        if res.foreign:
+            self._fold_hosts(m, res.foreign, recv)
+
+    def _fold_hosts(
+        self, m: ManagedDeployment, foreign: tuple[HealthStatus, ...], recv: float
+    ) -> None:
+        """Rows naming no replica of `m`: a handle-owning host's own health rides on its
+        in-process router's reports to any deployment of its app (one owner per app), so look
+        the replica up in the app's other deployments (replica ids are global). The rest name
+        replicas that left; they are dropped as before."""
+        siblings = [
+            d
+            for table in (self.deployments, self.deleting)
+            for (app, _), d in table.items()
+            if app == m.app and d is not m
+        ]
+        for d in siblings:
+            d.follow_records(recv)
+        for status in foreign:
+            for d in siblings:
+                if d.index.slot(status.replica_id) != NO_SLOT:
+                    d.health.observe(status.replica_id, status, recv, direct=False)
+                    self._count("host_health")
+                    break
 
     def _fold(
         self, m: ManagedDeployment, batch: HealthBatch | None, recv: float, *, direct: bool

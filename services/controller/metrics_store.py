@@ -54,7 +54,9 @@ from services.controller.metrics_types import (
     IngestResult,
     Mask,
     MetricsSnapshot,
+    columnar_foreign,
     columnar_health,
+    object_foreign,
     object_health,
 )
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
@@ -317,7 +319,8 @@ class DeploymentMetrics:
             _put(dst, cslots, self._row_ok(cslots), np.fromiter(per.values(), np.float64))
         merged = len(slots) if ok is None else int(np.count_nonzero(ok))
         health = object_health(self._index, r.health) if r.health else None
-        return IngestResult(True, ACCEPTED, health, merged, len(slots) - merged)
+        foreign = object_foreign(self._index, r.health)
+        return IngestResult(True, ACCEPTED, health, merged, len(slots) - merged, foreign)
 
     def ingest_columnar(self, c: ColumnarHandleReport, recv: float) -> IngestResult:
         """One FPC1 part, merged with fancy indexing over cached slots (no per-row Python)."""
@@ -340,7 +343,8 @@ class DeploymentMetrics:
         if split:
             self._mark_part(h, c.handle_id, slots, ok)
         health = columnar_health(c, slots, known)
-        return IngestResult(True, ACCEPTED, health, merged, slots.size - merged)
+        foreign = columnar_foreign(c, known)
+        return IngestResult(True, ACCEPTED, health, merged, slots.size - merged, foreign)
 
     @staticmethod
     def _rows(m: _SlotMap, c: ColumnarHandleReport) -> tuple[I64, Mask | None, Mask, int]:

@@ -13,6 +13,7 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
 from services.controller.staleness import Verdict
@@ -59,6 +60,9 @@ class IngestResult:
     health: HealthBatch | None = None
     rows: int = 0
     ignored: int = 0
+    foreign: tuple[HealthStatus, ...] = ()
+    """Health of a handle report that names no replica of this deployment: a handle-owning
+    host's own entry (another deployment of the same app), or a replica that left."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -91,6 +95,25 @@ def object_health(index: ReplicaIndex, health: Iterable[HealthStatus]) -> Health
         healthy=np.fromiter((s.healthy for _, s in rows), np.bool_, n),
         checked_at=np.fromiter((s.checked_at for _, s in rows), np.float64, n),
         failures=np.fromiter((s.consecutive_failures for _, s in rows), np.int32, n),
+    )
+
+
+def object_foreign(index: ReplicaIndex, health: Iterable[HealthStatus]) -> tuple[HealthStatus, ...]:
+    return tuple(s for s in health if index.slot(s.replica_id) == NO_SLOT)
+
+
+def columnar_foreign(c: ColumnarHandleReport, known: Mask) -> tuple[HealthStatus, ...]:
+    """Health rows of unknown replicas as statuses; Python only for those rows (usually none)."""
+    if known.all():
+        return ()
+    rows = np.flatnonzero(~known & c.health_valid)
+    if rows.size == 0:
+        return ()
+    ids = c.replica_dictionary.take(pa.array(c.replica_indices[rows])).to_pylist()
+    healthy, checked, failures = c.health_healthy, c.health_checked_at, c.health_failures
+    return tuple(
+        HealthStatus(rid, bool(healthy[r]), float(checked[r]), int(failures[r]))
+        for rid, r in zip(ids, rows.tolist(), strict=True)
     )
 
 

@@ -43,7 +43,7 @@ from .admission import Admission as AdmissionControl
 from .config import ReplicaConfig
 from .health import HealthTracker, next_check_delay
 from .metrics import OK, ReplicaMetrics
-from .suppression import HealthCarriage, freshness_window
+from .suppression import HealthCarriage, Via, freshness_window
 from .usercode import (
     MethodNotFound,
     UserDeployment,
@@ -108,9 +108,12 @@ class ReplicaRuntime:
         self.rpc_subject = self.subjects.rpc(cfg.app, cfg.deployment, cfg.replica_id)
         self.admission = AdmissionControl(cfg.spec.max_ongoing_requests)
         self.tracker = HealthTracker(cfg.replica_id)
+        # own reports carry every check only when they come at least once a period
+        every_check = (
+            cfg.spec.push_metrics and cfg.spec.metrics_interval_s <= cfg.spec.health_check_period_s
+        )
         self.carriage = HealthCarriage(
-            freshness_window(cfg.spec.health_check_period_s),
-            reports_carry_health=cfg.spec.push_metrics,
+            freshness_window(cfg.spec.health_check_period_s), reports_carry_health=every_check
         )
         self.running = LevelAverage(clock.monotonic())
         self.stats = ReplicaStats()
@@ -136,8 +139,12 @@ class ReplicaRuntime:
         self._loops.append(asyncio.create_task(self._tick_loop(), name="tick"))
         if self.cfg.spec.push_metrics:
             self._loops.append(asyncio.create_task(self._report_loop(), name="reports"))
-        # composition: routers in this process carry our health in their handle reports
-        self._unregister_provider = self._providers.register(self.local_health)
+        # composition: routers in this process to our app carry our health in their handle
+        # reports; not when our own reports carry it already (it would go out twice)
+        if not self.cfg.spec.push_metrics:
+            self._unregister_provider = self._providers.register(
+                self.local_health, app=self.cfg.app
+            )
         await self._lifecycle("ready")
         log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
 
@@ -204,7 +211,9 @@ class ReplicaRuntime:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(next_check_delay(self.cfg.spec.health_check_period_s, self.rng))
-            await self._check_once()
+            status = await self._check_once()
+            if not status.healthy:
+                await self._maybe_heartbeat()  # bad news first, by the direct channel
             await self._frame_tick()
             await self._maybe_heartbeat()
 
@@ -212,11 +221,11 @@ class ReplicaRuntime:
         for held in list(self._held.values()):
             if not held.frames:
                 continue
-            status = self.carriage.frame_due(held.sent_checked_at)
+            status = self.carriage.frame_due(held.sent_checked_at, self.clock.monotonic())
             if status is None:
                 continue
             held.sent_checked_at = status.checked_at
-            self.carriage.carried(status, self.clock.monotonic())
+            self.carriage.carried(status, self.clock.monotonic(), Via.FRAME)
             self.stats.frames += 1
             self.prom.frames.inc()
             await self.bus.publish(held.reply, encode(HealthFrame(status)))
@@ -225,7 +234,7 @@ class ReplicaRuntime:
         latest = self.carriage.latest
         if latest is None or not self.carriage.heartbeat_due(self.clock.monotonic()):
             return
-        self.carriage.carried(latest, self.clock.monotonic())
+        self.carriage.carried(latest, self.clock.monotonic(), Via.HEARTBEAT)
         self.stats.heartbeats += 1
         self.prom.heartbeats.inc()
         subject = self.subjects.report("heartbeat", self.cfg.app, self.cfg.deployment)
@@ -236,6 +245,8 @@ class ReplicaRuntime:
         while True:
             await asyncio.sleep(tick)
             try:
+                # frames first: while a request is held they take over from riding channels
+                await self._frame_tick()
                 await self._maybe_heartbeat()
             except Exception:
                 log.exception("heartbeat failed; will retry next tick")
@@ -261,7 +272,7 @@ class ReplicaRuntime:
             health=latest,
         )
         if latest is not None:
-            self.carriage.carried(latest, now)
+            self.carriage.carried(latest, now, Via.REPORT)
         self.stats.reports += 1
         self.prom.reports.inc()
         subject = self.subjects.report("replica", self.cfg.app, self.cfg.deployment)
@@ -271,7 +282,7 @@ class ReplicaRuntime:
         """For in-process routers (composition): they carry this replica's health in their reports."""
         latest = self.carriage.latest
         if latest is not None:
-            self.carriage.carried(latest, self.clock.monotonic())
+            self.carriage.carried(latest, self.clock.monotonic(), Via.HOST)
         return latest
 
     async def _on_probe(self, msg: Msg) -> None:
@@ -280,7 +291,7 @@ class ReplicaRuntime:
             return
         self.stats.probes += 1
         self.prom.probes.inc()
-        self.carriage.carried(latest, self.clock.monotonic())
+        self.carriage.carried(latest, self.clock.monotonic(), Via.PROBE)
         await self.bus.publish(msg.reply, encode(latest))
 
     # -- requests ----------------------------------------------------------------------------
@@ -289,25 +300,29 @@ class ReplicaRuntime:
         if msg.reply is None:
             self.bad.drop("no_reply", f"on {msg.subject}")
             return
+        latest = self.carriage.latest
+        assert latest is not None  # the first check runs before we subscribe
+        now = self.clock.monotonic()
         try:
             req = decode_as(msg.data, Request)
         except WireError as exc:
             self.bad.drop(exc.reason, exc.detail)
+            # every stream starts with one admission (docs/wire.md); the answer to this request
+            # is the error, so the router surfaces it instead of trying another replica
+            self.carriage.carried(latest, now, Via.ADMISSION)
+            await self._send(msg.reply, Admission(True, self.admission.ongoing, latest, False))
             await self._send(msg.reply, ErrorReply("bad_request", str(exc), False))
             return
-        latest = self.carriage.latest
-        assert latest is not None  # the first check runs before we subscribe
-        now = self.clock.monotonic()
         if not self.admission.try_admit():
             self.stats.rejected += 1
             self.prom.rejected.inc()
-            self.carriage.carried(latest, now)
+            self.carriage.carried(latest, now, Via.ADMISSION)
             await self._send(msg.reply, Admission(False, self.admission.ongoing, latest, False))
             return
         self.stats.admitted += 1
         self.prom.accepted.inc()
-        frames = req.supports_health_frames and not self.cfg.spec.push_metrics
-        self.carriage.carried(latest, now)
+        frames = req.supports_health_frames and not self.carriage.reports_carry_health
+        self.carriage.carried(latest, now, Via.ADMISSION)
         self.running.set(self.admission.ongoing, now)
         admitted = Admission(True, self.admission.ongoing, latest, frames)
         self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)

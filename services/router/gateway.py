@@ -12,13 +12,16 @@ HTTP-style request (`body_kind` "http", unary):
   `HttpRequest.headers`. The HTTP method is "POST" and the path "/" unless the headers
   `Fp-Http-Method`, `Fp-Path` (and `Fp-Query`) say otherwise; `Fp-Method` names the deployment
   method (default `__call__`); `Fp-Deadline-S` sets the deadline in seconds (default: the
-  gateway's `--deadline`).
+  gateway's `--deadline`). A caller's own deadline is its client timeout too, so the gateway
+  gives up `reply_margin(d)` earlier and its 504 arrives while the caller still listens.
 - reply: the `HttpResponse` body as the payload, its status in the `Fp-Status` header, its
   headers as NATS headers (repeats joined with ", "; names NATS cannot carry are dropped).
 - failure: a micro-service error reply, headers `Nats-Service-Error-Code` (an HTTP-like code,
   e.g. 503 or 504) and `Nats-Service-Error` (the description), plus `Fp-Error` (a stable token
   such as `backpressure`, `deadline_exceeded`, `user_error`) and `Fp-Retryable`. A request is
-  never left to time out silently while the gateway runs.
+  never left to time out silently while the gateway runs. Error replies count in the endpoint's
+  `$SRV.STATS` (`num_errors`, `last_error`): the micro library counts only handlers that raise,
+  and ours hands each request to a task and returns at once.
 
 Routers are created on first use per deployment, at most `MAX_DEPLOYMENTS` of them. On SIGTERM or
 SIGINT the gateway stops taking requests, lets in-flight ones finish for `drain_timeout_s`,
@@ -71,6 +74,8 @@ HDR_PATH: Final = "Fp-Path"
 HDR_QUERY: Final = "Fp-Query"
 HDR_STATUS: Final = "Fp-Status"
 ENDPOINT_NAME: Final = "call"
+REPLY_MARGIN_MAX_S: Final = 0.25
+REPLY_MARGIN_FRACTION: Final = 0.1
 MAX_DEPLOYMENTS: Final = 10_000
 """Routers one gateway keeps (each watches a KV key and reports): a bound against junk names."""
 
@@ -83,6 +88,12 @@ class GatewayReply:
     headers: dict[str, str] = field(default_factory=dict)
     error_code: str | None = None
     error: str = ""
+
+
+def reply_margin(deadline_s: float) -> float:
+    """How much earlier than a caller-sent deadline the gateway gives up: time for its error
+    reply to travel back (a tenth of the deadline, at most a quarter second)."""
+    return min(REPLY_MARGIN_MAX_S, deadline_s * REPLY_MARGIN_FRACTION)
 
 
 def error_reply(code: str, token: str, description: str, retryable: bool) -> GatewayReply:
@@ -126,7 +137,10 @@ class GatewayCore:
         try:
             app, deployment = self.subjects.parse_call(subject)
             hdrs = dict(headers or {})
-            deadline_s = parse_deadline(hdrs.get(HDR_DEADLINE), self.config.deadline_s)
+            sent = hdrs.get(HDR_DEADLINE)
+            deadline_s = parse_deadline(sent, self.config.deadline_s)
+            if sent is not None and deadline_s is not None:
+                deadline_s -= reply_margin(deadline_s)
             request = HttpRequest(
                 method=hdrs.get(HDR_HTTP_METHOD, "POST"),
                 path=hdrs.get(HDR_PATH, "/"),
@@ -173,6 +187,8 @@ class Gateway:
         self.config = config
         self.core = GatewayCore(bus, config, clock=clock)
         self.service: Service | None = None
+        self.errors = 0
+        """Error replies sent (also in `$SRV.STATS`)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
@@ -213,7 +229,18 @@ class Gateway:
         except Exception as exc:  # never leave a caller to time out silently
             logger.exception("gateway: request on %s failed", req.subject)
             reply = error_reply("500", "internal", f"{type(exc).__name__}: {exc}", True)
+        if reply.error_code is not None:
+            self._count_error(reply)
         await _respond(req, reply)
+
+    def _count_error(self, reply: GatewayReply) -> None:
+        self.errors += 1
+        # nats.py's Endpoint keeps its stats in private fields (it counts only handlers that
+        # raise); tests/integration/test_router_gateway.py catches a library change
+        for endpoint in getattr(self.service, "_endpoints", ()):
+            if hasattr(endpoint, "_num_errors"):
+                endpoint._num_errors += 1
+                endpoint._last_error = f"{reply.error_code}: {_one_line(reply.error, 256)}"
 
     async def stop(self) -> None:
         """Stop taking requests, drain in-flight ones, then release everything."""

@@ -9,10 +9,15 @@ each fit under the server's `max_payload`. The controller detects the format by 
 routers on either side of the gate aggregate together.
 
 Local health providers: a replica process that also owns handles (user code calling another
-deployment) registers `fn() -> HealthStatus | None` with `register_local_health_provider`; every
-report of every router in the process merges those statuses into its carried health (newest
-`checked_at` wins), so the host's health rides on reports that flow anyway. A provider that raises
-is counted, logged rate-limited and skipped; the report still goes out.
+deployment) registers `fn() -> HealthStatus | None` for its app with
+`register_local_health_provider`; every report of every router in the process *to a deployment of
+the same app* merges those statuses into its carried health (newest `checked_at` wins), so the
+host's health rides on reports that flow anyway. Only the same app: reports are partitioned by
+app, so only those reach the controller member that owns the host (it applies a row naming a
+replica of another deployment of the app to that deployment). A router to another app does not
+call the provider, so the host's health is not stamped as carried and its own heartbeat goes out
+instead; never both lost and suppressed. A provider that raises is counted, logged rate-limited
+and skipped; the report still goes out.
 """
 
 from __future__ import annotations
@@ -44,19 +49,20 @@ class LocalHealthProviders:
     __slots__ = ("_keys", "_lock", "_log", "_providers", "errors")
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
-        self._providers: dict[int, HealthProvider] = {}
+        self._providers: dict[int, tuple[str, HealthProvider]] = {}
         self._keys = itertools.count()
         self._lock = threading.Lock()
         self._log = RateLimiter(DEFAULT_LOG_INTERVAL_S, clock)
         self.errors = 0
 
-    def register(self, fn: HealthProvider) -> Callable[[], None]:
-        """Add a provider; returns a function that removes it (safe to call more than once)."""
+    def register(self, fn: HealthProvider, *, app: str) -> Callable[[], None]:
+        """Add a provider of a replica of `app`; returns a function that removes it (safe to
+        call more than once)."""
         with self._lock:
             if len(self._providers) >= MAX_LOCAL_PROVIDERS:
                 raise RuntimeError(f"more than {MAX_LOCAL_PROVIDERS} local health providers")
             key = next(self._keys)
-            self._providers[key] = fn
+            self._providers[key] = (app, fn)
 
         def unregister() -> None:
             with self._lock:
@@ -64,10 +70,11 @@ class LocalHealthProviders:
 
         return unregister
 
-    def collect(self) -> list[HealthStatus]:
-        """Call every provider; one that raises or returns junk is counted, logged and skipped."""
+    def collect(self, app: str) -> list[HealthStatus]:
+        """Call every provider of `app` (only: see the module doc); one that raises or returns
+        junk is counted, logged and skipped."""
         with self._lock:
-            providers = list(self._providers.values())
+            providers = [fn for owner, fn in self._providers.values() if owner == app]
         out: list[HealthStatus] = []
         for fn in providers:
             try:
@@ -100,9 +107,10 @@ class LocalHealthProviders:
 DEFAULT_PROVIDERS: Final = LocalHealthProviders()
 
 
-def register_local_health_provider(fn: HealthProvider) -> Callable[[], None]:
-    """Merge `fn()`'s status into every handle report this process sends; returns unregister."""
-    return DEFAULT_PROVIDERS.register(fn)
+def register_local_health_provider(fn: HealthProvider, *, app: str) -> Callable[[], None]:
+    """Merge `fn()`'s status (a replica of `app`) into every handle report this process sends to
+    a deployment of `app`; returns unregister."""
+    return DEFAULT_PROVIDERS.register(fn, app=app)
 
 
 def merge_health(

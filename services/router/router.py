@@ -370,7 +370,7 @@ class Router:
             queued_requests=queued,
             running=running,
             carried_health=self.health.snapshot(now),
-            local_health=self.providers.collect(),
+            local_health=self.providers.collect(self.app),
             membership_epoch=max(self.epoch, 0),
         )
 

@@ -87,6 +87,33 @@ async def test_failures_come_back_as_service_errors(
     assert msg.headers is not None and msg.headers["Nats-Service-Error-Code"] == "504"
 
 
+async def test_srv_stats_counts_error_replies(
+    gateway: Gateway, replica: FakeReplica, nc: Client
+) -> None:
+    """Issue 14: `$SRV.STATS` said 0 errors after error replies."""
+    replica.error = ErrorReply("user_error", "boom", False)
+    for _ in range(3):
+        msg = await nc.request("fp.v1.call.shop.cart", b"", timeout=5)
+        assert msg.headers is not None and msg.headers["Nats-Service-Error-Code"] == "500"
+    replica.error = None
+    await nc.request("fp.v1.call.shop.cart", b"ok", timeout=5)
+    stats = json.loads((await nc.request("$SRV.STATS.fleetpulse-router", b"", timeout=5)).data)
+    (endpoint,) = stats["endpoints"]
+    assert endpoint["num_requests"] == 4
+    assert endpoint["num_errors"] == 3 and "500" in endpoint["last_error"]
+
+
+async def test_the_504_arrives_before_the_deadline_the_caller_sent(
+    gateway: Gateway, replica: FakeReplica, nc: Client
+) -> None:
+    """A caller whose client timeout equals its Fp-Deadline-S gets the 504, not a timeout."""
+    replica.hang = True
+    msg = await nc.request(
+        "fp.v1.call.shop.cart", b"", headers={"Fp-Deadline-S": "1.0"}, timeout=1.0
+    )
+    assert msg.headers is not None and msg.headers["Nats-Service-Error-Code"] == "504"
+
+
 async def test_discoverable_with_srv_ping(gateway: Gateway, nc: Client) -> None:
     ping = await nc.request("$SRV.PING.fleetpulse-router", b"", timeout=5)
     assert json.loads(ping.data)["name"] == "fleetpulse-router"

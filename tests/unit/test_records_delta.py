@@ -79,8 +79,10 @@ def test_follow_by_delta_equals_following_in_full(ops: list[tuple[str, int]]) ->
         ref.state.replicas = m.state.replicas
         ref.follow_records(float(t))
         assert set(m.index.ids()) == set(m.state.replicas) == set(ref.index.ids())
-        assert m.metrics.running_ids() == ref.metrics.running_ids() == sorted(
-            rid for rid, r in m.state.replicas.items() if r.state is ReplicaState.RUNNING
+        assert (
+            m.metrics.running_ids()
+            == ref.metrics.running_ids()
+            == sorted(rid for rid, r in m.state.replicas.items() if r.state is ReplicaState.RUNNING)
         )
         for rid in m.state.replicas:  # the registry holds exactly the index's replicas
             slot = m.index.slot(rid)

@@ -27,8 +27,8 @@ async def test_in_process_router_reports_carry_the_host_replica_health() -> None
     user = await UserDeployment.create(cfg.spec.import_path, (), {})
     rt = ReplicaRuntime(cfg, bus, user, providers=providers)
     await rt.start()
-    # the host's user code holds a handle to a downstream deployment
-    handle = DeploymentHandle("back", "model", bus=bus, config=RouterConfig(), providers=providers)
+    # the host's user code holds a handle to a downstream deployment of its app
+    handle = DeploymentHandle("front", "model", bus=bus, config=RouterConfig(), providers=providers)
     try:
         assert rt.carriage.heartbeat_due(rt.clock.monotonic())  # nothing carried it yet
         report = handle.router.make_report()
@@ -49,7 +49,7 @@ async def test_a_broken_provider_does_not_stop_reports() -> None:
     def broken() -> None:
         raise RuntimeError("boom")
 
-    providers.register(broken)
+    providers.register(broken, app="back")
     bus = FakeServer().connect()
     handle = DeploymentHandle("back", "model", bus=bus, providers=providers)
     try:

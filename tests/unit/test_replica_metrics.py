@@ -35,7 +35,9 @@ async def replica(bus: Bus, deployment: str, **kw: Any) -> ReplicaRuntime:
         health_check_timeout_s=1.0,
         **kw,
     )
-    user = await UserDeployment.create(cfg.spec.import_path, cfg.spec.init_args, cfg.spec.init_kwargs)
+    user = await UserDeployment.create(
+        cfg.spec.import_path, cfg.spec.init_args, cfg.spec.init_kwargs
+    )
     rt = ReplicaRuntime(cfg, bus, user)
     await rt.start()
     return rt

@@ -355,3 +355,78 @@ async def test_handles_share_one_router(bus: FakeBus, rbus: FakeBus, clock: Fake
     c = DeploymentHandle(APP, DEP, bus=bus)
     assert c.router is not b.router
     await c.close()
+
+
+async def test_a_rejected_admission_records_the_replica_health(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    """Issue 14 item 7: a rejection still carries the replica's latest health; the router keeps
+    it for its reports like any admission's."""
+    r1, _ = await replicas(rbus, clock, "r1", "r2")
+    r1.reject = True
+    r1.healthy = False
+    h = await handle(bus, clock, seed=1)
+    try:
+        for _ in range(5):
+            assert (await h.remote())["rid"] == "r2"
+            clock.advance(1.0)
+            if r1.rejected:
+                break
+        assert r1.rejected >= 1
+        seen = h.router.health.get("r1")
+        assert seen is not None and seen.healthy is False
+        assert "r1" in {s.replica_id for s in h.router.make_report().health}
+    finally:
+        await h.close()
+
+
+async def test_readers_and_frame_pumps_under_concurrency(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    """Issue 14 item 7: many streams at once, fast and slow consumers (pumps start for the slow
+    ones), some closed early: every stream reads its items in order, frames are folded, and
+    nothing is left in flight or pumping."""
+    reps = await replicas(rbus, clock, "r1", "r2", "r3")
+    for r in reps:
+        r.frames = 2
+        r.item_delay_s = 0.002
+        r.fn = lambda method, args, kwargs: list(range(kwargs["n"]))
+    h = await handle(bus, clock)
+    readers: list[Any] = []
+
+    async def one(k: int) -> list[int]:
+        reader = await open_call(
+            h.router,
+            method="gen",
+            body=encode(CallArgs((), {"n": 8})),
+            body_kind="args",
+            stream=True,
+            deadline_s=None,
+        )
+        readers.append(reader)
+        got: list[int] = []
+        try:
+            while (chunk := await reader.next_chunk()) is not None:
+                got.append(chunk.seq)
+                if k % 3 == 0:
+                    await asyncio.sleep(0.03)  # slow: the pump takes over reading
+                if k % 7 == 6 and len(got) == 3:
+                    break  # the caller gives up early
+        finally:
+            await reader.close()
+        return got
+
+    try:
+        before = {r.replica_id: r.health().checked_at for r in reps}
+        results = await asyncio.gather(*(one(k) for k in range(30)))
+        for k, got in enumerate(results):
+            assert got == list(range(3 if k % 7 == 6 else 8)), k
+        assert any(r.pumping for r in readers)  # the slow consumers' pumps did start
+        for reader in readers:
+            assert reader._pump_task is None or reader._pump_task.done()
+        assert h.router.chooser.in_flight_total() == 0
+        for rid, t in before.items():
+            seen = h.router.health.get(rid)
+            assert seen is not None and seen.checked_at > t
+    finally:
+        await h.close()

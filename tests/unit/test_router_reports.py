@@ -105,19 +105,19 @@ def test_provider_exception_is_isolated() -> None:
         return "healthy"  # type: ignore[return-value]
 
     off = [
-        providers.register(broken),
-        providers.register(lambda: hs("host", 1.0)),
-        providers.register(junk),
-        providers.register(lambda: None),
+        providers.register(broken, app="a"),
+        providers.register(lambda: hs("host", 1.0), app="a"),
+        providers.register(junk, app="a"),
+        providers.register(lambda: None, app="a"),
     ]
-    assert providers.collect() == [hs("host", 1.0)]
+    assert providers.collect("a") == [hs("host", 1.0)]
     assert providers.errors == 2
-    assert providers.collect() == [hs("host", 1.0)]
+    assert providers.collect("a") == [hs("host", 1.0)]
     assert providers.errors == 4
     for unregister in off:
         unregister()
         unregister()  # safe twice
-    assert len(providers) == 0 and providers.collect() == []
+    assert len(providers) == 0 and providers.collect("a") == []
 
 
 # -- the router's own reports -------------------------------------------------------------------
@@ -135,8 +135,9 @@ async def test_router_report_has_window_averages_health_and_local_providers(
 ) -> None:
     clock = FakeClock()
     providers = LocalHealthProviders()
-    providers.register(lambda: (_ for _ in ()).throw(RuntimeError("provider down")))
-    providers.register(lambda: hs("host", clock.wall()))
+    providers.register(lambda: (_ for _ in ()).throw(RuntimeError("provider down")), app="shop")
+    providers.register(lambda: hs("host", clock.wall()), app="shop")
+    providers.register(lambda: hs("other-app-host", clock.wall()), app="elsewhere")
     router = Router("shop", "cart", bus=bus, clock=clock, providers=providers)
     got: list[Msg] = []
 
