@@ -89,7 +89,7 @@ PARAMS: tuple[Param, ...] = (
         "float",
         20.0,
         "seconds a stopping replica lets requests finish (0: none)",
-    ),  # fmt: skip
+    ),
     Param(
         "metrics_interval_s",
         "float",
@@ -97,14 +97,14 @@ PARAMS: tuple[Param, ...] = (
         "how often the replica reports (its deployment's autoscaling metrics_interval_s)",
         strict=True,
         restarts=False,
-    ),  # fmt: skip
+    ),
     Param(
         "push_metrics",
         "bool",
         False,
         "publish its own replica reports (health rides them; default: routers report)",
         restarts=False,
-    ),  # fmt: skip
+    ),
     Param("env", "env", {}, "environment variables of the replica process (JSON object)"),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}

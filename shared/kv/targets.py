@@ -20,7 +20,6 @@ from shared.replicaspec import ReplicaSpec
 from shared.subjects import validate_name
 from shared.wire import reasons
 
-
 UNPLACED = "_unplaced"
 """The agent token of a replica no agent was chosen for (no agents announced themselves: replicas
 are run by something else that reads fp_targets). No agent may be called this."""
