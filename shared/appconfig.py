@@ -88,20 +88,21 @@ REPLICA_FIELDS = (
     "push_metrics",
 )
 """The deployment settings that are replica settings (shared.replicaspec declares them)."""
+_DEFAULT: Mapping[str, Any] = {p.name: p.default for p in replicaspec.PARAMS}
 
 
 @dataclass(frozen=True, slots=True)
 class DeploymentConfig:
     name: str
     import_path: str
-    init_args: tuple[Any, ...] = ()
+    # the replica settings: defaults, rules and meaning declared once, in shared.replicaspec
+    init_args: tuple[Any, ...] = _DEFAULT["init_args"]
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_ongoing_requests: int = 5
-    health_check_period_s: float = 10.0
-    health_check_timeout_s: float = 30.0
-    graceful_shutdown_timeout_s: float = 20.0
-    push_metrics: bool = False
-    """Replicas publish their own reports (health rides them); otherwise routers report."""
+    max_ongoing_requests: int = _DEFAULT["max_ongoing_requests"]
+    health_check_period_s: float = _DEFAULT["health_check_period_s"]
+    health_check_timeout_s: float = _DEFAULT["health_check_timeout_s"]
+    graceful_shutdown_timeout_s: float = _DEFAULT["graceful_shutdown_timeout_s"]
+    push_metrics: bool = _DEFAULT["push_metrics"]
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None

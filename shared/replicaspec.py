@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 from shared.errors import ConfigError, WireError
@@ -184,8 +184,14 @@ class ReplicaSpec:
         return ReplicaSpec(**values)
 
 
-_FIELDS_MATCH = tuple(f.name for f in fields(ReplicaSpec)) == tuple(p.name for p in PARAMS)
-assert _FIELDS_MATCH, "ReplicaSpec's fields and PARAMS must list the same settings in order"
+def _field_default(f: Any) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+_FIELDS_MATCH = [(f.name, _field_default(f)) for f in fields(ReplicaSpec)][1:] == [
+    (p.name, p.default) for p in PARAMS
+][1:] and fields(ReplicaSpec)[0].name == PARAMS[0].name
+assert _FIELDS_MATCH, "ReplicaSpec's fields and PARAMS must list the same settings and defaults"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
