@@ -17,13 +17,15 @@ import pytest
 
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle, connect_handle
-from shared.bus import Bus
+from shared.bus import Bus, Msg
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
+from shared.wire import decode_as
+from shared.wire.messages import Heartbeat, ReplicaReport
 from tests.procs import ROOT, ServiceProcesses
 from tests.waiting import eventually as until
 
@@ -287,6 +289,54 @@ async def _is(coro: Any, want: tuple[str, int, int]) -> bool:
 
 async def _target_is(bus: Bus, n: int) -> bool:
     return (await model(bus))[1] == n
+
+
+PUSH_YAML = """
+applications:
+  - name: pushy
+    route_prefix: null
+    deployments:
+      - name: Echo
+        import_path: services.examples.echo:Echo
+        push_metrics: true
+        health_check_period_s: 0.5
+        autoscaling_config: {min_replicas: 1, max_replicas: 1, metrics_interval_s: 0.5}
+"""
+
+
+async def test_agent_started_replicas_push_their_own_reports_when_the_deployment_says_so(
+    fleet: Fleet, server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    """`push_metrics` and the deployment's `metrics_interval_s` reach a replica an agent
+    starts (through its target's spec): it publishes its own reports every 0.5 s, its health
+    rides them, and once they flow it sends no standalone heartbeat."""
+    reports: list[tuple[float, ReplicaReport]] = []
+    heartbeats: list[float] = []
+
+    async def on(msg: Msg) -> None:
+        kind = msg.subject.split(".")[3]
+        if kind == "replica":
+            reports.append((time.monotonic(), decode_as(msg.data, ReplicaReport)))
+        elif kind == "heartbeat":
+            decode_as(msg.data, Heartbeat)
+            heartbeats.append(time.monotonic())
+
+    sub = await bus.subscribe("fp.v1.report.*.pushy.Echo", on)
+    fleet.controller()
+    fleet.agent("a1")
+    path = tmp_path / "push.yaml"
+    path.write_text(PUSH_YAML)
+    assert cli("deploy", str(path), "--nats", server.url).returncode == 0
+    try:
+        await until(lambda: len(reports) >= 6, 60, "six reports of its own")
+        times = [t for t, _ in reports]
+        gaps = [b - a for a, b in zip(times[-5:], times[-4:], strict=False)]
+        assert max(gaps) < 2.0  # the deployment's 0.5 s, not the default 10 s
+        assert all(r.health is not None and r.health.healthy for _, r in reports[-3:])
+        # once its reports flow they carry its health: no standalone heartbeat after the first
+        assert [t for t in heartbeats if t > times[0]] == []
+    finally:
+        await sub.unsubscribe()
 
 
 def test_up_demo_finishes_and_exits_zero() -> None:
