@@ -40,16 +40,21 @@ def load() -> dict[str, str]:
                 for panel in doc.get("panels", []):
                     uid = (panel.get("datasource") or {}).get("uid")
                     if uid and uid not in datasources and not uid.startswith("$"):
-                        sys.exit(f"grafana stand-in: {board}: panel {panel.get('title')!r} "
-                                 f"uses datasource {uid!r}, not provisioned")
+                        sys.exit(
+                            f"grafana stand-in: {board}: panel {panel.get('title')!r} "
+                            f"uses datasource {uid!r}, not provisioned"
+                        )
                 dashboards += 1
     home = os.environ.get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home and not Path(home).is_file():
-        sys.exit(f"grafana stand-in: GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH={home}: no such file")
+        sys.exit(
+            f"grafana stand-in: GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH={home}: no such file"
+        )
     if not dashboards:
         sys.exit(f"grafana stand-in: no dashboard found by {PROVISIONING}/dashboards")
-    print(f"grafana stand-in: {len(datasources)} datasource(s), {dashboards} dashboard(s)",
-          flush=True)
+    print(
+        f"grafana stand-in: {len(datasources)} datasource(s), {dashboards} dashboard(s)", flush=True
+    )
     return datasources
 
 
@@ -60,7 +65,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/api/health":
             return self.reply(200, b'{"database": "ok", "standin": true}')
         if self.path.startswith(PROXY_PREFIX):
-            uid, _, rest = self.path[len(PROXY_PREFIX):].partition("/")
+            uid, _, rest = self.path[len(PROXY_PREFIX) :].partition("/")
             base = self.datasources.get(uid)
             if base is None:
                 return self.reply(404, b'{"message": "datasource not found"}')
@@ -80,7 +85,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
