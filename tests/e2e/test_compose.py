@@ -81,7 +81,8 @@ def load_compose() -> dict[str, Any]:
 
 
 def is_fleetpulse(spec: dict[str, Any]) -> bool:
-    return str(spec.get("image", "")).startswith("fleetpulse")
+    """Built from compose/Dockerfile (the image name is a variable: ${FLEETPULSE_IMAGE:-...})."""
+    return (spec.get("build") or {}).get("dockerfile") == "compose/Dockerfile"
 
 
 def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) -> list[Service]:
