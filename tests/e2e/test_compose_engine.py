@@ -241,8 +241,11 @@ def _load(stack: Stack) -> Load:
 
 
 def _no_failures(stack: Stack, since: float, what: str) -> dict[str, Any]:
-    s = summary(_load(stack).since(since))
-    assert s["failed"] == 0, f"{what}: {s}"
+    results = _load(stack).since(since)
+    s = summary(results)
+    when = [f"{r.start - stack.report.t0:.1f}-{r.end - stack.report.t0:.1f} s" for r in results
+            if not r.ok][:10]  # fmt: skip
+    assert s["failed"] == 0, f"{what}: {s}; failed requests ran at {when} (report clock)"
     assert s["requests"] > 0, f"{what}: no request completed"
     return s
 
@@ -405,11 +408,14 @@ def test_upgrade_one_service_at_a_time_under_load(stack: Stack) -> None:
         # docs/operations.md, Upgrade: NATS nodes one at a time, controllers, agents, then the
         # proxy and the gateway (and the recorder)
         for node in ("nats-1", "nats-2", "nats-3"):
+            stack.report.add(f"     upgrade: recreating {node}")
             stack.compose("up", "-d", "--no-deps", "--force-recreate", node, timeout=300)
             wait_for(lambda: not stack.all_healthy(), 120, f"{node} healthy", every_s=1)
-        _roll(stack, "controller", new, 10)
-        _roll(stack, "agent", new, 30)
+        for service, grace_s in (("controller", 10), ("agent", 30)):
+            stack.report.add(f"     upgrade: rolling {service}")
+            _roll(stack, service, new, grace_s)
         for service in ("proxy", "router", "recorder"):
+            stack.report.add(f"     upgrade: recreating {service}")
             stack.compose("up", "-d", "--no-deps", "--force-recreate", service, timeout=300)
             wait_for(lambda: not stack.all_healthy(), 120, f"{service} healthy", every_s=1)
         d["load"] = _no_failures(stack, t0, "upgrade")
