@@ -476,6 +476,9 @@ def test_compose_down_under_load_drains(stack: Stack) -> None:
 def test_no_traceback_or_permission_violation_in_any_log(stack: Stack) -> None:
     with stack.report.check("no traceback or permission violation in any container's log") as d:
         lines = {line for snapshot in stack.logs for line in snapshot.splitlines()}
+        saved = stack.report.path.with_name(stack.report.path.stem + "-logs.txt")
+        saved.write_text("\n".join(sorted(lines)) + "\n")
+        d["saved"] = saved
         bad = sorted(line for line in lines if UNHEALTHY_LOG.search(line))
         assert not bad, "\n".join(bad[:40])
         d["lines"] = len(lines)
