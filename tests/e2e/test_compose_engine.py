@@ -327,6 +327,11 @@ def test_scale_agents_to_three_under_load(stack: Stack) -> None:
         wait_for(lambda: len(stack.compose.running("agent")) == 3, 60, "3 agents running")
         wait_for(lambda: not stack.all_healthy(), 120, "every container healthy", every_s=1)
         d["healthy_s"] = round(time.monotonic() - t0, 1)
+        wait_for(
+            lambda: len(stack.prometheus('up{job="agent"} == 1')) == 3, 60,
+            "Prometheus scraping all 3 agents (found by DNS)",
+        )  # fmt: skip
+        d["scraped_s"] = round(time.monotonic() - t0, 1)
         d["load"] = _no_failures(stack, t0, "scale agents")
 
 
