@@ -156,10 +156,11 @@ class Load:
         return self.results
 
     def since(self, t: float) -> list[Result]:
-        return [r for r in list(self.results) if r.start >= t]
+        """Requests that ended at `t` or later (one that straddles two phases counts in both)."""
+        return [r for r in list(self.results) if r.end >= t]
 
     def hosts_since(self, t: float) -> set[str]:
-        return {r.host for r in self.since(t) if r.ok}
+        return {r.host for r in list(self.results) if r.ok and r.start >= t}
 
     async def _main(self) -> None:
         timeout = aiohttp.ClientTimeout(total=30)

@@ -312,7 +312,7 @@ def test_the_agent_hosting_replicas_killed_under_load(stack: Stack) -> None:
         )  # fmt: skip
         d["replaced_s"] = round(time.monotonic() - kill, 1)
         settled = time.monotonic()
-        wait_for(lambda: load.since(settled + 1), 30, "answers after the replacement")
+        wait_for(lambda: load.hosts_since(settled + 1), 30, "answers after the replacement")
         assert victim_id not in load.hosts_since(settled), "answers still from the killed agent"
         d["replicas_moved"] = int(on_victim)
         stack.compose("start", "agent")
@@ -434,7 +434,9 @@ def test_upgrade_one_service_at_a_time_under_load(stack: Stack) -> None:
 
 def test_compose_down_under_load_drains(stack: Stack) -> None:
     assert stack.load is not None
-    stack.load.stop()
+    with stack.report.check("every request of the fault and upgrade load") as d:
+        d.update(everything := summary(stack.load.stop()))
+        assert everything["failed"] == 0, everything
     stack.snapshot_logs()
     with stack.report.check("docker compose down under load: drained, nothing killed") as d:
         load = Load(f"{stack.url}/greet?name=", retry=False).start()
