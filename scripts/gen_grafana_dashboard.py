@@ -30,6 +30,12 @@ def quantiles(metric: str, by: str = "") -> list[tuple[str, str]]:
     ]
 
 
+def none_is_zero(expr: str) -> str:
+    """A count of events labelled by what happened (reason, outcome, code) has no series until
+    the first event: read 0 then, not "No data" (which looks like a broken scrape)."""
+    return f"{expr} or on() vector(0)"
+
+
 Panel = tuple[str, str, list[tuple[str, str]]]
 ROWS: list[tuple[str, list[Panel]]] = [
     ("Control loop", [
@@ -50,16 +56,16 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ("Heartbeats received / s", "short",
          [(f"sum(rate(fleetpulse_controller_heartbeats_received_total{W}))", "heartbeats")]),
         ("Rejected messages / s by reason", "short",
-         [(f"sum by (reason) (rate(fleetpulse_controller_rejected_total{W}))", "{{reason}}")]),
+         [(none_is_zero(f"sum by (reason) (rate(fleetpulse_controller_rejected_total{W}))"), "{{reason}}")]),
     ]),
     ("Health", [
         ("Replicas by health state", "short",
          [("sum by (state) (fleetpulse_controller_health_replicas)", "{{state}}")]),
         ("Unhealthy verdicts by reason", "short",
-         [(f"sum by (reason) (increase(fleetpulse_controller_health_verdicts_total{W}))",
+         [(none_is_zero(f"sum by (reason) (increase(fleetpulse_controller_health_verdicts_total{W}))"),
            "{{reason}}")]),
         ("Probes / s by outcome", "short",
-         [(f"sum by (outcome) (rate(fleetpulse_controller_probe_outcomes_total{W}))",
+         [(none_is_zero(f"sum by (outcome) (rate(fleetpulse_controller_probe_outcomes_total{W}))"),
            "{{outcome}}"),
           (f"sum(rate(fleetpulse_controller_probes_total{W}))", "sent")]),
     ]),
@@ -70,8 +76,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ("Demand (ongoing requests)", "short",
          [("sum by (app, deployment) (fleetpulse_controller_demand)", "{{app}}.{{deployment}}")]),
         ("Scaling decisions", "short",
-         [(f"sum by (app, deployment, direction) "
-           f"(increase(fleetpulse_controller_decisions_total{W}))",
+         [(none_is_zero(f"sum by (app, deployment, direction) "
+                        f"(increase(fleetpulse_controller_decisions_total{W}))"),
            "{{app}}.{{deployment}} {{direction}}")]),
     ]),
     ("Requests", [
@@ -80,7 +86,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ("Proxy latency by app", "s", quantiles("fleetpulse_proxy_request_duration_seconds", "app")),
         ("Queued at routers / held by the proxy", "short",
          [("sum by (deployment) (fleetpulse_router_queued_requests)", "queued {{deployment}}"),
-          ("sum by (app) (fleetpulse_proxy_held_requests)", "held {{app}}")]),
+          (none_is_zero("sum by (app) (fleetpulse_proxy_held_requests)"), "held {{app}}")]),
         ("Proxy requests / s by status", "reqps",
          [(f"sum by (code) (rate(fleetpulse_proxy_request_duration_seconds_count{W}))",
            "{{code}}")]),
@@ -91,7 +97,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
           ("fleetpulse_agent_capacity", "capacity {{agent}}")]),
         ("Replica starts, exits, kills / s", "short",
          [(f"sum(rate(fleetpulse_agent_replica_starts_total{W}))", "starts"),
-          (f"sum by (code) (rate(fleetpulse_agent_replica_exits_total{W}))", "exit {{code}}"),
+          (none_is_zero(f"sum by (code) (rate(fleetpulse_agent_replica_exits_total{W}))"), "exit {{code}}"),
           (f"sum(rate(fleetpulse_agent_replica_kills_total{W}))", "kills")]),
     ]),
     ("Recorder", [

@@ -114,6 +114,7 @@ ROLES = [
         "the HTTP proxy and the router gateway: call deployments, report what they see",
         publish=[
             "fp.v1.rpc.>",
+            "fp.v1.probe.>",  # liveness of a replica gone silent on an admitted request
             "fp.v1.report.handle.>",
             "_INBOX.>",
             *kv_write("fp_routes"),

@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from services.up import add_up_arguments
+    from services.up_args import add_up_arguments
 
     up = sub.add_parser("up", help="run fleetpulse on this machine with an embedded nats-server")
     add_up_arguments(up)

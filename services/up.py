@@ -40,6 +40,7 @@ from services.proxy.server import ProxyServer
 from services.router.config import RouterConfig
 from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
+from services.up_args import add_up_arguments
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appyaml import load_apps
 from shared.kv.status import AppStatusView
@@ -48,33 +49,12 @@ from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS
 
+__all__ = ["add_up_arguments", "run_up"]
+
 log = logging.getLogger(__name__)
 
 DEMO_APP = "demo"
 DEMO_DEPLOYMENT = "Model"
-
-
-def add_up_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--nats",
-        dest="external_nats",
-        default=None,
-        metavar="URL",
-        help="use this NATS server instead of starting the embedded one",
-    )
-    p.add_argument("--port", type=int, default=0, help="embedded nats-server port (default: free)")
-    p.add_argument("--config", metavar="APP_YAML", help="deploy your own app instead of the demo")
-    p.add_argument(
-        "--forever", action="store_true", help="keep serving after the demo (or with --config)"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="a shorter demo (about a minute; used by the tests)"
-    )
-    p.add_argument("--max-replicas", type=int, default=8, help="this machine's replica capacity")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP ingress port (0: a free port)")
-    p.add_argument(
-        "--no-live", action="store_true", help="print status lines instead of a live table"
-    )
 
 
 def demo_app(quick: bool) -> AppConfig:

@@ -145,6 +145,9 @@ class KV(Protocol):
 class ResponseStream(Protocol):
     """The replies to one request on a private inbox, in order."""
 
+    interruptions: int
+    """Times the connection dropped while the stream was open: replies sent meanwhile are lost."""
+
     async def next(self, timeout: float) -> Msg: ...  # noqa: ASYNC109 - NATS-style API
 
     async def close(self) -> None: ...
@@ -298,9 +301,14 @@ class QueueResponseStream:
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._closer: Callable[[], Awaitable[None]] | None = None
         self._closed = False
+        self.interruptions = 0
 
     def attach(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closer = closer
+
+    def interrupt(self) -> None:
+        """The connection dropped: whatever was sent to this inbox until it is back is lost."""
+        self.interruptions += 1
 
     def push_nowait(self, msg: Msg) -> None:
         self._queue.put_nowait(msg)

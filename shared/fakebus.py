@@ -191,7 +191,13 @@ class FakeBus:
         self._inboxes = itertools.count(1)
         self._subs: set[_FakeSub] = set()
         self._watchers: set[_FakeWatcher] = set()
+        self._streams: set[QueueResponseStream] = set()
         self._closed = False
+
+    def interrupt_streams(self) -> None:
+        """Tests: as if the connection dropped and came back, losing what was in flight."""
+        for stream in list(self._streams):
+            stream.interrupt()
 
     @property
     def max_payload(self) -> int:
@@ -257,7 +263,13 @@ class FakeBus:
         inbox = self.new_inbox()
         stream = QueueResponseStream(subject)
         sub = self._subscribe(inbox, stream.push, None)
-        stream.attach(sub.unsubscribe)
+        self._streams.add(stream)
+
+        async def close() -> None:
+            self._streams.discard(stream)
+            await sub.unsubscribe()
+
+        stream.attach(close)
         try:
             await self.publish(subject, data, reply=inbox, headers=headers)
         except BaseException:

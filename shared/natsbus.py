@@ -155,6 +155,8 @@ class NatsBus:
                 logger.debug("nats %s: disconnected on close", name)
             else:
                 logger.warning("nats %s: disconnected", name)
+                for stream in bus._mux_streams.values():
+                    stream.interrupt()
 
         async def on_reconnected() -> None:
             logger.info("nats %s: reconnected to %s", name, _connected(nc))

@@ -24,7 +24,20 @@ _INTEGRATION_DIR = Path(__file__).parent / "integration"
 TEST_RECONNECT_WAIT_S = 0.1
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine",
+        action="store_true",
+        help="run the tests marked `engine` (a real Docker engine; scripts/compose-check)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--engine"):
+        engine = [item for item in items if item.get_closest_marker("engine")]
+        if engine:
+            config.hook.pytest_deselected(items=engine)
+            items[:] = [item for item in items if not item.get_closest_marker("engine")]
     for item in items:
         callspec = getattr(item, "callspec", None)
         real_bus = callspec is not None and callspec.params.get("bus_factory") == "nats"

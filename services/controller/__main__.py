@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
 from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared.signals import on_stop_signals
@@ -15,8 +16,11 @@ from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S
-from .service import ControllerService, ServiceConfig
 from .stream import DEFAULT_PARTITIONS, DEFAULT_RETENTION_S
+
+if TYPE_CHECKING:  # the service (and its metric families) load only to run: the `fleetpulse`
+    # parser imports this module for its flags in every process
+    from .service import ServiceConfig
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+    from .service import ServiceConfig
+
     return ServiceConfig(
         nats_url=args.nats,
         core=ControllerConfig(
@@ -92,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
 
 
 async def serve(cfg: ServiceConfig) -> int:
+    from .service import ControllerService
+
     service = ControllerService(cfg)
     serve_metrics(cfg.metrics_port, "controller")
     with on_stop_signals(service._stop.set):  # also while stepping down: a second signal waits

@@ -177,6 +177,16 @@ class DeploymentState:
             rec.state, rec.since = ReplicaState.DRAINING, now
         return [StateEvent("replica_unhealthy", replica_id, reason)]
 
+    def lost_with_agent(self, replica_id: str, reason: str) -> list[StateEvent]:
+        """The replica's agent is gone and the replica with it: replace it, but not as the
+        deployment's trouble (its code did nothing wrong). The status reads UPSCALING while the
+        replacement starts, not UNHEALTHY, so an app left at zero stays registered and its
+        requests are held (an UNHEALTHY app at zero is deregistered)."""
+        if replica_id not in self.replicas:
+            return []
+        self._remove(replica_id)
+        return [StateEvent("replica_unhealthy", replica_id, reason)]
+
     def forget(self, replica_id: str) -> None:
         """The replica is gone for good (its process is known dead): drop the record."""
         if replica_id in self.replicas:

@@ -186,8 +186,7 @@ class ManagedDeployment:
         """The agent is gone and its replicas with it: replace them."""
         events: list[StateEvent] = []
         for rid in [r.replica_id for r in self.state.replicas.values() if r.agent_id == agent_id]:
-            events += self.state.verdict(rid, f"agent {agent_id} lost", now)
-            self.state.forget(rid)
+            events += self.state.lost_with_agent(rid, f"agent {agent_id} lost")
         return events
 
     def _decide(self, now: float, out: StepResult) -> None:

@@ -52,7 +52,6 @@ from .files import (
     WriterConfig,
     wall_to_us,
 )
-from .metrics import WRITE_ERRORS, RecorderMetrics
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +177,10 @@ async def record_live(
     progress = Progress(cfg.progress_interval_s, clock, out)
     wall0, mono0 = clock.wall(), clock.monotonic()
     limit = cfg.max_messages
+    # imported here, not at the top: the `fleetpulse` parser imports this module for its flags,
+    # and every process would register the recorder's metric families
+    from .metrics import WRITE_ERRORS, RecorderMetrics
+
     metrics = RecorderMetrics()
     failed: list[FleetpulseError] = []
 

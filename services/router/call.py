@@ -57,6 +57,10 @@ BAD_RESPONSE: Final = "bad_response"
 MIN_TIMEOUT_S: Final = 0.001
 LOST_GRACE_S: Final = 0.25
 """After a probe found the replica gone: how long a result already in flight may still arrive."""
+INTERRUPTED_PROBES: Final = 3
+"""Silent probes, each answered, after our connection dropped mid-request, before the request is
+taken for lost: what the replica sent while we were away is gone for good (seen when a NATS node
+was restarted during a rolling upgrade: the request waited for ever on a live replica)."""
 
 
 async def open_call(
@@ -171,6 +175,7 @@ class ResponseReader:
         "_deadline",
         "_done",
         "_expected_seq",
+        "_interruptions_seen",
         "_outcome",
         "_pump_armed",
         "_pump_queue",
@@ -201,6 +206,7 @@ class ResponseReader:
         self._response: ResponseStream | None = response
         self._deadline = deadline_mono
         self._expected_seq = 0
+        self._interruptions_seen = response.interruptions
         self._done = False  # End or an error was read (or the reader was closed)
         self._waiting = False
         self._pump_armed = pump
@@ -266,6 +272,7 @@ class ResponseReader:
         if response is None or self._done:
             raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
         liveness = router.config.liveness_interval_s
+        alive_but_silent = 0
         while True:
             remaining = self._deadline - clock.monotonic()
             if remaining <= 0:
@@ -274,7 +281,17 @@ class ResponseReader:
             try:
                 msg = await response.next(max(min(liveness, remaining), MIN_TIMEOUT_S))
             except BusTimeout:
-                if clock.monotonic() >= self._deadline or not await self._probe():
+                if clock.monotonic() >= self._deadline:
+                    continue
+                if not await self._probe():
+                    if response.interruptions > self._interruptions_seen:
+                        alive_but_silent += 1
+                        if alive_but_silent >= INTERRUPTED_PROBES:
+                            self._fail()
+                            raise ReplicaLostError(
+                                self.replica_id,
+                                "the connection to NATS dropped mid-request: its reply was lost",
+                            ) from None
                     continue
                 # gone: but a replica that finished and then exited sent its result before it
                 # unsubscribed, so the result may be on its way to us right behind the probe
@@ -286,6 +303,8 @@ class ResponseReader:
             except NoResponders:
                 self._fail()
                 raise ReplicaLostError(self.replica_id, "no responders") from None
+            # a message after a reconnect: replies flow again (a lost chunk shows as a gap)
+            self._interruptions_seen, alive_but_silent = response.interruptions, 0
             try:
                 item = decode(msg.data)
             except WireError as exc:

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.proxy.config import ProxyConfig
 from shared.natsserver import NatsCluster, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +81,8 @@ def load_compose() -> dict[str, Any]:
 
 
 def is_fleetpulse(spec: dict[str, Any]) -> bool:
-    return str(spec.get("image", "")).startswith("fleetpulse")
+    """Built from compose/Dockerfile (the image name is a variable: ${FLEETPULSE_IMAGE:-...})."""
+    return (spec.get("build") or {}).get("dockerfile") == "compose/Dockerfile"
 
 
 def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) -> list[Service]:
@@ -308,3 +310,28 @@ def _exprs(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for item in node:
             yield from _exprs(item)
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The ENV of compose/Dockerfile (`ENV A=1 \\` continuation lines, no quoting)."""
+    text = (COMPOSE / "Dockerfile").read_text().replace("\\\n", " ")
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            out.update(item.split("=", 1) for item in line[4:].split())  # type: ignore[misc]
+    return out
+
+
+def test_the_proxy_listens_beyond_the_containers_loopback() -> None:
+    """Inside a container 127.0.0.1 is the container's own: a published port reaches only a
+    service listening on the container's other interfaces (the README's curl was reset)."""
+    from services.cli import build_parser
+
+    spec = load_compose()["services"]["proxy"]
+    env = {
+        **dockerfile_env(),
+        **{k: interpolate(v, dotenv()) for k, v in spec["environment"].items()},
+    }
+    args = build_parser().parse_args(spec["command"])
+    host = ProxyConfig.from_args(args, env).host
+    assert host not in ("127.0.0.1", "localhost", "::1"), f"the proxy in compose listens on {host}"

@@ -124,6 +124,23 @@ async def test_a_replica_cannot_call_or_impersonate_a_deployment(connect) -> Non
     assert attacker.permission_violations >= before + 2
 
 
+async def test_a_router_can_probe_a_replica(connect) -> None:  # type: ignore[no-untyped-def]
+    """A router probes a replica that went silent on an admitted request; refused, the probe
+    timed out, the router took the replica for alive and busy, and requests in flight on a
+    replica whose container was killed hung (seen on a real Docker engine)."""
+    replica = await connect("replica")
+
+    async def on_probe(msg: object) -> None:
+        await replica.publish(msg.reply, b"alive")  # type: ignore[attr-defined]
+
+    await replica.subscribe("fp.v1.probe.greeter-r1", on_probe)  # type: ignore[arg-type]
+    await replica.flush()
+    router = await connect("router")
+    reply = await router.request("fp.v1.probe.greeter-r1", b"probe", timeout=2)
+    assert reply.data == b"alive"
+    assert router.permission_violations == 0
+
+
 async def test_each_role_can_do_its_job(connect) -> None:  # type: ignore[no-untyped-def]
     controller = await connect("controller")
     await _seed(controller)

@@ -214,3 +214,23 @@ def test_app_status_from_deployments() -> None:
     assert app_status([S.UNHEALTHY, S.UPDATING]) == "UNHEALTHY"
     assert app_status([S.DEPLOY_FAILED, S.UNHEALTHY]) == "DEPLOY_FAILED"
     assert app_status([S.HEALTHY], deleting=True) == "DELETING"
+
+
+def test_replicas_lost_with_their_agent_are_replaced_without_unhealthy() -> None:
+    """Killing the agent that hosted the only replica made the deployment UNHEALTHY at zero, and
+    the proxy deregistered a healthy app (seen on a real Docker engine); a crash still counts."""
+    d = new(target=1)
+    d.reconcile(0.0)
+    (rid,) = bring_up(d, 1.0)
+    d.update_status(1.0)
+    assert d.status is S.HEALTHY
+    events = d.lost_with_agent(rid, "agent a1 lost")
+    assert [e.kind for e in events] == ["replica_unhealthy"] and rid not in d.replicas
+    d.reconcile(2.0)
+    d.update_status(2.0)
+    assert d.status is S.UPSCALING, d.message
+    (new_rid,) = bring_up(d, 3.0)
+    d.on_lifecycle(new_rid, "exited", 4.0)  # the replacement crashes: that is trouble
+    d.reconcile(4.0)
+    d.update_status(4.0)
+    assert d.status is S.UNHEALTHY

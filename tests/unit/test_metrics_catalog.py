@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -124,3 +126,23 @@ def test_gateway_metrics_port_from_flag_then_environment() -> None:
 def test_replicas_do_not_inherit_the_agents_metrics_port() -> None:
     env = child_env({ENV_METRICS_PORT: "9464", "PATH": "/bin"}, ())
     assert ENV_METRICS_PORT not in env and env["PATH"] == "/bin"
+
+
+def test_the_cli_parser_registers_no_service_metrics() -> None:
+    """Every service process builds the whole `fleetpulse` parser; when that imported the
+    services, each process exported every service's families (on a real compose stack agents,
+    the proxy and the recorder showed up as controller members owning 0 partitions)."""
+    probe = (
+        "import sys\n"
+        "from prometheus_client import REGISTRY, generate_latest\n"
+        "from services.cli import build_parser\n"
+        "build_parser()\n"
+        "mods = sorted(m for m in sys.modules if m.startswith('services') and m.endswith('metrics'))\n"
+        "fams = sorted(set(re.findall(r'^# TYPE (fleetpulse_\\S+)', generate_latest(REGISTRY).decode(), re.M)))\n"
+        "print(mods, fams)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "import re\n" + probe],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert out.stdout.strip() == "[] []", out.stdout + out.stderr

@@ -306,6 +306,28 @@ async def test_deadline_while_admitted(bus: FakeBus, rbus: FakeBus, clock: FakeC
         await r1.stop()
 
 
+async def test_a_reply_lost_in_a_reconnect_is_a_retryable_loss(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    """The replica is alive and answers probes, but our connection dropped while the request was
+    open: its reply went into the gap. Without this the request waited for ever (a NATS node
+    restarted during a rolling upgrade on a real Docker engine)."""
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    h = await handle(bus, clock)
+    try:
+        call = asyncio.create_task(h.remote())
+        await asyncio.sleep(0.1)
+        assert not call.done() and r1.probes >= 2  # silent and alive: waiting, as it should
+        bus.interrupt_streams()
+        with pytest.raises(ReplicaLostError) as lost:
+            await asyncio.wait_for(call, 2)
+        assert lost.value.retryable and "reply was lost" in str(lost.value)
+    finally:
+        await h.close()
+        await r1.stop()
+
+
 async def test_replica_lost_after_admission(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
     (r1,) = await replicas(rbus, clock, "r1")
     r1.hang = True

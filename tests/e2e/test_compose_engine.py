@@ -1,0 +1,493 @@
+"""compose/ on a real Docker engine, the way the README runs it (`scripts/compose-check`).
+
+`docker compose build` and `docker compose up -d` in compose/, with the published ports moved to
+free loopback ports and a project name of this run's own, through the `.env` variables (set in
+the environment; no file is edited). Images: whatever the environment names (scripts/standin-images
+sets BASE_IMAGE, NATS_IMAGE, PROMETHEUS_IMAGE and GRAFANA_IMAGE to stand-ins built from Debian
+packages where no registry is reachable), else the public defaults of compose/.env.
+
+The tests run in order on one stack: answers, status, healthchecks, scrapes, recordings, faults
+and an upgrade under load, the dashboard's queries, `docker compose down` under load, and last
+the logs of every container. `docker compose down -v` always runs at the end. Deselected unless
+pytest is given `--engine`; with it, a missing engine is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.natsserver import free_ports
+from tests.e2e.engine import (
+    COMPOSE_DIR,
+    ROOT,
+    Compose,
+    Load,
+    Report,
+    container_metric,
+    docker,
+    http_json,
+    sh,
+    summary,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+APP, DEPLOYMENT = "greeter", "Greeter"
+SCRAPED = {"controller": 2, "agent": 2, "proxy": 1, "router": 1, "recorder": 1}
+"""Prometheus jobs (compose/prometheus/prometheus.yml) and how many targets each has."""
+OWN_FAMILIES = {  # job -> metric prefixes its processes may export (services/metrics_catalog.py)
+    "controller": ("fleetpulse_controller_",),
+    "agent": ("fleetpulse_agent_",),
+    "proxy": ("fleetpulse_proxy_", "fleetpulse_router_"),
+    "router": ("fleetpulse_gateway_", "fleetpulse_router_"),
+    "recorder": ("fleetpulse_recorder_",),
+}
+PARTITIONS = 16
+UNHEALTHY_LOG = re.compile(r"Traceback|permissions? violation|Permission denied|PermissionError")
+
+
+@dataclass
+class Stack:
+    compose: Compose
+    ports: dict[str, int]
+    report: Report
+    tmp: Path
+    load: Load | None = None
+    logs: list[str] = field(default_factory=list)
+    """Log snapshots: containers replaced by scaling or the upgrade take their logs with them."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['FP_HTTP_PORT']}"
+
+    def prometheus(self, query: str) -> list[dict[str, Any]]:
+        q = urllib.parse.urlencode({"query": query})
+        doc = http_json(f"http://127.0.0.1:{self.ports['FP_PROMETHEUS_PORT']}/api/v1/query?{q}")
+        return doc["data"]["result"]  # type: ignore[no-any-return]
+
+    def snapshot_logs(self) -> None:
+        self.logs.append(self.compose.logs())
+
+    def all_healthy(self) -> list[str]:
+        """Names of containers not (yet) healthy; the deploy job must have exited 0."""
+        bad = []
+        for c in self.compose.containers():
+            if c["Service"] == "deploy":
+                if c["State"] != "exited" or c["ExitCode"] != 0:
+                    bad.append(f"{c['Name']} {c['State']} {c['ExitCode']}")
+            elif c["State"] != "running" or c["Health"] != "healthy":
+                bad.append(f"{c['Name']} {c['State']} {c['Health']}")
+        return bad
+
+
+def _engine_or_fail() -> None:
+    for argv in (["docker", "info"], ["docker", "compose", "version"]):
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.fail(f"no Docker engine: `{' '.join(argv)}`: {exc} (run scripts/engine-up)")
+        if proc.returncode != 0:
+            pytest.fail(
+                f"no Docker engine: `{' '.join(argv)}` exited {proc.returncode}: "
+                f"{proc.stderr.strip()[-500:]} (run scripts/engine-up)"
+            )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    _engine_or_fail()
+    tmp = tmp_path_factory.mktemp("engine")
+    names = ("FP_HTTP_PORT", "FP_NATS_PORT", "FP_PROMETHEUS_PORT", "FP_GRAFANA_PORT")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    assert not {4222, 8000} & set(ports.values())
+    env = {k: f"127.0.0.1:{v}" for k, v in ports.items()}  # published on loopback only
+    env["FLEETPULSE_IMAGE"] = "fleetpulse-compose-check:latest"  # not the user's fleetpulse:latest
+    compose = Compose(f"fpcheck{os.getpid()}", env)
+    report = Report(Path(os.environ.get("FP_ENGINE_REPORT", tmp / "report.txt")))
+    images = {k: os.environ.get(k, "(compose/.env)") for k in
+              ("BASE_IMAGE", "NATS_IMAGE", "PROMETHEUS_IMAGE", "GRAFANA_IMAGE")}  # fmt: skip
+    report.add(f"project {compose.project}, ports {ports}, images {images}")
+    st = Stack(compose, ports, report, tmp)
+    try:
+        with report.check("docker compose build"):
+            compose("build", timeout=900)
+        with report.check("docker compose up -d"):
+            compose("up", "-d", timeout=600)
+        yield st
+    finally:
+        if st.load is not None:
+            st.load.stop()
+        with report.check("docker compose down -v (cleanup)"):
+            compose("down", "-v", "--remove-orphans", "--timeout", "40", timeout=300, check=False)
+        left = docker(
+            "ps", "-aq", "--filter", f"label=com.docker.compose.project={compose.project}"
+        )
+        assert not left.strip(), f"containers left behind: {left}"
+        report.add(f"total {time.monotonic() - report.t0:.1f} s; report in {report.path}")
+
+
+# -- answers, status, health ------------------------------------------------------------------
+
+
+def test_the_readme_curl_answers_through_the_published_port(stack: Stack) -> None:
+    port = stack.ports["FP_HTTP_PORT"]
+    curl = ("curl", "-sS", "--fail", "--max-time", "5", f"localhost:{port}/greet?name=you")
+
+    with stack.report.check("README curl 'localhost:PORT/greet?name=you' answers") as d:
+        proc = wait_for(
+            lambda: (p := sh(*curl, check=False)).returncode == 0 and p, 180,
+            "curl through the published port",
+        )  # fmt: skip
+        assert json.loads(proc.stdout)["message"] == "hello, you"
+        d["answer"] = proc.stdout.strip()
+
+
+def test_fleetpulse_status_from_compose_run_shows_the_app_running(stack: Stack) -> None:
+    def running() -> dict[str, Any] | None:
+        out = stack.compose("run", "--rm", "-T", "deploy", "status", "--json", timeout=120)
+        app = json.loads(out)["applications"][APP]
+        return app if app["status"] == "RUNNING" else None
+
+    with stack.report.check("fleetpulse status (docker compose run) shows the app RUNNING") as d:
+        app = wait_for(running, 120, f"{APP} RUNNING in `fleetpulse status`", every_s=2)
+        d["replicas"] = app["deployments"][DEPLOYMENT]["running_replicas"]
+
+
+def test_every_service_is_healthy_by_its_own_healthcheck(stack: Stack) -> None:
+    with stack.report.check("every service healthy by its own healthcheck") as d:
+        wait_for(lambda: not stack.all_healthy(), 180, "every container healthy", every_s=1)
+        d["containers"] = len(stack.compose.containers())
+
+
+def test_prometheus_scrapes_every_fleetpulse_target(stack: Stack) -> None:
+    port = stack.ports["FP_PROMETHEUS_PORT"]
+
+    def all_up() -> dict[str, int] | None:
+        targets = http_json(f"http://127.0.0.1:{port}/api/v1/targets")["data"]["activeTargets"]
+        up: dict[str, int] = {}
+        for t in targets:
+            if t["health"] != "up":
+                return None
+            up[t["labels"]["job"]] = up.get(t["labels"]["job"], 0) + 1
+        return up if up == SCRAPED else None
+
+    with stack.report.check("Prometheus scrapes every fleetpulse target up") as d:
+        d["targets"] = wait_for(all_up, 120, f"targets up: {SCRAPED}", every_s=1)
+
+
+def test_each_target_exports_only_its_own_metric_families(stack: Stack) -> None:
+    with stack.report.check("each target exports only its own service's metric families") as d:
+        rows = stack.prometheus('group by (job, __name__) ({__name__=~"fleetpulse_.+"})')
+        foreign = sorted(
+            f"{r['metric']['job']}: {r['metric']['__name__']}"
+            for r in rows
+            if not r["metric"]["__name__"].startswith(OWN_FAMILIES[r["metric"]["job"]])
+        )
+        assert not foreign, f"families exported by a service they do not belong to: {foreign}"
+        d["families"] = len(rows)
+
+
+# -- recordings -------------------------------------------------------------------------------
+
+
+def test_the_recorder_writes_as_the_non_root_user_and_replay_reads_it(stack: Stack) -> None:
+    list_files = (
+        "import os, json; print(json.dumps([[f, os.stat('/recordings/' + f).st_uid,"
+        " os.stat('/recordings/' + f).st_size] for f in sorted(os.listdir('/recordings'))]))"
+    )
+    with stack.report.check("recorder writes to its volume as uid 10001; replay reads it") as d:
+        assert stack.compose("exec", "-T", "recorder", "id", "-u").strip() == "10001"
+        files = wait_for(
+            lambda: [f for f in json.loads(stack.compose(
+                "exec", "-T", "recorder", "python", "-c", list_files)) if f[2] > 0],
+            60, "a non-empty recording in /recordings",
+        )  # fmt: skip
+        assert all(uid == 10001 for _, uid, _ in files), files
+
+        def replayed() -> str | None:
+            out = stack.tmp / f"recordings-{time.monotonic_ns()}"
+            stack.compose("cp", "recorder:/recordings", str(out))
+            proc = sh(
+                sys.executable, "-m", "services.cli", "replay", str(out),
+                "--what-if", str(COMPOSE_DIR / "apps" / "app.yaml"), cwd=ROOT,
+            )  # fmt: skip
+            found = re.search(r"(\d+) reports", proc.stdout)
+            return proc.stdout.strip() if found and int(found.group(1)) > 0 else None
+
+        summary_line = wait_for(replayed, 60, "a replay of the recordings reading reports", 2)
+        d["files"] = len(files)
+        d["bytes"] = sum(size for _, _, size in files)
+        d["replay"] = summary_line.splitlines()[-1].strip()[:120]
+
+
+# -- faults under load ------------------------------------------------------------------------
+
+
+def _load(stack: Stack) -> Load:
+    if stack.load is None:
+        stack.load = Load(f"{stack.url}/greet?name=").start()
+    return stack.load
+
+
+def _no_failures(stack: Stack, since: float, what: str) -> dict[str, Any]:
+    results = _load(stack).since(since)
+    s = summary(results)
+    when = [f"{r.start - stack.report.t0:.1f}-{r.end - stack.report.t0:.1f} s" for r in results
+            if not r.ok][:10]  # fmt: skip
+    assert s["failed"] == 0, f"{what}: {s}; failed requests ran at {when} (report clock)"
+    assert s["requests"] > 0, f"{what}: no request completed"
+    return s
+
+
+def _partitions(container: str) -> float:
+    return container_metric(container, "fleetpulse_controller_partitions_owned")
+
+
+def test_controller_member_killed_under_load(stack: Stack) -> None:
+    load, t0 = _load(stack), time.monotonic()
+    members = [c["Name"] for c in stack.compose.running("controller")]
+    assert len(members) == 2, members
+    victim, survivor = members
+    with stack.report.check(f"SIGKILL controller member {victim} under load") as d:
+        wait_for(lambda: _partitions(survivor) > 0, 60, f"{survivor} owns partitions")
+        kill = time.monotonic()
+        docker("kill", victim)
+        wait_for(lambda: _partitions(survivor) == PARTITIONS, 60, f"{survivor} owns all")
+        d["takeover_s"] = round(time.monotonic() - kill, 1)
+        back = time.monotonic()
+        stack.compose("start", "controller")
+        wait_for(
+            lambda: _partitions(victim) > 0 and _partitions(survivor) < PARTITIONS,
+            90, f"{victim} back and sharing the partitions",
+        )  # fmt: skip
+        d["rejoin_s"] = round(time.monotonic() - back, 1)
+        d["load"] = _no_failures(stack, t0, "controller kill")
+    assert load.results
+
+
+def test_nats_node_restarted_under_load(stack: Stack) -> None:
+    t0 = time.monotonic()
+    (node,) = [c["Name"] for c in stack.compose.running("nats-2")]
+    healthz = ["wget", "-q", "-O", "-", "http://127.0.0.1:8222/healthz?js-enabled-only=true"]
+    with stack.report.check(f"docker restart NATS node {node} under load") as d:
+        _load(stack)
+        start = time.monotonic()
+        docker("restart", node, timeout=120)
+        wait_for(lambda: docker("exec", node, *healthz, check=False), 120, f"{node} JS healthy")
+        d["jetstream_healthy_s"] = round(time.monotonic() - start, 1)
+        wait_for(lambda: not stack.all_healthy(), 120, "every container healthy", every_s=1)
+        d["load"] = _no_failures(stack, t0, "NATS restart")
+
+
+def test_the_agent_hosting_replicas_killed_under_load(stack: Stack) -> None:
+    load, t0 = _load(stack), time.monotonic()
+    agents = {c["ID"][:12]: c["Name"] for c in stack.compose.running("agent")}
+    with stack.report.check("SIGKILL the agent hosting replicas under load") as d:
+        recent = time.monotonic() - 3
+        hosts = wait_for(lambda: load.hosts_since(recent) & set(agents), 30, "serving hosts")
+        victim_id = sorted(hosts)[0]
+        victim = agents[victim_id]
+        others = [name for cid, name in agents.items() if cid != victim_id]
+        on_victim = container_metric(victim, "fleetpulse_agent_replicas_running")
+        before = sum(container_metric(o, "fleetpulse_agent_replicas_running") for o in others)
+        kill = time.monotonic()
+        docker("kill", victim)
+        wait_for(
+            lambda: sum(container_metric(o, "fleetpulse_agent_replicas_running") for o in others)
+            >= before + on_victim,
+            120, f"{on_victim:g} replica(s) of {victim} placed on {others}",
+        )  # fmt: skip
+        d["replaced_s"] = round(time.monotonic() - kill, 1)
+        settled = time.monotonic()
+        wait_for(lambda: load.hosts_since(settled + 1), 30, "answers after the replacement")
+        assert victim_id not in load.hosts_since(settled), "answers still from the killed agent"
+        d["replicas_moved"] = int(on_victim)
+        stack.compose("start", "agent")
+        wait_for(lambda: not stack.all_healthy(), 120, "every container healthy", every_s=1)
+        d["load"] = _no_failures(stack, t0, "agent kill")
+
+
+def test_scale_agents_to_three_under_load(stack: Stack) -> None:
+    t0 = time.monotonic()
+    with stack.report.check("docker compose up -d --scale agent=3 under load") as d:
+        _load(stack)
+        stack.snapshot_logs()
+        stack.compose("up", "-d", "--scale", "agent=3", timeout=300)
+        wait_for(lambda: len(stack.compose.running("agent")) == 3, 60, "3 agents running")
+        wait_for(lambda: not stack.all_healthy(), 120, "every container healthy", every_s=1)
+        d["healthy_s"] = round(time.monotonic() - t0, 1)
+        wait_for(
+            lambda: len(stack.prometheus('up{job="agent"} == 1')) == 3, 60,
+            "Prometheus scraping all 3 agents (found by DNS)",
+        )  # fmt: skip
+        d["scraped_s"] = round(time.monotonic() - t0, 1)
+        d["load"] = _no_failures(stack, t0, "scale agents")
+
+
+def test_no_app_was_deregistered(stack: Stack) -> None:
+    with stack.report.check("no app deregistered by the proxy") as d:
+        logs = stack.compose("logs", "--no-color", "proxy")
+        bad = [line for line in logs.splitlines() if " deregistered (" in line]
+        assert not bad, bad
+        d["registered"] = sum(" registered (" in line for line in logs.splitlines())
+
+
+# -- the dashboard ------------------------------------------------------------------------------
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    doc = json.loads((COMPOSE_DIR / "grafana" / "dashboards" / "fleetpulse.json").read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in doc["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def test_every_dashboard_panel_query_returns_data(stack: Stack) -> None:
+    base = f"http://127.0.0.1:{stack.ports['FP_GRAFANA_PORT']}/api/datasources/proxy/uid/prometheus"
+
+    missing: list[str] = []
+
+    def every_query_has_data() -> bool:
+        missing.clear()
+        for title, expr in dashboard_queries():
+            q = urllib.parse.urlencode({"query": expr.replace("$__rate_interval", "1m")})
+            if not http_json(f"{base}/api/v1/query?{q}")["data"]["result"]:
+                missing.append(f"{title}: {expr}")
+        return not missing
+
+    with stack.report.check("every Grafana panel query returns data (via its datasource)") as d:
+        d["queries"] = len(dashboard_queries())
+        try:
+            wait_for(every_query_has_data, 60, "every panel query answered", every_s=5)
+        except AssertionError as exc:
+            raise AssertionError(f"panel queries without data: {missing}") from exc
+
+
+# -- upgrade --------------------------------------------------------------------------------
+
+
+def _image_id(ref: str) -> str:
+    return docker("image", "inspect", "--format", "{{.Id}}", ref).strip()
+
+
+def _roll(stack: Stack, service: str, new_image: str, grace_s: int) -> None:
+    """Replace every container of `service` one at a time: start one on the new image, wait for
+    it to be healthy, stop (SIGTERM) and remove one old one, wait until all is healthy again."""
+    old = [c for c in stack.compose.containers(service) if c["State"] == "running"]
+    for c in old:
+        count = len(stack.compose.running(service))
+        stack.compose("up", "-d", "--no-deps", "--no-recreate", "--scale", f"{service}={count + 1}",
+                      service, timeout=300)  # fmt: skip
+        wait_for(lambda: not stack.all_healthy(), 120, f"new {service} healthy", every_s=1)
+        docker("stop", "-t", str(grace_s), c["Name"], timeout=grace_s + 60)
+        code = docker("inspect", "--format", "{{.State.ExitCode}}", c["Name"]).strip()
+        assert code == "0", f"{c['Name']} exited {code} on SIGTERM (137: killed at the timeout)"
+        docker("rm", c["Name"])
+    current = {c["Image"] for c in stack.compose.running(service)}
+    assert all(_image_id(i) == new_image for i in current), (service, current)
+
+
+def test_upgrade_one_service_at_a_time_under_load(stack: Stack) -> None:
+    t0 = time.monotonic()
+    with stack.report.check("upgrade: rebuild, recreate one at a time under load") as d:
+        _load(stack)
+        before = _image_id("fleetpulse-compose-check:latest")
+        stack.compose.env["FLEETPULSE_VERSION"] = f"upgrade-{os.getpid()}"
+        stack.compose("build", timeout=900)
+        new = _image_id("fleetpulse-compose-check:latest")
+        assert new != before, "the rebuild made no new image"
+        stack.snapshot_logs()
+        # docs/operations.md, Upgrade: NATS nodes one at a time, controllers, agents, then the
+        # proxy and the gateway (and the recorder)
+        for node in ("nats-1", "nats-2", "nats-3"):
+            stack.report.add(f"     upgrade: recreating {node}")
+            stack.compose("up", "-d", "--no-deps", "--force-recreate", node, timeout=300)
+            wait_for(lambda: not stack.all_healthy(), 120, f"{node} healthy", every_s=1)
+        for service, grace_s in (("controller", 10), ("agent", 30)):
+            stack.report.add(f"     upgrade: rolling {service}")
+            _roll(stack, service, new, grace_s)
+        for service in ("proxy", "router", "recorder"):
+            stack.report.add(f"     upgrade: recreating {service}")
+            stack.compose("up", "-d", "--no-deps", "--force-recreate", service, timeout=300)
+            wait_for(lambda: not stack.all_healthy(), 120, f"{service} healthy", every_s=1)
+        d["load"] = _no_failures(stack, t0, "upgrade")
+        d["took_s"] = round(time.monotonic() - t0, 1)
+
+
+# -- down under load, logs ------------------------------------------------------------------------
+
+
+def test_compose_down_under_load_drains(stack: Stack) -> None:
+    assert stack.load is not None
+    with stack.report.check("every request of the fault and upgrade load") as d:
+        d.update(everything := summary(stack.load.stop()))
+        assert everything["failed"] == 0, everything
+    stack.snapshot_logs()
+    with stack.report.check("docker compose down under load: drained, nothing killed") as d:
+        load = Load(f"{stack.url}/greet?name=", retry=False).start()
+        events = subprocess.Popen(
+            ["docker", "events", "--format", "{{json .}}",
+             "--filter", f"label=com.docker.compose.project={stack.compose.project}"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        follow = subprocess.Popen(
+            ["docker", "compose", "logs", "--no-color", "--timestamps", "-f"],
+            cwd=COMPOSE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **stack.compose.env, "COMPOSE_PROJECT_NAME": stack.compose.project},
+        )  # fmt: skip
+        time.sleep(1)  # let both attach (they only watch; nothing waits on them)
+        start = time.monotonic()
+        stack.compose("down", timeout=300)
+        d["down_s"] = round(time.monotonic() - start, 1)
+        results = load.stop()
+        events.terminate()
+        ev_out, _ = events.communicate(timeout=30)
+        logs, _ = follow.communicate(timeout=60)
+        stack.logs.append(logs)
+        killed = []
+        for line in ev_out.splitlines():
+            e = json.loads(line)
+            attrs = e.get("Actor", {}).get("Attributes", {})
+            if e.get("Action") == "kill" and attrs.get("signal") == "9":
+                killed.append(attrs.get("name"))
+            if e.get("Action") == "die" and attrs.get("exitCode") not in ("0", None):
+                killed.append(f"{attrs.get('name')} exit {attrs.get('exitCode')}")
+        assert not killed, f"stopped by force or failed on the way down: {killed}"
+        outcomes: dict[str, int] = {}
+        for r in results:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        bad = {k: v for k, v in outcomes.items() if k.startswith("failed")}
+        assert not bad, f"requests that neither completed nor got a retryable error: {outcomes}"
+        d["requests"] = outcomes
+        drained = [
+            line for line in logs.splitlines() if "stopping" in line and "replica(s)" in line
+        ]
+        assert drained, "no agent drained its replicas"
+        assert "did not exit in time" not in logs and "still running after the drain" not in logs
+        d["agents_drained"] = len(drained)
+
+
+def test_no_traceback_or_permission_violation_in_any_log(stack: Stack) -> None:
+    with stack.report.check("no traceback or permission violation in any container's log") as d:
+        lines = {line for snapshot in stack.logs for line in snapshot.splitlines()}
+        saved = stack.report.path.with_name(stack.report.path.stem + "-logs.txt")
+        saved.write_text("\n".join(sorted(lines)) + "\n")
+        d["saved"] = saved
+        bad = sorted(line for line in lines if UNHEALTHY_LOG.search(line))
+        assert not bad, "\n".join(bad[:40])
+        d["lines"] = len(lines)
