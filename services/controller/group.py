@@ -120,8 +120,10 @@ class GroupCore:
                 continue
             if mine and lease is not None and wanted.get(p) != self.member_id:
                 out.append(Release(p, lease))
-            elif not mine and wanted.get(p) == self.member_id:
-                free = lease is None or lease.owner == "" or lease.owner not in live
+            elif p not in self.owned and wanted.get(p) == self.member_id:
+                # ours in KV but let go here (a refresh that failed): take it again, at a new
+                # epoch, or the partition is never processed again while we live
+                free = mine or lease is None or lease.owner == "" or lease.owner not in live
                 if free:
                     out.append(Take(p, lease))
         return out

@@ -302,7 +302,9 @@ def encode_handle_report_columnar(
         if all(len(p) <= max_payload for p in parts):
             return parts
         if overhead is None:
-            overhead = len(_write(schema.with_metadata(encode_meta(meta)), ids, cols, 0, 0))
+            # from a one-row part: pyarrow writes a zero-length slice with some of its parent's
+            # buffers whole (263 KB of 65,536 rows), which once split reports into 1-row parts
+            overhead = len(_write(schema.with_metadata(encode_meta(meta)), ids, cols, 0, 1))
         new_ranges: list[tuple[int, int]] = []
         for (a, b), data in zip(ranges, parts, strict=True):
             if len(data) <= max_payload:

@@ -470,3 +470,20 @@ def test_remembered_dictionary_does_not_let_duplicates_through() -> None:
     with pytest.raises(WireError) as err:
         decode_handle_report_columnar(payload)
     assert err.value.reason == "duplicate_replica"
+
+
+def test_a_wide_report_splits_into_few_parts_under_a_small_limit() -> None:
+    """The per-part overhead is measured on a one-row part: a zero-length slice is written with
+    some buffers of the whole report, which made a 65,536-row report at 256 KiB 65,536 parts."""
+    n = 20_000
+    ids = pa.array([f"bench-d00-abcd-{i:x}" for i in range(n)])
+    parts = encode_handle_report_columnar(
+        handle_id="h", app="bench", deployment="d00", sent_at=1.0, seq=1, queued_requests=0.0,
+        membership_epoch=3, replica_ids=ids, running=np.zeros(n),
+        health_healthy=np.ones(n, bool), health_checked_at=np.ones(n),
+        health_failures=np.zeros(n, np.int32), max_payload=64 * 1024,
+    )  # fmt: skip
+    assert all(len(p) <= 64 * 1024 for p in parts)
+    assert len(parts) <= 16
+    rows = sum(len(decode_handle_report_columnar(p).replica_ids) for p in parts)
+    assert rows == n

@@ -161,3 +161,15 @@ def test_release_then_release_is_harmless() -> None:
     a.released(0)
     a.released(0)
     assert Release(0, lease).partition == 0
+
+
+def test_a_member_that_let_go_of_its_own_leases_takes_them_back_at_a_new_epoch() -> None:
+    """A refresh that failed makes a member drop its partitions while KV still names it; it
+    must take them again (it was the only member, nobody else would)."""
+    kv = KV()
+    a = GroupCore("a", P)
+    run([a], kv, 0.0)
+    for p in list(a.owned):
+        a.released(p)  # "cannot refresh membership: dropping partition p"
+    run([a], kv, 1.0)
+    assert set(a.owned) == set(range(P)) and all(e == 2 for e in a.owned.values())
