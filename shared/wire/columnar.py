@@ -304,7 +304,8 @@ def encode_handle_report_columnar(
         if overhead is None:
             # from a one-row part: pyarrow writes a zero-length slice with some of its parent's
             # buffers whole (263 KB of 65,536 rows), which once split reports into 1-row parts
-            overhead = len(_write(schema.with_metadata(encode_meta(meta)), ids, cols, 0, 1))
+            one = min(1, len(ids))
+            overhead = len(_write(schema.with_metadata(encode_meta(meta)), ids, cols, 0, one))
         new_ranges: list[tuple[int, int]] = []
         for (a, b), data in zip(ranges, parts, strict=True):
             if len(data) <= max_payload:

@@ -487,3 +487,12 @@ def test_a_wide_report_splits_into_few_parts_under_a_small_limit() -> None:
     assert len(parts) <= 16
     rows = sum(len(decode_handle_report_columnar(p).replica_ids) for p in parts)
     assert rows == n
+
+
+def test_an_empty_report_over_the_limit_is_a_usage_error_not_a_crash() -> None:
+    with pytest.raises(UsageError, match="0 replica row"):
+        encode_handle_report_columnar(
+            handle_id="h", app="a", deployment="d", sent_at=1.0, seq=1, queued_requests=0.0,
+            membership_epoch=1, replica_ids=pa.array([], pa.utf8()), running=np.zeros(0),
+            max_payload=64,
+        )  # fmt: skip
