@@ -46,28 +46,32 @@ class Param:
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value` for this parameter, or None."""
-        if self.kind == "env":
-            return _env_problem(value)
+        return self.type_problem(value) or self._value_problem(value)
+
+    def type_problem(self, value: Any) -> str | None:
+        """What is wrong with the type of `value` (a peer's `wrong_type`), or None."""
         if self.kind in ("int", "float"):
             kinds = int if self.kind == "int" else int | float
             if isinstance(value, bool) or not isinstance(value, kinds):
                 return "must be an integer" if self.kind == "int" else "must be a number"
+            return None
+        expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping}
+        return None if isinstance(value, expected[self.kind]) else f"must be a {self.kind}"
+
+    def _value_problem(self, value: Any) -> str | None:
+        if self.kind == "env":
+            return _env_problem(value)
+        if self.kind in ("int", "float"):
             if not math.isfinite(value):
                 return "must be a finite number"
             if value < self.low or (self.strict and value == self.low):
                 return f"must be {'>' if self.strict else '>='} {self.low:g}"
-            return None
-        expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping}
-        if not isinstance(value, expected[self.kind]):
-            return f"must be a {self.kind}"
-        if self.name == "import_path" and ":" not in str(value):
+        if self.name == "import_path" and ":" not in value:
             return "must look like 'package.module:Attribute'"
         return None
 
 
-def _env_problem(value: Any) -> str | None:
-    if not isinstance(value, Mapping):
-        return "must be a map"
+def _env_problem(value: Mapping[Any, Any]) -> str | None:
     if len(value) > MAX_ENV_VARS:
         return f"holds more than {MAX_ENV_VARS} variables"
     if not all(isinstance(k, str) and k and "=" not in k for k in value):
@@ -150,14 +154,17 @@ class ReplicaSpec:
     def from_doc(doc: Mapping[str, Any]) -> ReplicaSpec:
         """From JSON (fp_targets); absent fields take their defaults, unknown ones are ignored.
         Raises WireError."""
-        if not isinstance(doc.get("import_path"), str):
+        if "import_path" not in doc:
             raise WireError(reasons.MISSING_FIELD, "spec.import_path")
         values = {p.name: doc[p.name] for p in PARAMS if p.name in doc}
+        for name, value in values.items():
+            wrong = BY_NAME[name].type_problem(value)
+            if wrong is not None:
+                raise WireError(reasons.WRONG_TYPE, f"spec.{name}: {wrong}")
         try:
             return ReplicaSpec(**values)
         except ConfigError as exc:
-            reason = reasons.WRONG_TYPE if "must be a" in str(exc) else reasons.BAD_VALUE
-            raise WireError(reason, f"spec.{exc}") from None
+            raise WireError(reasons.BAD_VALUE, f"spec.{exc}") from None
 
     def argv(self) -> list[str]:
         """The replica's flags for these settings (parsed back by `from_args`)."""

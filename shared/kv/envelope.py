@@ -172,6 +172,13 @@ def listing(doc: Mapping[str, Any], field: str, *, default_empty: bool = False) 
 T = TypeVar("T")
 
 
+def check_key(key: str, own: str, kind: str) -> None:
+    """A value must sit under its own key: a value copied or written under another key is the
+    peer's fault (`bad_value`)."""
+    if key != own:
+        raise WireError(reasons.BAD_VALUE, f"key {key!r} holds the {kind} of {own!r}")
+
+
 def nested(kind: str, raw: object, build: Callable[[Doc], T]) -> T:
     """Decode a nested object with `build`, its errors naming `kind`."""
     if not isinstance(raw, dict):

@@ -91,8 +91,8 @@ class Member:
         )
 
     def check_key(self, key: str) -> None:
-        if key != self.key:
-            raise WireError(reasons.BAD_VALUE, f"key {key!r} holds the member of {self.key!r}")
+        """A value must sit under its own key (WireError otherwise)."""
+        e.check_key(key, self.key, "member")
 
 
 class MembershipView:

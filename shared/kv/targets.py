@@ -113,5 +113,4 @@ class ReplicaTarget:
 
     def check_key(self, key: str) -> None:
         """A value must sit under its own key (WireError otherwise)."""
-        if key != self.key:
-            raise WireError(reasons.BAD_VALUE, f"key {key!r} holds the target of {self.key!r}")
+        e.check_key(key, self.key, "target")
