@@ -73,8 +73,8 @@ class ManagedDeployment:
         self.kv.set_spec(version, cfg.replica_spec())
         self._changes = self.state.channel()
         """Records changed since the index, registry and metrics last followed them."""
-        self._followed = -1
-        """-1: follow in full next time (a new registry)."""
+        self._follow_in_full = True
+        """The next follow looks at every record (first time, or a new registry)."""
         self._last_rule = ""
 
     @property
@@ -89,7 +89,7 @@ class ManagedDeployment:
             self.window = DemandWindow.for_policy(new_policy)
         self.policy_cfg = new_policy
         self.health = self._registry()
-        self._followed = -1
+        self._follow_in_full = True
         self.kv.set_spec(version, cfg.replica_spec())
         self.state.set_version(version)
 
@@ -105,12 +105,12 @@ class ManagedDeployment:
     def follow_records(self, now: float) -> None:
         """Index, registry and metrics track the replica records, by delta: only the records
         changed since the last call are looked at (free when unchanged)."""
-        if self._followed < 0:  # first time, or after a reconfigure: in full
+        if self._follow_in_full:
             self._changes.clear()
             self.index.sync(self.state.replicas)
             self.health.sync(now)
             self.metrics.set_running(self.state.running_ids())
-            self._followed = 0
+            self._follow_in_full = False
             return
         if not self._changes:
             return
