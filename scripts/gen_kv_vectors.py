@@ -62,7 +62,9 @@ SPEC = ReplicaSpec(
 TARGET = ReplicaTarget(
     "shop", "ranker", "replica-0007", "agent-a", 3, 11, SPEC.version(), RPC, SPEC, owner_epoch=4
 )
-MEMBER = Member("shop", "ranker", 3, "replica-0007", RPC, 11, 42, owner_epoch=4)
+MEMBER = Member(
+    "shop", "ranker", 3, "replica-0007", RPC, 11, 42, owner_epoch=4, report_interval_s=2.5
+)
 STATUS = AppStatusView(
     "shop",
     "RUNNING",
@@ -141,7 +143,9 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
     target = _as_doc(TARGET)
     del target["owner_epoch"]
     target["spec"] = {"import_path": SPEC.import_path, "new_setting": True}
-    member = {k: v for k, v in _as_doc(MEMBER).items() if k != "owner_epoch"}
+    member = {
+        k: v for k, v in _as_doc(MEMBER).items() if k not in ("owner_epoch", "report_interval_s")
+    }
     agent = {k: v for k, v in _as_doc(AGENT).items() if k != "resources"}
     status = _as_doc(STATUS)
     status["deployments"]["ranker"] = {
@@ -163,7 +167,13 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
             {**target, **extra},
             "owner_epoch absent (0); spec with only import_path and an unknown setting",
         ),
-        ("member_unknown_fields", "member", MEMBER.key, {**member, **extra}, "owner_epoch absent"),
+        (
+            "member_unknown_fields",
+            "member",
+            MEMBER.key,
+            {**member, **extra},
+            "owner_epoch and report_interval_s absent",
+        ),
         (
             "app_status_lenient",
             "app_status",
@@ -214,6 +224,8 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
         ("member_no_epoch", "member", without(member, "epoch"), "missing_field", ""),
         ("member_negative_slot", "member", with_(member, slot=-1), "bad_value", ""),
         ("member_slot_bool", "member", with_(member, slot=True), "wrong_type", ""),
+        ("member_zero_interval", "member", with_(member, report_interval_s=0), "bad_value", ""),
+        ("member_interval_text", "member", with_(member, report_interval_s="1"), "wrong_type", ""),
         ("member_dotted_replica", "member", with_(member, replica_id="a.b"), "bad_value", ""),
         (
             "replica_target_no_import_path",

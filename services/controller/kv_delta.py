@@ -16,7 +16,8 @@ slot is given to the next replica, so a deployment's keys are bounded by its lar
 by how many replicas it ever had. Releases are handled before acquisitions, so a slot freed and
 taken in the same tick is one put (the writer keeps only the newest value per key). The
 membership epoch grows once per tick in which any member changed; each member value carries the
-epoch it was written at.
+epoch it was written at, and the deployment's report interval (`metrics_interval_s`, which its
+routers report at): a change of that setting rewrites every member, once.
 
 Pure: no I/O, no clock. `restore` takes over what a previous owner wrote.
 """
@@ -54,7 +55,8 @@ RpcFor = Callable[[str], str]
 
 class KVDelta:
     __slots__ = (
-        "_free", "_next_slot", "_specs", "app", "deployment", "members", "slots", "targets",
+        "_free", "_next_slot", "_restamp", "_specs", "app", "deployment", "members",
+        "report_interval_s", "slots", "targets",
     )  # fmt: skip
 
     def __init__(self, app: str, deployment: str) -> None:
@@ -64,15 +66,28 @@ class KVDelta:
         """Replica id -> its slot, while it needs a key."""
         self.targets: dict[str, str] = {}
         """Replica id -> the fp_targets key written for it."""
-        self.members: dict[str, tuple[int, str]] = {}
-        """Replica id -> (slot, rpc subject) written to fp_membership."""
+        self.members: dict[str, tuple[int, str, float | None]] = {}
+        """Replica id -> (slot, rpc subject, report interval) written to fp_membership."""
         self._free: list[int] = []
         self._next_slot = 0
         self._specs: dict[str, ReplicaSpec] = {}
         """Version -> spec: a replica is started with its own version's settings."""
+        self.report_interval_s: float | None = None
+        self._restamp = False
 
     def set_spec(self, version: str, spec: ReplicaSpec) -> None:
+        """The current version's settings (its metrics interval is the deployment's)."""
         self._specs[version] = spec
+        if spec.metrics_interval_s != self.report_interval_s:
+            self.report_interval_s = spec.metrics_interval_s
+            self._restamp = True
+
+    def take_restamp(self) -> list[str]:
+        """After a change of the report interval, once: every member (to be looked at again)."""
+        if not self._restamp:
+            return []
+        self._restamp = False
+        return list(self.members)
 
     @property
     def slot_count(self) -> int:
@@ -102,7 +117,7 @@ class KVDelta:
             if not target and rid in self.targets:
                 out.append(DeleteDoc(buckets.TARGETS.name, self.targets.pop(rid)))
             if not member and rid in self.members:
-                slot, _ = self.members.pop(rid)
+                slot, _, _ = self.members.pop(rid)
                 out.append(
                     DeleteDoc(buckets.MEMBERSHIP.name, member_key(self.app, self.deployment, slot))
                 )
@@ -122,9 +137,13 @@ class KVDelta:
                         out.append(DeleteDoc(buckets.TARGETS.name, old))
                     self.targets[rid] = doc.key
                     out.append(PutDoc(buckets.TARGETS.name, doc.key, doc))
-            if member and self.members.get(rid) != (slot, rpc):
-                self.members[rid] = (slot, rpc)
-                m = Member(self.app, self.deployment, slot, rid, rpc, rec.order, epoch)
+            written = (slot, rpc, self.report_interval_s)
+            if member and self.members.get(rid) != written:
+                self.members[rid] = written
+                m = Member(
+                    self.app, self.deployment, slot, rid, rpc, rec.order, epoch,
+                    report_interval_s=self.report_interval_s,
+                )  # fmt: skip
                 out.append(PutDoc(buckets.MEMBERSHIP.name, m.key, m))
                 members_changed = True
         return _coalesce(out), members_changed
@@ -156,7 +175,7 @@ class KVDelta:
             self._specs.setdefault(t.version, t.spec)
         for m in members:
             if self.slots.setdefault(m.replica_id, m.slot) == m.slot:
-                self.members[m.replica_id] = (m.slot, m.rpc_subject)
+                self.members[m.replica_id] = (m.slot, m.rpc_subject, m.report_interval_s)
         used = set(self.slots.values())
         self._next_slot = max(used, default=-1) + 1
         self._free = sorted(set(range(self._next_slot)) - used)
@@ -164,7 +183,7 @@ class KVDelta:
     def stray_members(self, members: Iterable[Member]) -> list[KVChange]:
         """Member keys found in KV that no replica we know holds: deletes (a slot's key must
         never name a replica the owner does not run)."""
-        mine = {slot for slot, _ in self.members.values()}
+        mine = {slot for slot, _, _ in self.members.values()}
         return [DeleteDoc(buckets.MEMBERSHIP.name, m.key) for m in members if m.slot not in mine]
 
 

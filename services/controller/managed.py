@@ -159,10 +159,13 @@ class ManagedDeployment:
     def finish(self, now: float, out: StepResult) -> None:
         """After placement: the KV writes and the status change of this tick."""
         dirty = self.state.take_dirty()
+        restamp = self.kv.take_restamp()
+        if restamp:
+            dirty = sorted({*dirty, *restamp})
         if dirty:
             out.kv, out.members_changed = self.kv.changes(
                 self.state.replicas,
-                sorted(dirty),
+                dirty,
                 rpc_for=self._rpc_for,
                 epoch=self.state.membership_epoch + 1,
             )

@@ -145,7 +145,10 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="handle report cadence of the proxy's routers (default: $FLEETPULSE_METRICS_INTERVAL_S or 10)",
+        help=(
+            "handle report cadence until a deployment's members carry its metrics_interval_s"
+            " (default: $FLEETPULSE_METRICS_INTERVAL_S or 10)"
+        ),
     )
     p.add_argument(
         "--no-publish-routes",

@@ -49,7 +49,8 @@ class RouterConfig:
     """Silence on an admitted request for this long sends a probe to the replica."""
     probe_timeout_s: float = 0.5
     metrics_interval_s: float = 10.0
-    """Handle report cadence (also the window of the time-weighted averages)."""
+    """Handle report cadence until the deployment's members carry its own `metrics_interval_s`
+    (then that governs; see Router.report_interval_s)."""
     columnar_min_replicas: int = DEFAULT_COLUMNAR_MIN_REPLICAS
     """Reports covering at least this many replicas go columnar (Arrow), narrower ones msgpack."""
     backoff_initial_s: float = 0.010
@@ -174,7 +175,10 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help=f"handle report cadence (default: ${ENV_METRICS_INTERVAL_S} or 10)",
+        help=(
+            "handle report cadence until a deployment's members carry its metrics_interval_s"
+            f" (default: ${ENV_METRICS_INTERVAL_S} or 10)"
+        ),
     )
     p.add_argument(
         "--columnar-min-replicas",

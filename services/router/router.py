@@ -14,8 +14,11 @@ How it works: one `Router` per (bus, namespace, app, deployment) owns
   backoff expiry, and at least every `queue_poll_max_s`. A request queued while the deployment
   has zero replicas triggers an immediate handle report (cold start), at most once per
   `cold_start_report_min_interval_s`; the regular cadence then continues;
-- the reports loop: every `metrics_interval_s` it closes the windows and publishes a handle report
-  to `fp.v1.report.handle.{app}.{deployment}` (reports.py picks msgpack or columnar).
+- the reports loop: every report interval it closes the windows and publishes a handle report
+  to `fp.v1.report.handle.{app}.{deployment}` (reports.py picks msgpack or columnar). The interval
+  is the deployment's `metrics_interval_s`, which its members carry (`report_interval_s`); until
+  a member has told it (no replica yet, or an older controller) it is the router config's
+  `metrics_interval_s`. A change takes effect at once: the wait for the next report is re-armed.
 
 Nothing here runs per request except O(1) bookkeeping (`dispatched`, `admitted`, `finished`);
 report work happens on the reports task only.
@@ -107,7 +110,9 @@ class Router:
         self.metrics = RouterMetrics(app, deployment)
         self._changed = asyncio.Event()
         self._ready = asyncio.Event()
-        self._report_now = asyncio.Event()
+        self._report_wake = asyncio.Event()
+        """Set for a cold-start report, or when the report interval changed (re-arm the wait)."""
+        self._cold_report = False
         self._last_cold_report = -math.inf
         self._report_errors = RateLimiter(REPORT_ERROR_LOG_INTERVAL_S, clock)
         self._watch_errors = RateLimiter(WATCH_ERROR_LOG_INTERVAL_S, clock)
@@ -213,8 +218,10 @@ class Router:
                     initial = False
                     self.view = view
                     self._refresh()
+                    self._report_wake.set()
                     self._ready.set()
                     continue
+                interval = view.report_interval_s
                 try:
                     changed = (
                         view.put(change.key, change.doc) if change.doc else view.delete(change.key)
@@ -224,6 +231,8 @@ class Router:
                     continue
                 if changed and not initial:
                     self._refresh_soon()
+                if view.report_interval_s != interval and not initial:
+                    self._report_wake.set()
         finally:
             with contextlib.suppress(Exception):
                 await watch.stop()
@@ -324,17 +333,32 @@ class Router:
     def _cold_start(self, now: float) -> None:
         if now - self._last_cold_report >= self.config.cold_start_report_min_interval_s:
             self._last_cold_report = now
-            self._report_now.set()
+            self._cold_report = True
+            self._report_wake.set()
 
     # -- reports --------------------------------------------------------------------------------
+    @property
+    def report_interval_s(self) -> float:
+        """The deployment's report cadence (see the module docstring)."""
+        carried = self.view.report_interval_s
+        return self.config.metrics_interval_s if carried is None else carried
+
     async def _report_loop(self) -> None:
-        interval = self.config.metrics_interval_s
+        last = self.clock.monotonic()
         while not self.closed:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._report_now.wait()
-            cold = self._report_now.is_set()
-            self._report_now.clear()
+            wait = last + self.report_interval_s - self.clock.monotonic()
+            if wait > MIN_WAIT_S and not self._cold_report:
+                try:
+                    async with asyncio.timeout(wait):
+                        await self._report_wake.wait()
+                except TimeoutError:
+                    pass  # due
+                else:
+                    self._report_wake.clear()
+                    continue  # a cold start or a new interval: look again
+            cold, self._cold_report = self._cold_report, False
+            self._report_wake.clear()
+            last = self.clock.monotonic()
             try:
                 await self.send_report(cold_start=cold)
             except asyncio.CancelledError:

@@ -140,6 +140,16 @@ def number(doc: Mapping[str, Any], field: str, default: float | None = None) -> 
     return finite(value, _where(doc, field))
 
 
+def optional_positive(doc: Mapping[str, Any], field: str) -> float | None:
+    """A finite number > 0, or None when absent or null."""
+    value = doc.get(field)
+    if value is None:
+        return None
+    if finite(value, _where(doc, field)) == 0:
+        raise WireError(reasons.BAD_VALUE, f"{_where(doc, field)} must be > 0")
+    return float(value)
+
+
 def finite(value: object, where: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise WireError(reasons.WRONG_TYPE, f"{where} must be a number")

@@ -9,6 +9,8 @@ costs one small message whatever the size of the deployment.
 router's view epoch is the largest it applied, and handle reports carry it (the controller uses it
 to know when a report's replica list may have changed). A KV watcher delivers values in revision
 order and skips what it delivered before a reconnect, so a router never applies an older value.
+`report_interval_s` carries the deployment's `metrics_interval_s` to its routers: they send
+handle reports at that cadence (a change of the setting rewrites every member at a new epoch).
 Writer: the owning controller (revision-checked, `owner_epoch`). Readers: routers, the proxy, the
 controller on takeover.
 
@@ -60,6 +62,13 @@ class Member:
     """Start order within the deployment (older first)."""
     epoch: int
     owner_epoch: int = 0
+    report_interval_s: float | None = None
+    """The deployment's `metrics_interval_s`: how often routers send its handle reports (absent:
+    the router's own default)."""
+
+    def __post_init__(self) -> None:
+        if self.report_interval_s is not None and not self.report_interval_s > 0:
+            raise UsageError(f"report_interval_s must be > 0, got {self.report_interval_s}")
 
     @property
     def key(self) -> str:
@@ -75,7 +84,9 @@ class Member:
             "order": self.order,
             "epoch": self.epoch,
             "owner_epoch": self.owner_epoch,
-        }
+        } | (
+            {} if self.report_interval_s is None else {"report_interval_s": self.report_interval_s}
+        )
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Member:
@@ -88,6 +99,7 @@ class Member:
             order=e.count(doc, "order"),
             epoch=e.count(doc, "epoch"),
             owner_epoch=e.count(doc, "owner_epoch", 0),
+            report_interval_s=e.optional_positive(doc, "report_interval_s"),
         )
 
     def check_key(self, key: str) -> None:
@@ -99,14 +111,18 @@ class MembershipView:
     """One deployment's members as a router sees them: slot -> Member.
 
     `put` and `delete` return whether the member set changed; `members()` lists them in start
-    order. Each call is O(1) but `members()`, which the caller asks for once per batch of changes."""
+    order. Each call is O(1) but `members()`, which the caller asks for once per batch of changes.
+    `report_interval_s` is the one carried by the newest value (highest epoch) that had one: all
+    members of a deployment carry the same, and a change rewrites them all at a new epoch."""
 
-    __slots__ = ("_by_slot", "app", "deployment", "epoch")
+    __slots__ = ("_by_slot", "_interval_epoch", "app", "deployment", "epoch", "report_interval_s")
 
     def __init__(self, app: str, deployment: str) -> None:
         self.app = app
         self.deployment = deployment
         self.epoch = 0
+        self.report_interval_s: float | None = None
+        self._interval_epoch = -1
         self._by_slot: dict[int, Member] = {}
 
     def put(self, key: str, member: Member) -> bool:
@@ -117,6 +133,8 @@ class MembershipView:
                 reasons.BAD_VALUE, f"{key!r} is not a member of {self.app}.{self.deployment}"
             )
         self.epoch = max(self.epoch, member.epoch)
+        if member.report_interval_s is not None and member.epoch >= self._interval_epoch:
+            self.report_interval_s, self._interval_epoch = member.report_interval_s, member.epoch
         old = self._by_slot.get(member.slot)
         self._by_slot[member.slot] = member
         return old is None or (old.replica_id, old.rpc_subject) != (

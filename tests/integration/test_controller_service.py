@@ -21,7 +21,7 @@ from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
-from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
+from shared.subjects import DEFAULT_SUBJECTS, KV_APPS, KV_MEMBERSHIP, KV_STATUS, KV_TARGETS
 from tests.procs import ServiceProcesses, replica_args, service_processes
 
 ECHO = "services.examples.echo:Echo"
@@ -280,3 +280,52 @@ async def test_a_frozen_replica_is_probed_then_replaced(
             agent.running.get(rid, procs.procs[0]).send_signal(signal.SIGCONT)
     finally:
         await stop_controller(svc, task)
+
+
+async def test_routers_report_at_the_deployments_interval_and_follow_a_change(
+    procs: ServiceProcesses, bus: Bus, nats_url: str
+) -> None:
+    """The deployment's metrics_interval_s reaches routers through the member values: a handle
+    whose own setting is the 10 s default reports every 0.25 s, and slows down when the
+    deployment is redeployed at 4 s."""
+
+    def app_at(interval: float) -> bytes:
+        policy = AutoscalingConfig(min_replicas=1, max_replicas=1, metrics_interval_s=interval)
+        return echo_app(autoscaling=policy).to_json()
+
+    await (await bus.kv(KV_APPS)).put("demo", app_at(0.25))
+    svc, task = await start_controller(nats_url)
+    agent = FakeAgent(procs, bus, nats_url)
+    sent: list[float] = []
+
+    async def on_report(msg: Any) -> None:
+        sent.append(time.monotonic())
+
+    sub = await bus.subscribe(DEFAULT_SUBJECTS.report("handle", "demo", "Echo"), on_report)
+    handle = await connect_handle("demo", "Echo", bus=bus)
+    try:
+
+        async def member_at(interval: float) -> bool:
+            await agent.sync()
+            return [m.report_interval_s for m in await member_docs(bus)] == [interval]
+
+        await wait_for(lambda: member_at(0.25), timeout=30)
+        router = handle.router
+        await wait_for(lambda: _true(router.report_interval_s == 0.25))
+        mark = len(sent)
+        await wait_for(lambda: _true(len(sent) - mark >= 6), timeout=30)
+
+        await (await bus.kv(KV_APPS)).put("demo", app_at(4.0))
+        await wait_for(lambda: member_at(4.0), timeout=30)
+        await wait_for(lambda: _true(router.report_interval_s == 4.0))
+        mark, since = len(sent), time.monotonic()
+        await wait_for(lambda: _true(time.monotonic() - since >= 2.0))
+        assert len(sent) - mark <= 1  # at most the one already due when the change came
+    finally:
+        await handle.close()
+        await sub.unsubscribe()
+        await stop_controller(svc, task)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -4,13 +4,15 @@ equal to what the replica records say."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.controller.deployment_state import ReplicaState
 from services.controller.kv_delta import DeleteDoc, KVChange, PutDoc
 from services.controller.managed import ManagedDeployment, StepResult
-from shared.appconfig import DeploymentConfig
+from shared.appconfig import AutoscalingConfig, DeploymentConfig
 from shared.kv import buckets, envelope
 from shared.kv.membership import Member
 from shared.kv.targets import ReplicaTarget
@@ -185,3 +187,23 @@ def test_property_kv_always_equals_the_records(ops: list[tuple[str, int]]) -> No
             m.state.on_lifecycle(rid, "draining", float(t))
         finish(m, kv)
         expected(m, kv)
+
+
+def test_members_carry_the_report_interval_and_a_change_rewrites_each_once() -> None:
+    m = deployment()
+    kv: KV = {}
+    grow(m, 3)
+    finish(m, kv)
+    members = [d for (b, _), d in kv.items() if b == MEMBERS]
+    assert [d.report_interval_s for d in members] == [CFG.policy.metrics_interval_s] * 3
+    epoch = max(d.epoch for d in members)
+
+    policy = AutoscalingConfig(min_replicas=0, max_replicas=8, metrics_interval_s=1.5)
+    m.reconfigure(dataclasses.replace(CFG, num_replicas=None, autoscaling=policy), "v1", 0.0)
+    changes = finish(m, kv)
+    assert {(c.bucket, type(c)) for c in changes} == {(MEMBERS, PutDoc)}  # no target rewritten
+    assert len(changes) == 3
+    members = [d for (b, _), d in kv.items() if b == MEMBERS]
+    assert {(d.report_interval_s, d.epoch) for d in members} == {(1.5, epoch + 1)}
+    assert finish(m, kv) == []  # once
+    expected(m, kv)

@@ -5,16 +5,18 @@ refreshes, and carried-health pruning."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
 
+from services.router.config import RouterConfig
 from services.router.router import WATCH_RETRY_S, Router
 from services.router.testing import Seat, members_of
-from shared.bus import FakeBus, FakeServer
+from shared.bus import FakeBus, FakeServer, Msg
 from shared.clock import FakeClock
 from shared.kv import buckets
-from shared.kv.membership import Member
+from shared.kv.membership import Member, MembershipView
 from shared.kv.view import DocKV
 from shared.wire.messages import Admission, HealthStatus
 
@@ -168,5 +170,50 @@ async def test_missing_bucket_means_no_replicas(bus: FakeBus) -> None:
     try:
         await router.wait_ready(2.0)
         assert router.members == {} and router.epoch == -1
+    finally:
+        await router.close()
+
+
+def test_the_report_interval_is_the_newest_members() -> None:
+    view = MembershipView(APP, DEP)
+    assert view.report_interval_s is None
+    at = dataclasses.replace
+    view.put(f"{APP}.{DEP}.0", at(member("a", 0, 3), report_interval_s=2.0))
+    view.put(f"{APP}.{DEP}.1", at(member("b", 1, 2), report_interval_s=9.0))  # older: ignored
+    view.put(f"{APP}.{DEP}.2", member("c", 2, 5))  # carries none (an older writer): kept
+    assert view.report_interval_s == 2.0
+    view.put(f"{APP}.{DEP}.0", at(member("a", 0, 6), report_interval_s=0.5))
+    assert view.report_interval_s == 0.5
+    view.delete(f"{APP}.{DEP}.0")
+    assert view.report_interval_s == 0.5  # still the deployment's setting
+
+
+async def test_a_new_interval_on_the_members_rearms_the_report_wait(bus: FakeBus) -> None:
+    """The router's own setting is 30 s; the members say 0.05 s: reports flow at once, and a
+    change back to a long interval stops them."""
+    raw = await buckets.open_bucket(bus, buckets.MEMBERSHIP)
+    kv = DocKV(raw, Member)
+    sent: list[int] = []
+
+    async def on_report(msg: Msg) -> None:
+        sent.append(1)
+
+    await bus.subscribe(f"fp.v1.report.handle.{APP}.{DEP}", on_report)
+    router = Router(APP, DEP, bus=bus, config=RouterConfig(metrics_interval_s=30.0))
+    try:
+        await router.wait_ready(2.0)
+        assert router.report_interval_s == 30.0
+        await kv.put(
+            f"{APP}.{DEP}.0", dataclasses.replace(member("a", 0, 1), report_interval_s=0.05)
+        )
+        await wait_for(lambda: len(sent) >= 5)
+        await kv.put(
+            f"{APP}.{DEP}.0", dataclasses.replace(member("a", 0, 2), report_interval_s=30.0)
+        )
+        await wait_for(lambda: router.report_interval_s == 30.0)
+        await asyncio.sleep(0.1)  # let a report already due go out
+        mark = len(sent)
+        await asyncio.sleep(0.3)
+        assert len(sent) == mark
     finally:
         await router.close()
