@@ -213,6 +213,7 @@ class Point:
             sys.executable, "-m", "services.controller", "--nats", self.server.url,
             "--stats-file", str(self.stats.path), "--metrics-port", str(port),
             "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", "bench",
+            "--decode-threads", str(self.args.decode_threads),
         ]  # fmt: skip
         log_path = self.workdir / f"controller-{self.n}.log"
         self.proc = subprocess.Popen(
@@ -368,6 +369,8 @@ class Point:
         sim = self.sim
         assert sim is not None
         k = self.args.faults
+        if k == 0:
+            return {}  # no fault phase (decode_thread.py measures the steady window only)
         made = sim.inject(UNHEALTHY, k) + sim.inject(SILENT, k)
         bound = HEALTH_PERIOD_S + HEALTH_TIMEOUT_S + 30.0
         deadline = time.monotonic() + bound
@@ -428,13 +431,14 @@ def _brief(r: dict[str, Any]) -> str:
         f"(core p99 {r['core_p99_ms']:.2f}, its CPU p99 {r['core_cpu_p99_ms']:.2f}), "
         f"cpu {r['controller_cpu']:.2f}, misses {r['misses_pct']:.4f}%, "
         f"hb behind routers {r['heartbeats_behind_routers']}, "
-        f"detect {r['detect_unhealthy_max_s']:.1f}/{r['detect_silent_max_s']:.1f} s, "
+        f"detect {r.get('detect_unhealthy_max_s', math.nan):.1f}"
+        f"/{r.get('detect_silent_max_s', math.nan):.1f} s, "
         f"gap p99 {r['gap_p99_s']:.1f} s, largest KV value {r['largest_kv_value_bytes']} B, "
         f"largest message {r['largest_message_bytes']} B"
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"N = {QUICK_SIZES}, shorter windows")
     ap.add_argument("--sizes", type=int, nargs="+", help=f"replica counts (default {SIZES})")
@@ -458,15 +462,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--py-spy", action="store_true", help="profile the controller in each window (py-spy)"
     )
     ap.add_argument("--plot-from", help="only redraw the plot from a bench-results JSON")
-    args = ap.parse_args(argv)
-    if args.plot_from:
-        print(plot(json.loads(Path(args.plot_from).read_text())["rows"]))
-        return 0
+    ap.add_argument(
+        "--decode-threads", type=int, choices=(0, 1), default=0,
+        help="the controller's --decode-threads (columnar decode on a worker thread)",
+    )  # fmt: skip
+    return ap
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
     args.measure_s = (
         args.measure_s if args.measure_s is not None else (30.0 if args.quick else 60.0)
     )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.plot_from:
+        print(plot(json.loads(Path(args.plot_from).read_text())["rows"]))
+        return 0
+    args = with_defaults(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:

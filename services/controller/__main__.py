@@ -69,6 +69,14 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_metrics_port_argument(p)
     p.add_argument(
+        "--decode-threads",
+        type=int,
+        choices=(0, 1),
+        default=int(os.environ.get("FLEETPULSE_DECODE_THREADS", "0")),
+        help="1: decode columnar reports on a worker thread, applied in order (default:"
+        " $FLEETPULSE_DECODE_THREADS or 0, on the event loop; see docs/benchmarks.md)",
+    )
+    p.add_argument(
         "--stats-file",
         default="",
         help="append per-tick loop stats as JSON lines (benchmarks; see controller/stats.py)",
@@ -94,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         member_ttl_s=args.member_ttl_s,
         heartbeat_s=args.heartbeat_s,
         stats_file=args.stats_file,
+        decode_threads=args.decode_threads,
     )
 
 

@@ -27,7 +27,11 @@ from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 from shared.wire.codec import decode_as
-from shared.wire.columnar import decode_handle_report_columnar, detect_format
+from shared.wire.columnar import (
+    ColumnarHandleReport,
+    decode_handle_report_columnar,
+    detect_format,
+)
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
 from .deployment_state import StateEvent, app_status
@@ -174,8 +178,15 @@ class ControllerCore:
             m.state.target = max(m.state.target, len(m.state.live()))
             m.policy = PolicyState(target=m.state.target, watch_start=now)
 
-    def ingest(self, subject: str, data: bytes, recv: float) -> None:
-        """One message from `fp.v1.report.>` received at local monotonic `recv`."""
+    def ingest(
+        self,
+        subject: str,
+        data: bytes,
+        recv: float,
+        decoded: ColumnarHandleReport | WireError | None = None,
+    ) -> None:
+        """One message from `fp.v1.report.>` received at local monotonic `recv`. `decoded`: a
+        columnar part already decoded elsewhere (decode_pipeline.py), or why it is bad."""
         try:
             where = self.subjects.parse_report(subject)
         except UsageError:
@@ -194,7 +205,7 @@ class ControllerCore:
                 # burst of N lifecycle events costs O(N), not N passes over the replicas
                 m.follow_records(recv)
             if where.kind == "handle":
-                self._ingest_handle(m, data, recv)
+                self._ingest_handle(m, data, recv, decoded)
             elif where.kind == "replica":
                 r = decode_as(data, ReplicaReport)
                 res = m.metrics.ingest_replica_report(r, recv)
@@ -211,9 +222,18 @@ class ControllerCore:
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
 
-    def _ingest_handle(self, m: ManagedDeployment, data: bytes, recv: float) -> None:
-        if detect_format(data) == "columnar":
-            res = m.metrics.ingest_columnar(decode_handle_report_columnar(data), recv)
+    def _ingest_handle(
+        self,
+        m: ManagedDeployment,
+        data: bytes,
+        recv: float,
+        decoded: ColumnarHandleReport | WireError | None,
+    ) -> None:
+        if isinstance(decoded, WireError):
+            raise decoded
+        if decoded is not None or detect_format(data) == "columnar":
+            part = decoded if decoded is not None else decode_handle_report_columnar(data)
+            res = m.metrics.ingest_columnar(part, recv)
             self._count("columnar_" + res.reason)
         else:
             res = m.metrics.ingest_handle_report(decode_as(data, HandleReport), recv)

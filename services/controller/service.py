@@ -59,6 +59,7 @@ from .core import (
     Probe,
     PutStatus,
 )
+from .decode_pipeline import Decoded, DecodePipeline
 from .fenced import FencedWriter
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S, GroupCore, partition_of
 from .group_shell import GroupRunner
@@ -107,6 +108,8 @@ class ServiceConfig:
     member_ttl_s: float = DEFAULT_MEMBER_TTL_S
     stats_file: str = ""
     """Append per-tick loop stats as JSON lines here (see stats.py); empty: off."""
+    decode_threads: int = 0
+    """1: decode columnar parts on a worker thread (decode_pipeline.py); 0: on the loop."""
 
 
 class ControllerService:
@@ -124,6 +127,7 @@ class ControllerService:
         """Owned partition -> wall time its replay starts at; nothing older is ours to read."""
         self.group: GroupRunner | None = None
         self.exporter = prom.Exporter()
+        self._decode = DecodePipeline(cfg.decode_threads)
         self._subs: dict[int, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: dict[str, FencedWriter] = {}
@@ -322,21 +326,27 @@ class ControllerService:
         if stored < self._since.get(partition, stored):
             return  # a recreated consumer that had delivered nothing restarts at sequence 1
         recv = now
-        apps = self._replaying.get(partition)
-        if apps is not None:
+        if partition in self._replaying:
             # replayed history: place it on our monotonic timeline by its age in the stream
             recv = min(now, now - (self.clock.wall() - stored))
-            self._sample_until(partition, apps, recv)
         subject = report_subject(self.core.subjects, msg.subject)
         kind = ingest_kind(subject, msg.data)
         self.exporter.ingest_n[kind] += 1
         self.exporter.ingest_b[kind] += len(msg.data)
-        if self.stats is None:
-            self.core.ingest(subject, msg.data, recv)
-            return
-        started = time.perf_counter()
-        self.core.ingest(subject, msg.data, recv)
-        self.stats.ingested(kind, time.perf_counter() - started)
+        data = msg.data
+
+        def apply(decoded: Decoded) -> None:
+            apps = self._replaying.get(partition)
+            if apps is not None:
+                self._sample_until(partition, apps, recv)
+            if self.stats is None:
+                self.core.ingest(subject, data, recv, decoded)
+                return
+            started = time.perf_counter()
+            self.core.ingest(subject, data, recv, decoded)
+            self.stats.ingested(kind, time.perf_counter() - started)
+
+        self._decode.submit(data, kind == "handle_columnar", apply)
 
     # -- control loop ------------------------------------------------------------------------
 
@@ -514,6 +524,7 @@ class ControllerService:
         for sub in list(self._subs.values()):
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        self._decode.close()
         if self.bus is not None:
             await self.bus.close()
         if self.stats is not None:

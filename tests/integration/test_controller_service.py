@@ -53,10 +53,15 @@ def echo_app(**dep: Any) -> AppConfig:
 
 
 async def start_controller(
-    url: str, epoch: int = 1
+    url: str, epoch: int = 1, decode_threads: int = 0
 ) -> tuple[ControllerService, asyncio.Task[None]]:
     svc = ControllerService(
-        ServiceConfig(nats_url=url, core=ControllerConfig(owner_epoch=epoch), rebuild_s=10.0)
+        ServiceConfig(
+            nats_url=url,
+            core=ControllerConfig(owner_epoch=epoch),
+            rebuild_s=10.0,
+            decode_threads=decode_threads,
+        )
     )
     task = asyncio.create_task(svc.run())
     return svc, task
@@ -222,8 +227,9 @@ async def _status_is(bus: Bus, dep_status: str) -> AppStatusView | None:
     return None
 
 
+@pytest.mark.parametrize("decode_threads", [0, 1], ids=["decode-inline", "decode-thread"])
 async def test_both_report_formats_aggregate_into_one_demand(
-    procs: ServiceProcesses, bus: Bus, nats_url: str
+    procs: ServiceProcesses, bus: Bus, nats_url: str, decode_threads: int
 ) -> None:
     from shared.subjects import DEFAULT_SUBJECTS as S
     from shared.wire import encode
@@ -231,7 +237,7 @@ async def test_both_report_formats_aggregate_into_one_demand(
     from shared.wire.messages import HandleReport
 
     await (await bus.kv(KV_APPS)).put("demo", echo_app(num_replicas=2).to_json())
-    svc, task = await start_controller(nats_url)
+    svc, task = await start_controller(nats_url, decode_threads=decode_threads)
     agent = FakeAgent(procs, bus, nats_url)
     try:
         ids = await wait_for(agent.sync)
@@ -244,6 +250,7 @@ async def test_both_report_formats_aggregate_into_one_demand(
             await bus.publish(subject, encode(old))  # msgpack sender
             for part in handle_report_to_columnar(new):  # Arrow sender, same deployment
                 await bus.publish(subject, part)
+            await bus.publish(subject, b"FPC1 garbage")  # dropped in its place, counted
             await asyncio.sleep(0.1)
 
         async def demand() -> float | None:
@@ -254,6 +261,7 @@ async def test_both_report_formats_aggregate_into_one_demand(
         assert await wait_for(demand, timeout=5) == 6.5  # 2 + 3 running + 1 + 0.5 queued
         ingested = svc.core.stats.ingested
         assert ingested["object_accepted"] > 0 and ingested["columnar_accepted"] > 0
+        assert svc.core.stats.dropped["malformed"] > 0
     finally:
         await stop_controller(svc, task)
 
