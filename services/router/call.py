@@ -9,10 +9,12 @@ How it works:
 - `ResponseReader.next_chunk` reads the stream in order. Health frames are folded into the
   router's carried health and never returned; chunks must count from 0 without gaps; `End`
   returns None; `ErrorReply` raises `RequestFailed`.
-- Liveness: every read waits at most `liveness_interval_s`. Silence that long sends a probe to
-  `fp.v1.probe.{replica}`: "no responders" means the replica's connection is gone and the caller
-  gets `ReplicaLostError` (retryable); a probe that times out means the replica is alive but
-  busy, so reading continues. The request's deadline bounds every wait (`DeadlineExceeded`).
+- Liveness: every read waits at most `liveness_interval_s`. Silence that long asks the router's
+  `Liveness` (liveness.py) whether the replica is still connected: not when it was heard from on
+  another request meanwhile; else by a probe to `fp.v1.probe.{replica}`, one per replica shared
+  by every request waiting on it. "No responders" means the replica's connection is gone and the
+  caller gets `ReplicaLostError` (retryable); a probe that times out means the replica is alive
+  but busy, so reading continues. The request's deadline bounds every wait (`DeadlineExceeded`).
 - Lazy frame pump: a caller that reads a stream slowly would leave health frames sitting in the
   inbox while it works. When the admission declared `will_send_health_frames` on a streaming
   request, the reader arms a timer each time it hands a chunk to the caller; if the request is
@@ -39,7 +41,7 @@ from services.router.errors import (
 from services.router.metrics import OK, outcome_of
 from services.router.router import Router
 from shared.bus import ResponseStream
-from shared.errors import BusError, BusTimeout, NoResponders, WireError
+from shared.errors import BusTimeout, NoResponders, WireError
 from shared.wire.codec import decode, decode_as, encode
 from shared.wire.messages import (
     Admission,
@@ -47,8 +49,6 @@ from shared.wire.messages import (
     End,
     ErrorReply,
     HealthFrame,
-    HealthStatus,
-    ProbeRequest,
     Request,
 )
 
@@ -271,7 +271,8 @@ class ResponseReader:
         response = self._response
         if response is None or self._done:
             raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
-        liveness = router.config.liveness_interval_s
+        liveness = router.liveness
+        seen = liveness.mark(self.replica_id)
         alive_but_silent = 0
         while True:
             remaining = self._deadline - clock.monotonic()
@@ -279,11 +280,15 @@ class ResponseReader:
                 self._fail()
                 raise DeadlineExceeded(f"waiting for {self.replica_id}")
             try:
-                msg = await response.next(max(min(liveness, remaining), MIN_TIMEOUT_S))
+                msg = await response.next(max(min(liveness.interval_s, remaining), MIN_TIMEOUT_S))
             except BusTimeout:
                 if clock.monotonic() >= self._deadline:
                     continue
-                if not await self._probe():
+                # it spoke on another request meanwhile: connected, no probe needed
+                spoke = liveness.mark(self.replica_id) != seen
+                gone = not spoke and await liveness.gone(self.replica_id)
+                seen = liveness.mark(self.replica_id)
+                if not gone:
                     if response.interruptions > self._interruptions_seen:
                         alive_but_silent += 1
                         if alive_but_silent >= INTERRUPTED_PROBES:
@@ -305,6 +310,8 @@ class ResponseReader:
                 raise ReplicaLostError(self.replica_id, "no responders") from None
             # a message after a reconnect: replies flow again (a lost chunk shows as a gap)
             self._interruptions_seen, alive_but_silent = response.interruptions, 0
+            liveness.heard(self.replica_id)
+            seen = liveness.mark(self.replica_id)
             try:
                 item = decode(msg.data)
             except WireError as exc:
@@ -340,28 +347,6 @@ class ResponseReader:
     def _fail(self) -> None:
         self._done = True
         self._pump_armed = False
-
-    async def _probe(self) -> bool:
-        """Silence on an admitted request: is the replica still connected? True when it is gone
-        (nobody listens on its probe subject any more)."""
-        router = self._router
-        subject = router.probe_subjects.get(self.replica_id) or router.subjects.probe(
-            self.replica_id
-        )
-        probe = encode(ProbeRequest(router.clock.wall()))
-        try:
-            reply = await router.bus.request(subject, probe, timeout=router.config.probe_timeout_s)
-        except NoResponders:
-            return True
-        except BusError:
-            return False  # alive but slow, or the bus hiccuped: keep waiting, probe again later
-        try:
-            status = decode_as(reply.data, HealthStatus)
-        except WireError as exc:
-            router.bad_input.drop(exc.reason, f"probe reply from {self.replica_id}")
-            return False
-        router.fold_health(status, router.clock.monotonic())
-        return False
 
     # -- the lazy frame pump ----------------------------------------------------------------
     def _arm(self) -> None:

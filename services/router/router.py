@@ -39,6 +39,7 @@ from services.router.carried_health import CarriedHealthMap
 from services.router.choice import ReplicaChooser
 from services.router.config import RouterConfig, default_router_config
 from services.router.errors import BackPressureError, DeadlineExceeded, RouterClosedError
+from services.router.liveness import Liveness
 from services.router.metrics import RouterMetrics
 from services.router.reports import (
     DEFAULT_PROVIDERS,
@@ -108,6 +109,11 @@ class Router:
         self.reports_sent = 0
         self.bad_input = BadInput(f"router {self.key}", logger, clock=clock)
         self.metrics = RouterMetrics(app, deployment)
+        self.liveness = Liveness(
+            bus, clock, subjects,
+            interval_s=config.liveness_interval_s, probe_timeout_s=config.probe_timeout_s,
+            fold=self.fold_health, bad_input=self.bad_input,
+        )  # fmt: skip
         self._changed = asyncio.Event()
         self._ready = asyncio.Event()
         self._report_wake = asyncio.Event()
@@ -176,8 +182,10 @@ class Router:
             return False
         self.members = members
         self.probe_subjects = {rid: self.subjects.probe(rid) for rid in members}
+        self.liveness.probe_subjects = self.probe_subjects
         self.chooser.set_members(members)
         self.health.prune_to(members)
+        self.liveness.prune_to(members)
         self._notify()
         logger.debug(
             "router %s: membership epoch %d, %d replicas", self.key, self.epoch, len(members)
@@ -244,6 +252,7 @@ class Router:
 
     def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
         self.health.observe(admission.health, now)
+        self.liveness.heard(replica_id)
         if not admission.accepted:
             self.metrics.rejected.inc()
         self.chooser.on_admission(replica_id, admission.accepted, admission.num_ongoing, now)

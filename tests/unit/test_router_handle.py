@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -452,3 +453,61 @@ async def test_readers_and_frame_pumps_under_concurrency(
             assert seen is not None and seen.checked_at > t
     finally:
         await h.close()
+
+
+async def test_requests_held_on_one_replica_share_one_probe(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    """Eight silent requests on one replica: one probe per interval, not eight; and a replica
+    that goes away is still noticed by every one of them."""
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    slow_probe = RouterConfig(
+        admission_timeout_s=0.05, liveness_interval_s=0.05, probe_timeout_s=0.5,
+        queue_poll_max_s=0.01, metrics_interval_s=60.0,
+    )  # fmt: skip
+    h = await handle(bus, clock, config=slow_probe)
+    try:
+        calls = [asyncio.create_task(h.remote()) for _ in range(8)]
+        async with asyncio.timeout(5):
+            while r1.admitted < 8:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        start, before = time.monotonic(), r1.probes
+        async with asyncio.timeout(10):
+            while r1.probes - before < 10:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        intervals = (time.monotonic() - start) / slow_probe.liveness_interval_s
+        # one probe per silent interval for all eight (unshared: eight per interval)
+        assert r1.probes - before <= 2 * intervals + 2
+        assert h.router.liveness.probes_sent == r1.probes
+        await r1.stop()
+        for call in calls:
+            with pytest.raises(ReplicaLostError):
+                await asyncio.wait_for(call, 5)
+    finally:
+        await h.close()
+
+
+async def test_a_replica_heard_on_another_request_is_not_probed(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    h = await handle(bus, clock)
+    try:
+        held = asyncio.create_task(h.remote())
+        async with asyncio.timeout(5):
+            while r1.admitted < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        # the replica keeps speaking: each admission (here, of rejected calls) proves it connected
+        r1.hang, r1.reject = False, True
+        before = r1.probes
+        for _ in range(10):
+            h.router.liveness.heard("r1")  # what each message from r1 does
+            await asyncio.sleep(FAST.liveness_interval_s / 2)
+        assert r1.probes - before <= 1  # at most one already in flight when it started
+        assert not held.done()
+        held.cancel()
+    finally:
+        await h.close()
+        await r1.stop()
