@@ -554,9 +554,11 @@ class _Checker:
 
     def policy(self, node: Node, path: str) -> str | None:
         """Ray Serve's `policy: {policy_function: 'package.module:function'}`."""
+        before = len(self.problems)
         m = self.mapping(node, path, _POLICY_KEYS)
-        hint = "an import path like 'package.module:function'"
-        if m is None or not self.required(m, path, "policy_function", hint):
+        if m is None or len(self.problems) != before:
+            return None  # (an unknown key, likely Ray's older `name`, says enough)
+        if not self.required(m, path, "policy_function", "like 'package.module:function'"):
             return None
         function: str = m.values["policy_function"]
         problem = None if self.check_policy is None else self.check_policy(function)
