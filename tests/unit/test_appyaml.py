@@ -579,3 +579,14 @@ def test_the_import_check_reports_with_file_and_line(tmp_path: Path) -> None:
     message = str(err.value)
     assert f"{path}:10:" in message and "policy.policy_function" in message
     assert "ModuleNotFoundError" in message
+
+
+def test_the_custom_policy_example_file_loads_and_imports() -> None:
+    from services.controller.custom_policy import policy_problem
+
+    [app] = load_apps(ROOT / "examples" / "apps" / "kv_cache.yaml", check_policy=policy_problem)
+    [dep] = app.deployments
+    assert dep.autoscaling is not None
+    assert dep.autoscaling.policy == "services.examples.kv_policy:scale_on_kv_cache"
+    module, _, attr = dep.import_path.partition(":")
+    assert callable(getattr(importlib.import_module(module), attr).record_autoscaling_stats)
