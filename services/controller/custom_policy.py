@@ -15,7 +15,8 @@ return a replica count: an int >= 0, a finite float (rounded up, as Ray Serve do
 3. Nothing else: no delays and no smoothing factors. The policy owns its timing (it sees
    `current_time` and keeps `policy_state`), as a plain custom policy does in Ray Serve.
 
-Whatever goes wrong — the import failed, the call raised, the answer is not a count — this tick
+Whatever goes wrong — the import failed (it is retried every RELOAD_AFTER_S), the call raised,
+the answer is not a count — this tick
 is decided by the default policy (policy.decide) instead, with the same state, so a failing policy
 degrades to Ray-compatible behaviour rather than freezing the target. Every call is counted by
 outcome and timed (`timer`, injected) into `PolicyTelemetry`, which the shell drains into
@@ -48,6 +49,8 @@ from .policy import Decision, PolicyInputs, PolicyState, decide
 
 SLOW_POLICY_S: Final = 0.01
 """A call longer than this is flagged: a tenth of the default control interval (0.1 s)."""
+RELOAD_AFTER_S: Final = 30.0
+"""A policy that did not import is tried again this often (its package may be installed late)."""
 EVENT_INTERVAL_S: Final = 10.0
 """At most one event per kind per deployment this often (the rest are counted)."""
 
@@ -196,16 +199,28 @@ class CustomPolicy:
         loader: Callable[[str], Policy] = load_policy,
     ) -> None:
         self.app, self.deployment, self.path = app, deployment, path
-        self._timer, self._telemetry = timer, telemetry
+        self._timer, self._telemetry, self._loader = timer, telemetry, loader
         self.fn: Policy | None = None
         self.load_error = ""
-        try:
-            self.fn = loader(path)
-        except PolicyLoadError as exc:
-            self.load_error = str(exc)
+        self._reload_at: float | None = None
+        self._load()
         self.policy_state: Mapping[str, Any] = MappingProxyType({})
         self._logged: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
+
+    def _load(self) -> None:
+        try:
+            self.fn = self._loader(self.path)
+        except PolicyLoadError as exc:
+            self.load_error = str(exc)
+
+    def _retry_load(self, now: float) -> None:
+        if self._reload_at is None:
+            self._reload_at = now + RELOAD_AFTER_S
+        elif now >= self._reload_at:
+            self._reload_at = now + RELOAD_AFTER_S
+            importlib.invalidate_caches()  # else a package installed meanwhile stays unseen
+            self._load()
 
     def decide(
         self,
@@ -216,6 +231,8 @@ class CustomPolicy:
         now: float,
     ) -> tuple[PolicyState, Decision, list[StateEvent]]:
         events: list[StateEvent] = []
+        if self.fn is None:
+            self._retry_load(now)
         if self.fn is None:
             return self._fallback(cfg, state, inputs, now, NOT_LOADED, self.load_error, events)
         custom, queued = metrics

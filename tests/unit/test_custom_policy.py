@@ -287,3 +287,23 @@ def test_the_example_policy_loads_and_scales_on_kv_cache_use() -> None:
     none: tuple[Any, float] = (MappingProxyType({}), 0.0)
     _, d, _ = p.decide(CFG, PolicyState(3, 0.0), inputs(), none, 2.0)
     assert d.target == 3  # no values yet: hold
+
+
+def test_a_policy_that_did_not_import_is_tried_again_later() -> None:
+    attempts: list[str] = []
+    available = False
+
+    def loader(path: str) -> Callable[[AutoscalingContext], Any]:
+        attempts.append(path)
+        if not available:
+            raise PolicyLoadError("cannot import 'late': ModuleNotFoundError")
+        return lambda ctx: 3
+
+    p = CustomPolicy("shop", "Model", "late.pkg:fn", timer=Timer(), loader=loader)
+    _, d, _ = p.decide(CFG, STATE, inputs(), KV, 0.0)
+    assert d.rule == "custom_fallback" and len(attempts) == 1
+    available = True  # installed meanwhile
+    _, d, _ = p.decide(CFG, STATE, inputs(), KV, cp.RELOAD_AFTER_S - 1)
+    assert d.rule == "custom_fallback" and len(attempts) == 1  # not every tick
+    _, d, _ = p.decide(CFG, STATE, inputs(), KV, cp.RELOAD_AFTER_S)
+    assert (d.rule, d.target, len(attempts)) == ("custom", 3, 2)
