@@ -51,6 +51,8 @@ SLOW_POLICY_S: Final = 0.01
 """A call longer than this is flagged: a tenth of the default control interval (0.1 s)."""
 RELOAD_AFTER_S: Final = 30.0
 """A policy that did not import is tried again this often (its package may be installed late)."""
+MAX_DURATION_SAMPLES: Final = 100_000
+"""Durations kept between two drains: a core run without the service's exporter stays bounded."""
 EVENT_INTERVAL_S: Final = 10.0
 """At most one event per kind per deployment this often (the rest are counted)."""
 
@@ -313,7 +315,8 @@ class CustomPolicy:
 
     def _timed(self, started: float, now: float, events: list[StateEvent]) -> None:
         took = self._timer() - started
-        self._telemetry.durations.append(took)
+        if len(self._telemetry.durations) < MAX_DURATION_SAMPLES:
+            self._telemetry.durations.append(took)
         if took > SLOW_POLICY_S:
             self._telemetry.slow[(self.app, self.deployment)] += 1
             self._event(

@@ -173,7 +173,7 @@ async def replica(server: FakeServer, import_path: str, **spec: Any) -> ReplicaR
         import_path=import_path,
         replica_id="r1",
         health_check_period_s=0.5,
-        metrics_interval_s=0.05,
+        metrics_interval_s=0.1,  # the method gets half of it
         **spec,
     )
     user = await UserDeployment.create(import_path, (), {})
@@ -209,8 +209,8 @@ async def test_a_deployment_with_the_method_pushes_reports_carrying_its_values(
     rt = await replica(server, path)  # push_metrics not set: the method turns reports on
     try:
         assert rt.push_metrics
-        await eventually(lambda: len(got) >= 2, 5, "two reports")
-        assert got[-1].custom == expected and got[-1].replica_id == "r1"
+        await eventually(lambda: any(r.custom == expected for r in got), 5, "custom values")
+        assert {r.replica_id for r in got} == {"r1"}
     finally:
         await rt.stop()
         await bus.close()
@@ -222,7 +222,7 @@ async def test_without_the_method_reports_stay_off_unless_push_metrics() -> None
     rt = await replica(server, "services.examples.echo:Echo")
     try:
         assert not rt.push_metrics
-        await asyncio.sleep(0.3)  # six report intervals: none may come
+        await asyncio.sleep(0.3)  # three report intervals: none may come
         assert got == []
     finally:
         await rt.stop()
