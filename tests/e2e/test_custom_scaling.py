@@ -3,16 +3,15 @@ autoscaling_config names a policy, controller and agent as processes, no request
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.bus import Bus
 from shared.kv.status import AppStatusView
-from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS
+from tests.e2e import test_closed_loop as closed_loop
 from tests.e2e.test_closed_loop import Fleet, cli
 from tests.waiting import eventually as until
 
@@ -38,32 +37,7 @@ applications:
             policy_function: {policy}
 """
 KV_POLICY = "services.examples.kv_policy:scale_on_kv_cache"
-
-
-@pytest.fixture
-def nats() -> Iterator[NatsServer]:
-    s = NatsServer()
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture
-async def client(nats: NatsServer) -> AsyncIterator[Bus]:
-    b = await NatsBus.connect(nats.url, name="e2e", reconnect_wait=0.1)
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-def stack(nats: NatsServer, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(nats.url, tmp_path)
-    try:
-        yield f
-    finally:
-        f.stop()
+server, bus, fleet = closed_loop.server, closed_loop.bus, closed_loop.fleet  # fixtures, shared
 
 
 async def model(bus: Bus) -> tuple[int, int, float, str]:
@@ -82,34 +56,34 @@ async def settled(bus: Bus, n: int) -> bool:
 
 
 async def test_a_custom_metric_alone_scales_replicas_up_and_down(
-    stack: Fleet, nats: NatsServer, client: Bus, tmp_path: Path
+    fleet: Fleet, server: NatsServer, bus: Bus, tmp_path: Path
 ) -> None:
     kv_file = tmp_path / "kv_use"
     kv_file.write_text("0.1")
     app = tmp_path / "llm.yaml"
     app.write_text(APP_YAML.format(kv_file=kv_file, policy=KV_POLICY))
-    stack.controller()
-    stack.agent("a1", capacity=4)
-    res = cli("deploy", str(app), "--nats", nats.url)
+    fleet.controller()
+    fleet.agent("a1", capacity=4)
+    res = cli("deploy", str(app), "--nats", server.url)
     assert res.returncode == 0, res.stderr
-    await until(lambda: settled(client, 1), 30, "one replica running")
+    await until(lambda: settled(bus, 1), 30, "one replica running")
     # the cache fills up (no request): 0.9 mean use over a target of 0.6 adds replicas
     kv_file.write_text("0.9")
-    await until(lambda: settled(client, 3), 30, "scaled to max 3 on kv_cache_use")
-    *_, decision = await model(client)
+    await until(lambda: settled(bus, 3), 30, "scaled to max 3 on kv_cache_use")
+    *_, decision = await model(bus)
     assert f"policy {KV_POLICY} says" in decision
     # it empties: back to one
     kv_file.write_text("0.05")
-    await until(lambda: settled(client, 1), 30, "back to one replica")
+    await until(lambda: settled(bus, 1), 30, "back to one replica")
 
 
 async def test_a_policy_that_does_not_import_is_refused_at_deploy(
-    nats: NatsServer, client: Bus, tmp_path: Path
+    server: NatsServer, bus: Bus, tmp_path: Path
 ) -> None:
     app = tmp_path / "llm.yaml"
     app.write_text(APP_YAML.format(kv_file=tmp_path / "x", policy="services.examples.nope:policy"))
-    res = cli("deploy", str(app), "--nats", nats.url)
+    res = cli("deploy", str(app), "--nats", server.url)
     assert res.returncode == 2
     assert f"{app}:18:" in res.stderr and "policy.policy_function" in res.stderr
     assert "ModuleNotFoundError" in res.stderr
-    assert await (await client.kv(KV_APPS)).keys() == []
+    assert await (await bus.kv(KV_APPS)).keys() == []

@@ -5,39 +5,24 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from services.controller.service import ControllerService
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.bus import Bus
-from shared.natsbus import NatsBus
 from shared.subjects import KV_APPS
+from tests.integration import test_controller_service as service_tests
 from tests.integration.test_controller_service import (
     start_controller,
     stop_controller,
     target_docs,
     wait_for,
 )
-from tests.procs import ServiceProcesses, replica_args, service_processes
+from tests.procs import ServiceProcesses, replica_args
 
 KV_MODEL = "services.examples.kv_model:KVModel"
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await NatsBus.connect(nats_url, name="test")
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-def procs() -> Any:
-    with service_processes() as p:
-        yield p
+bus, procs = service_tests.bus, service_tests.procs  # fixtures, shared
 
 
 def model_app(kv_file: Path, replicas: int) -> AppConfig:
