@@ -181,7 +181,10 @@ def _count_of(answer: Any) -> tuple[int, Mapping[str, Any] | None]:
         answer, state = answer
     if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
         raise _BadAnswer(f"not a number: {type(answer).__name__} {answer!r:.80}")
-    value = float(answer)
+    try:
+        value = float(answer)
+    except OverflowError:  # an int too large for a float: no fleet is that large either
+        value = math.inf
     if not math.isfinite(value) or value < 0:
         raise _BadAnswer(f"not a replica count: {answer!r}")
     return math.ceil(value), state
