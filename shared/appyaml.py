@@ -53,7 +53,7 @@ _RAY_ONLY_KEYS = (
     "proxy_location http_options grpc_options logging_config target_capacity import_path "
     "runtime_env args external_scaler_enabled ray_actor_options user_config "
     "placement_group_bundles placement_group_strategy max_replicas_per_node max_queued_requests "
-    "graceful_shutdown_wait_loop_s request_router_config smoothing_factor"
+    "graceful_shutdown_wait_loop_s request_router_config smoothing_factor autoscaling_policy"
 )
 _RAY_ONLY = frozenset(_RAY_ONLY_KEYS.split())
 # Older Ray Serve names of keys fleetpulse knows under their current name.

@@ -590,3 +590,17 @@ def test_the_custom_policy_example_file_loads_and_imports() -> None:
     assert dep.autoscaling.policy == "services.examples.kv_policy:scale_on_kv_cache"
     module, _, attr = dep.import_path.partition(":")
     assert callable(getattr(importlib.import_module(module), attr).record_autoscaling_stats)
+
+
+def test_rays_application_level_policy_is_refused_by_name() -> None:
+    p = only(
+        """
+        applications:
+          - name: llm
+            autoscaling_policy: {policy_function: pkg.mod:fn}
+            deployments:
+              - name: Model
+                import_path: pkg.mod:Model
+        """
+    )
+    assert "a Ray Serve option fleetpulse does not support" in p.message
