@@ -269,6 +269,18 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
             "wrong_type",
             "",
         ),
+        (
+            "app_policy_not_an_import_path",
+            "app",
+            with_(
+                app,
+                deployments=[
+                    {**app["deployments"][0], "autoscaling": {**scaling, "policy": "kv_policy"}}
+                ],
+            ),
+            "bad_value",
+            "a custom policy must be 'package.module:function'",
+        ),
         ("agent_bool_capacity", "agent", with_(agent, capacity=True), "wrong_type", ""),
         (
             "agent_negative_resource",

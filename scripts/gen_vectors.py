@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from shared.errors import WireError
 from shared.wire import codec, columnar, jsonview
+from shared.wire.limits import MAX_CUSTOM_METRICS, MAX_CUSTOM_NAME_LEN
 from shared.wire.messages import (
     Admission,
     CallArgs,
@@ -307,6 +308,7 @@ def _hostile_columnar(good: bytes) -> list[tuple[str, bytes, str, str]]:
 def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
     health = codec.to_wire_map(GOOD)
     good = codec.encode(GOOD)
+    report = codec.to_wire_map(ReplicaReport("replica-0001", T0, 1, 0.0, {}, None))
     msgpack_cases = [
         ("truncated", good[:-1], "truncated", "last byte missing"),
         ("trailing_bytes", good + b"\x00", "malformed", "a second value after the map"),
@@ -367,6 +369,18 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             "str that is not UTF-8",
         ),
         ("int_map_key", b"\x81\x01\x02", "malformed", "map keys must be strings"),
+        (
+            "custom_name_too_long",
+            _pack({**report, "custom": {"m" * (MAX_CUSTOM_NAME_LEN + 1): 1.0}}),
+            "bad_value",
+            "a custom metric name is 1-128 UTF-8 bytes, as in custom.<name> columns",
+        ),
+        (
+            "custom_too_many_names",
+            _pack({**report, "custom": {f"m{i}": 1.0 for i in range(MAX_CUSTOM_METRICS + 1)}}),
+            "bad_value",
+            "at most 256 custom metrics per report, as in columnar reports",
+        ),
     ]
     out = [(n, d, "msgpack", r, note) for n, d, r, note in msgpack_cases]
     (good_c,) = columnar.encode_handle_report_columnar(**_columnar_inputs(4, 5))

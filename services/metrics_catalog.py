@@ -72,6 +72,9 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_controller_partitions_owned",
         "fleetpulse_controller_events_total",
         "fleetpulse_controller_action_errors_total",
+        "fleetpulse_controller_custom_policy_calls_total",
+        "fleetpulse_controller_custom_policy_slow_total",
+        "fleetpulse_controller_custom_policy_seconds",
     ),
     "agent": (
         "fleetpulse_agent_replicas_running",
@@ -105,6 +108,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_replica_ongoing_requests",
         "fleetpulse_replica_health_checks_total",
         "fleetpulse_replica_health_messages_total",
+        "fleetpulse_replica_autoscaling_stats_total",
     ),
     "recorder": (
         "fleetpulse_recorder_messages_total",

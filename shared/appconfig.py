@@ -9,6 +9,7 @@ Values in KV are JSON (human-inspectable with `nats kv get`), one key per applic
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from shared import replicaspec
 from shared.errors import ConfigError, UsageError
 from shared.replicaspec import ReplicaSpec
 from shared.subjects import validate_name
+
+IMPORT_PATH_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+"""`package.module:Attribute` (the attribute may be dotted, `module:Class.method`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,9 @@ class AutoscalingConfig:
     panic_mode: bool = False
     panic_window_s: float = 6.0
     panic_threshold: float = 2.0
+    policy: str | None = None
+    """A custom policy's import path, 'package.module:function' (YAML: Ray Serve's
+    `policy: {policy_function: ...}`); None: the default policy (services/controller/policy.py)."""
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
@@ -66,6 +73,8 @@ class AutoscalingConfig:
         zero = self.downscale_to_zero_delay_s
         if zero is not None and not (math.isfinite(zero) and zero >= 0):
             raise ConfigError("must be >= 0", field="downscale_to_zero_delay_s")
+        if self.policy is not None and not IMPORT_PATH_RE.fullmatch(self.policy):
+            raise ConfigError("must look like 'package.module:function'", field="policy")
 
     @property
     def initial(self) -> int:

@@ -25,7 +25,13 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from shared import replicaspec
-from shared.appconfig import REPLICA_FIELDS, AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.appconfig import (
+    IMPORT_PATH_RE,
+    REPLICA_FIELDS,
+    AppConfig,
+    AutoscalingConfig,
+    DeploymentConfig,
+)
 from shared.errors import ConfigError, UsageError
 from shared.subjects import validate_name
 
@@ -40,7 +46,6 @@ MAX_ARG_VALUES = 100_000
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _T = TypeVar("_T")
 
-_IMPORT_PATH_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _IDENTIFIER_RE = re.compile(r"[A-Za-z_]\w*")
 
 # Ray Serve keys fleetpulse has no equivalent for: say so instead of guessing a typo.
@@ -48,7 +53,7 @@ _RAY_ONLY_KEYS = (
     "proxy_location http_options grpc_options logging_config target_capacity import_path "
     "runtime_env args external_scaler_enabled ray_actor_options user_config "
     "placement_group_bundles placement_group_strategy max_replicas_per_node max_queued_requests "
-    "graceful_shutdown_wait_loop_s request_router_config policy smoothing_factor"
+    "graceful_shutdown_wait_loop_s request_router_config smoothing_factor autoscaling_policy"
 )
 _RAY_ONLY = frozenset(_RAY_ONLY_KEYS.split())
 # Older Ray Serve names of keys fleetpulse knows under their current name.
@@ -57,6 +62,7 @@ _RENAMED = {
     "target_num_ongoing_requests_per_replica": "target_ongoing_requests",
     "upscale_smoothing_factor": "upscaling_factor",
     "downscale_smoothing_factor": "downscaling_factor",
+    "name": "policy_function",  # AutoscalingPolicy's key before Ray Serve 2.51
 }
 
 
@@ -73,7 +79,14 @@ class Problem:
         return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
-def load_apps(path: str | os.PathLike[str]) -> list[AppConfig]:
+PolicyCheck = Callable[[str], str | None]
+"""What is wrong with a custom policy's import path (it cannot be imported, say), or None.
+The file check itself imports nothing; `fleetpulse deploy` passes one that does."""
+
+
+def load_apps(
+    path: str | os.PathLike[str], check_policy: PolicyCheck | None = None
+) -> list[AppConfig]:
     """Read and validate an app file; ConfigError (naming file, line and field) if anything is
     wrong, listing every problem found."""
     source = os.fspath(path)
@@ -90,12 +103,14 @@ def load_apps(path: str | os.PathLike[str]) -> list[AppConfig]:
         raise ConfigError(
             f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=source
         ) from None
-    return parse_apps(text, source)
+    return parse_apps(text, source, check_policy)
 
 
-def parse_apps(text: str, source: str = "<string>") -> list[AppConfig]:
+def parse_apps(
+    text: str, source: str = "<string>", check_policy: PolicyCheck | None = None
+) -> list[AppConfig]:
     """Like `load_apps` for text already in memory; `source` names it in messages."""
-    apps, problems = check_apps(text)
+    apps, problems = check_apps(text, check_policy)
     if problems:
         raise problems_error(problems, source)
     return apps
@@ -111,7 +126,9 @@ def problems_error(problems: list[Problem], source: str) -> ConfigError:
     return ConfigError(f"{len(problems)} problems:\n{lines}", source=source)
 
 
-def check_apps(text: str) -> tuple[list[AppConfig], list[Problem]]:
+def check_apps(
+    text: str, check_policy: PolicyCheck | None = None
+) -> tuple[list[AppConfig], list[Problem]]:
     """The pure core: the valid apps, and every problem found (apps are complete only when there
     are no problems)."""
     loader = yaml.SafeLoader(text)
@@ -122,7 +139,7 @@ def check_apps(text: str) -> tuple[list[AppConfig], list[Problem]]:
             return [], [_syntax_problem(exc)]
         except yaml.YAMLError as exc:
             return [], [Problem("", None, f"YAML syntax error: {exc}")]
-        checker = _Checker(loader)
+        checker = _Checker(loader, check_policy)
         apps = checker.file(root)
         return apps, sorted(checker.problems, key=lambda p: p.line or 0)
     finally:
@@ -208,7 +225,7 @@ def _name(what: str) -> Conv:
 
 def _import_path(value: Any) -> str:
     s = _string(value)
-    if not _IMPORT_PATH_RE.fullmatch(s):
+    if not IMPORT_PATH_RE.fullmatch(s):
         raise _Bad(f"must look like 'package.module:Attribute', got {s!r}")
     return s
 
@@ -273,7 +290,9 @@ _AUTOSCALING_KEYS: dict[str, Conv | None] = {
     "panic_mode": _boolean,
     "panic_window_s": _POSITIVE,
     "panic_threshold": _POSITIVE,
+    "policy": None,
 }
+_POLICY_KEYS: dict[str, Conv | None] = {"policy_function": _import_path}
 
 
 def _line(node: Node) -> int | None:
@@ -305,8 +324,9 @@ class _Map:
 class _Checker:
     """Walks the node tree, collecting problems; returns what is valid."""
 
-    def __init__(self, loader: yaml.SafeLoader) -> None:
+    def __init__(self, loader: yaml.SafeLoader, check_policy: PolicyCheck | None = None) -> None:
         self.loader = loader
+        self.check_policy = check_policy
         self.problems: list[Problem] = []
 
     def add(self, path: str, node: Node | None, message: str) -> None:
@@ -507,6 +527,8 @@ class _Checker:
     def autoscaling(self, node: Node, path: str) -> AutoscalingConfig | None:
         before = len(self.problems)
         a = self.mapping(node, path, _AUTOSCALING_KEYS)
+        if a is not None and "policy" in a.nodes:
+            a.values["policy"] = self.policy(a.nodes["policy"], f"{path}.policy")
         if a is None or len(self.problems) != before:
             return None
         v = a.values
@@ -529,6 +551,20 @@ class _Checker:
         if len(self.problems) != before:
             return None
         return self.build(path, a, lambda: AutoscalingConfig(**v))
+
+    def policy(self, node: Node, path: str) -> str | None:
+        """Ray Serve's `policy: {policy_function: 'package.module:function'}`."""
+        before = len(self.problems)
+        m = self.mapping(node, path, _POLICY_KEYS)
+        if m is None or len(self.problems) != before:
+            return None  # (an unknown key, likely Ray's older `name`, says enough)
+        if not self.required(m, path, "policy_function", "like 'package.module:function'"):
+            return None
+        function: str = m.values["policy_function"]
+        problem = None if self.check_policy is None else self.check_policy(function)
+        if problem is not None:
+            self.add(f"{path}.policy_function", m.nodes["policy_function"], problem)
+        return function
 
     def json_arg(self, node: Node, path: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
         """init_args (a list) or init_kwargs (a mapping of argument names): any YAML value

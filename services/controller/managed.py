@@ -22,6 +22,7 @@ from shared.kv.status import DeploymentStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 
+from .custom_policy import CustomPolicy, read_metrics
 from .demand_window import DemandWindow
 from .deployment_state import DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
@@ -76,6 +77,8 @@ class ManagedDeployment:
         self._follow_in_full = True
         """The next follow looks at every record (first time, or a new registry)."""
         self._last_rule = ""
+        self._custom: CustomPolicy | None = None
+        """The custom policy of `policy_cfg.policy`, loaded at its first decision."""
 
     @property
     def name(self) -> str:
@@ -205,7 +208,15 @@ class ManagedDeployment:
             running_replicas=running,
         )
         out.previous_target = self.state.target
-        self.policy, decision = decide(pc, self.policy, inputs, now)
+        if pc.policy is None:
+            self.policy, decision = decide(pc, self.policy, inputs, now)
+        else:
+            custom = self._custom
+            if custom is None or custom.path != pc.policy:
+                custom = self._custom = CustomPolicy(self.app, self.name, pc.policy)
+            metrics = read_metrics(self.metrics)
+            self.policy, decision, events = custom.decide(pc, self.policy, inputs, metrics, now)
+            out.events += events
         out.decision_changed = decision.changed or decision.rule != self._last_rule
         self._last_rule = decision.rule
         self.decision = decision

@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.kv.status import AppStatusView
 
+from . import custom_policy
 from .core import CoreStats, Event
 from .health_registry import VerdictReason
 from .stall_guard import StallState
@@ -103,6 +104,22 @@ ACTION_ERRORS = Counter(
     "Actions that failed (a KV write or delete), by action",
     ["action"],
 )
+CUSTOM_POLICY_CALLS = Counter(
+    "fleetpulse_controller_custom_policy_calls_total",
+    "Calls of a deployment's custom autoscaling policy, by outcome: ok, clipped (into [min, max]),"
+    " and the fallbacks to the default policy: raised, bad_value, not_loaded",
+    ["app", "deployment", "outcome"],
+)
+CUSTOM_POLICY_SLOW = Counter(
+    "fleetpulse_controller_custom_policy_slow_total",
+    "Custom policy calls slower than 10 ms (they delay the member's control tick)",
+    ["app", "deployment"],
+)
+CUSTOM_POLICY_SECONDS = Histogram(
+    "fleetpulse_controller_custom_policy_seconds",
+    "Duration of one custom autoscaling policy call",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0),
+)
 
 REPLICA_STATES: Final = ("target", "running", "healthy", "unhealthy")
 
@@ -149,6 +166,7 @@ class Exporter:
                         metric.labels(label).inc(value - last)
                     self._exported[(family, label)] = value
         self._ingest()
+        self._custom_policies()
         HEALTH_REPLICAS.labels("stale").set(stats.stale)
         HEALTH_REPLICAS.labels("fresh").set(stats.known - stats.stale)
         STALLED.set(1 if stall is not None and stall.stalled else 0)
@@ -167,6 +185,16 @@ class Exporter:
             INGEST_BYTES.labels(kind, fmt).inc(sizes[raw])
             if kind == "heartbeat":
                 HEARTBEATS.inc(n)
+
+    @staticmethod
+    def _custom_policies() -> None:
+        calls, slow, durations = custom_policy.TELEMETRY.drain()
+        for (app, deployment, outcome), n in calls.items():
+            CUSTOM_POLICY_CALLS.labels(app, deployment, outcome).inc(n)
+        for (app, deployment), n in slow.items():
+            CUSTOM_POLICY_SLOW.labels(app, deployment).inc(n)
+        for seconds in durations:
+            CUSTOM_POLICY_SECONDS.observe(seconds)
 
     @staticmethod
     def event(a: Event) -> None:

@@ -513,6 +513,11 @@ class DeploymentMetrics:
     def custom_total(self, name: str) -> float | None:
         """Sum over running replicas of custom metric `name` (each replica's own value if it
         reported one, else the sum over handles); None when no running replica has a value."""
+        summary = self.custom_summary(name)
+        return None if summary is None else summary[0]
+
+    def custom_summary(self, name: str) -> tuple[float, int] | None:
+        """(sum, running replicas with a value) of custom metric `name`, as `custom_total`."""
         self._sync()
         total = np.zeros(self._cap)
         has = np.zeros(self._cap, np.bool_)
@@ -528,7 +533,8 @@ class DeploymentMetrics:
             total = np.where(valid, own, total)
             has |= valid
         has &= self._running
-        return float(total[has].sum()) if has.any() else None
+        n = int(np.count_nonzero(has))
+        return (float(total[has].sum()), n) if n else None
 
     def snapshot(self, now: float) -> MetricsSnapshot:
         """Expire silent sources, then aggregate."""

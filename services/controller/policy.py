@@ -99,6 +99,8 @@ Rule = Literal[
     "waiting",
     "upscale",
     "downscale",
+    "custom",  # a custom policy decided (custom_policy.py)
+    "custom_fallback",  # it failed: the rules above decided instead
 ]
 
 

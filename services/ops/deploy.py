@@ -1,6 +1,7 @@
 """`fleetpulse deploy FILE` and `fleetpulse delete APP`: the desired apps in KV `fp_apps`.
 
-How it works: deploy validates the whole file (shared.appyaml) and every cross-app rule it can
+How it works: deploy validates the whole file (shared.appyaml; a custom autoscaling policy must
+import here, as the controller will import it) and every cross-app rule it can
 check against what is deployed already (one route_prefix per app, values under the server's
 max_payload) before it writes anything; then it writes one key per app, value
 `AppConfig.to_json()`. Each write is revision-checked (create a new key, update the revision just
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from services.controller.custom_policy import policy_problem
 from services.ops import (
     EXIT_INVALID,
     EXIT_OK,
@@ -52,7 +54,7 @@ def add_delete_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_deploy(args: argparse.Namespace) -> int:
     try:
-        apps = load_apps(args.file)
+        apps = load_apps(args.file, check_policy=policy_problem)
     except ConfigError as exc:
         return fail("deploy", str(exc), EXIT_INVALID)
     if args.dry_run:

@@ -285,10 +285,10 @@ def run_whatif(
     rows = load_report_rows(path, opts.namespace)
     names = [c.name for c in configs]
     labels = names if len(set(names)) == len(names) else [str(c) for c in configs]
-    runs = [
-        (label, whatif.simulate(rows, load_app_configs(c), opts))
-        for label, c in zip(labels, configs, strict=True)
-    ]
+    loaded = [(label, load_app_configs(c)) for label, c in zip(labels, configs, strict=True)]
+    for _, apps in loaded:
+        _warn_custom_policies(apps)
+    runs = [(label, whatif.simulate(rows, apps, opts)) for label, apps in loaded]
     for label, r in runs:
         print_timeline(r, out, label if len(runs) > 1 else "")
     if out_json is not None:
@@ -297,6 +297,19 @@ def run_whatif(
     if out_plot is not None:
         whatif.plot(runs, out_plot, title="what-if" if len(runs) == 1 else "compare")
     return runs
+
+
+def _warn_custom_policies(apps: Sequence[AppConfig]) -> None:
+    """What-if simulates the default policy only: say so rather than mislead."""
+    for app in apps:
+        for d in app.deployments:
+            path = d.autoscaling.policy if d.autoscaling is not None else None
+            if path is not None:
+                print(
+                    f"  warning: {app.name}.{d.name} names the custom policy {path}; what-if "
+                    "runs the default policy with the same settings instead",
+                    file=sys.stderr,
+                )
 
 
 # -- CLI -------------------------------------------------------------------------------------

@@ -44,11 +44,21 @@ HEALTH_MESSAGES = Counter(
     ["app", "deployment", "channel"],
 )
 
+AUTOSCALING_STATS = Counter(
+    "fleetpulse_replica_autoscaling_stats_total",
+    "Calls of the deployment's record_autoscaling_stats(), by outcome: ok, or why the report "
+    "went without custom metrics (raised, timeout, busy, wrong_type, too_many, bad_name, "
+    "not_finite)",
+    ["app", "deployment", "outcome"],
+)
+
 
 class ReplicaMetrics:
     """One replica's label children, bound once."""
 
     __slots__ = (
+        "_app",
+        "_deployment",
         "_latency",
         "accepted",
         "frames",
@@ -62,6 +72,7 @@ class ReplicaMetrics:
     )
 
     def __init__(self, app: str, deployment: str) -> None:
+        self._app, self._deployment = app, deployment
         self._latency = LatencyByOutcome(REQUEST_SECONDS, app, deployment)
         self.accepted = ADMISSIONS.labels(app, deployment, "accepted")
         self.rejected = ADMISSIONS.labels(app, deployment, "rejected")
@@ -75,3 +86,6 @@ class ReplicaMetrics:
 
     def observe(self, outcome: str, seconds: float) -> None:
         self._latency.observe(outcome, seconds)
+
+    def autoscaling_stats(self, outcome: str) -> None:
+        AUTOSCALING_STATS.labels(self._app, self._deployment, outcome).inc()

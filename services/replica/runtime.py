@@ -41,6 +41,8 @@ from shared.wire.messages import (
 
 from .admission import Admission as AdmissionControl
 from .config import ReplicaConfig
+from .custom_stats import TIMEOUT_S as STATS_TIMEOUT_S
+from .custom_stats import CustomStats
 from .health import HealthTracker, next_check_delay
 from .metrics import OK, ReplicaMetrics
 from .suppression import HealthCarriage, Via, freshness_window
@@ -108,9 +110,11 @@ class ReplicaRuntime:
         self.rpc_subject = self.subjects.rpc(cfg.app, cfg.deployment, cfg.replica_id)
         self.admission = AdmissionControl(cfg.spec.max_ongoing_requests)
         self.tracker = HealthTracker(cfg.replica_id)
+        # custom metrics exist only in the replica's own reports: a deployment with them pushes
+        self.push_metrics = cfg.spec.push_metrics or user.autoscaling_stats is not None
         # own reports carry every check only when they come at least once a period
         every_check = (
-            cfg.spec.push_metrics and cfg.spec.metrics_interval_s <= cfg.spec.health_check_period_s
+            self.push_metrics and cfg.spec.metrics_interval_s <= cfg.spec.health_check_period_s
         )
         self.carriage = HealthCarriage(
             freshness_window(cfg.spec.health_check_period_s), reports_carry_health=every_check
@@ -119,6 +123,12 @@ class ReplicaRuntime:
         self.stats = ReplicaStats()
         self.prom = ReplicaMetrics(cfg.app, cfg.deployment)
         self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
+        self.custom = CustomStats(
+            user.autoscaling_stats,
+            min(STATS_TIMEOUT_S, cfg.spec.metrics_interval_s / 2),
+            self.bad,
+            self.prom.autoscaling_stats,
+        )
         self._held: dict[str, _Held] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -137,11 +147,11 @@ class ReplicaRuntime:
         )
         self._loops.append(asyncio.create_task(self._health_loop(), name="health"))
         self._loops.append(asyncio.create_task(self._tick_loop(), name="tick"))
-        if self.cfg.spec.push_metrics:
+        if self.push_metrics:
             self._loops.append(asyncio.create_task(self._report_loop(), name="reports"))
         # composition: routers in this process to our app carry our health in their handle
         # reports; not when our own reports carry it already (it would go out twice)
-        if not self.cfg.spec.push_metrics:
+        if not self.push_metrics:
             self._unregister_provider = self._providers.register(
                 self.local_health, app=self.cfg.app
             )
@@ -260,6 +270,7 @@ class ReplicaRuntime:
                 log.exception("report failed; will retry next interval")
 
     async def _publish_report(self) -> None:
+        custom = await self.custom.collect()
         now = self.clock.monotonic()
         self._report_seq += 1
         latest = self.carriage.latest
@@ -268,7 +279,7 @@ class ReplicaRuntime:
             sent_at=self.clock.wall(),
             seq=self._report_seq,
             running_requests=self.running.take(now),
-            custom={},
+            custom=custom,
             health=latest,
         )
         if latest is not None:

@@ -18,6 +18,7 @@ from shared.errors import ConfigError
 from shared.wire.messages import HttpRequest, HttpResponse
 
 from .api import Request, Response
+from .custom_stats import stats_method
 
 
 class MethodNotFound(Exception):
@@ -57,6 +58,8 @@ class UserDeployment:
         self._is_function = is_function
         check = None if is_function else getattr(instance, "check_health", None)
         self._check_health: Callable[[], Any] | None = check if callable(check) else None
+        self.autoscaling_stats = None if is_function else stats_method(instance)
+        """The class's `record_autoscaling_stats` (custom_stats.py), or None."""
 
     @classmethod
     async def create(

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from shared.errors import WireError
 from shared.wire import reasons
+from shared.wire.limits import MAX_CUSTOM_METRICS, MAX_CUSTOM_NAME_LEN
 
 Map = dict[str, Any]
 
@@ -142,6 +143,26 @@ def float_map(raw: object, where: str, key: str, *, nonneg: bool) -> dict[str, f
         if type(k) is not str:
             wrong_type(where, key, "str keys", k)
         out[k] = conv(v, where, f"{key}[{k!r}]")
+    return out
+
+
+def check_custom_names(names: dict[str, Any], where: str) -> None:
+    """The custom metric name rule, as in `custom.<name>` columns: at most MAX_CUSTOM_METRICS
+    names of 1..MAX_CUSTOM_NAME_LEN UTF-8 bytes. It bounds the columns one report can create."""
+    if len(names) > MAX_CUSTOM_METRICS:
+        fail(
+            reasons.BAD_VALUE, where, "custom", f"{len(names)} names, at most {MAX_CUSTOM_METRICS}"
+        )
+    for name in names:
+        if not 0 < len(name.encode()) <= MAX_CUSTOM_NAME_LEN:
+            what = f"name of {len(name.encode())} bytes, not 1-{MAX_CUSTOM_NAME_LEN}"
+            fail(reasons.BAD_VALUE, where, "custom", what)
+
+
+def get_custom(m: Map, where: str) -> dict[str, float]:
+    """A replica report's `custom` map: optional, {name: finite float}, names by the rule."""
+    out = get_opt_float_map(m, "custom", where, nonneg=False)
+    check_custom_names(out, where)
     return out
 
 

@@ -338,7 +338,7 @@ def _d_replica_report(m: Map) -> ReplicaReport:
         sent_at=f.get_float(m, "sent_at", w),
         seq=f.get_count(m, "seq", w),
         running_requests=f.get_nonneg_float(m, "running_requests", w),
-        custom=f.get_opt_float_map(m, "custom", w, nonneg=False),
+        custom=f.get_custom(m, w),
         health=None if raw_health is None else _health(raw_health, w),
     )
 
@@ -355,6 +355,7 @@ def _d_handle_report(m: Map) -> HandleReport:
             if type(name) is not str:
                 f.wrong_type(w, "custom", "str keys", name)
             custom[name] = f.float_map(per_replica, w, f"custom[{name!r}]", nonneg=False)
+        f.check_custom_names(custom, w)
     return HandleReport(
         handle_id=f.get_str(m, "handle_id", w),
         app=f.get_str(m, "app", w),

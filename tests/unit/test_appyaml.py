@@ -511,3 +511,96 @@ def test_errors_the_dataclasses_raise_are_reported_under_the_field_path() -> Non
             "set num_replicas or autoscaling_config, not both",
         )
     ]
+
+
+# -- custom autoscaling policies ---------------------------------------------------------------
+
+POLICY_APP = """
+applications:
+  - name: llm
+    deployments:
+      - name: Model
+        import_path: services.examples.kv_model:KVModel
+        autoscaling_config:
+          max_replicas: 4
+          policy:
+            {policy}
+"""
+
+
+def test_a_custom_policy_is_rays_policy_function_key() -> None:
+    text = POLICY_APP.format(
+        policy="policy_function: services.examples.kv_policy:scale_on_kv_cache"
+    )
+    [app] = apps_of(text)
+    scaling = app.deployments[0].autoscaling
+    assert scaling is not None and scaling.policy == "services.examples.kv_policy:scale_on_kv_cache"
+    assert AppConfig.from_json(app.to_json()) == app  # it survives fp_apps
+
+
+@pytest.mark.parametrize(
+    ("policy", "path", "message"),
+    [
+        ("policy_function: kv_policy", "policy.policy_function", "'package.module:Attribute'"),
+        ("policy_function: 3", "policy.policy_function", "expected a string"),
+        ("name: pkg.mod:fn", "policy.name", "Ray Serve's older name; use 'policy_function'"),
+        ("{}", "policy.policy_function", "required"),
+        ("pkg.mod:fn", "policy", "expected a mapping"),
+    ],
+)
+def test_policy_problems(policy: str, path: str, message: str) -> None:
+    p = only(POLICY_APP.format(policy=policy))
+    assert p.path == f"applications[0].deployments[0].autoscaling_config.{path}"
+    assert message in p.message and p.line is not None
+
+
+def test_policy_at_the_deployment_level_belongs_under_autoscaling_config() -> None:
+    p = only(
+        """
+        applications:
+          - name: llm
+            deployments:
+              - name: Model
+                import_path: pkg.mod:Model
+                policy: {policy_function: pkg.mod:fn}
+        """
+    )
+    assert "belongs under autoscaling_config" in p.message
+
+
+def test_the_import_check_reports_with_file_and_line(tmp_path: Path) -> None:
+    from services.controller.custom_policy import policy_problem
+
+    path = tmp_path / "llm.yaml"
+    path.write_text(POLICY_APP.format(policy="policy_function: nowhere_to_be.found:fn"))
+    assert load_apps(path)  # the file check alone imports nothing
+    with pytest.raises(ConfigError) as err:
+        load_apps(path, check_policy=policy_problem)
+    message = str(err.value)
+    assert f"{path}:10:" in message and "policy.policy_function" in message
+    assert "ModuleNotFoundError" in message
+
+
+def test_the_custom_policy_example_file_loads_and_imports() -> None:
+    from services.controller.custom_policy import policy_problem
+
+    [app] = load_apps(ROOT / "examples" / "apps" / "kv_cache.yaml", check_policy=policy_problem)
+    [dep] = app.deployments
+    assert dep.autoscaling is not None
+    assert dep.autoscaling.policy == "services.examples.kv_policy:scale_on_kv_cache"
+    module, _, attr = dep.import_path.partition(":")
+    assert callable(getattr(importlib.import_module(module), attr).record_autoscaling_stats)
+
+
+def test_rays_application_level_policy_is_refused_by_name() -> None:
+    p = only(
+        """
+        applications:
+          - name: llm
+            autoscaling_policy: {policy_function: pkg.mod:fn}
+            deployments:
+              - name: Model
+                import_path: pkg.mod:Model
+        """
+    )
+    assert "a Ray Serve option fleetpulse does not support" in p.message

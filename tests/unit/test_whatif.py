@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
@@ -255,3 +256,16 @@ def test_cli_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad.write_text("applications: [{name: shop}]\n")
     assert recorder_main(["replay", str(RECORDING), "--what-if", str(bad)]) == 2
     assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_a_custom_policy_is_not_simulated_and_what_if_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    apps = [json.loads(a.to_json()) for a in load_app_configs(CONFIG)]
+    scaling = apps[0]["deployments"][0]["autoscaling"]
+    scaling["policy"] = "services.examples.kv_policy:scale_on_kv_cache"
+    custom = tmp_path / "custom.json"
+    custom.write_text(json.dumps(apps))
+    run_whatif(RECORDING, [custom], WhatIfOptions(interval_s=1.0), out=io.StringIO())
+    err = capsys.readouterr().err
+    assert "names the custom policy services.examples.kv_policy:scale_on_kv_cache" in err

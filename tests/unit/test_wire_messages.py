@@ -220,6 +220,10 @@ def test_nested_missing_field_names_the_path() -> None:
         (HR, "running", {"r": -1.0}),
         (HR, "running", {"r": float("inf")}),
         (HR, "custom", {"m": {"r": float("-inf")}}),
+        (RR, "custom", {"": 1.0}),  # custom metric names: 1-128 UTF-8 bytes, at most 256
+        (RR, "custom", {"é" * 65: 1.0}),
+        (RR, "custom", {f"m{i}": 1.0 for i in range(257)}),
+        (HR, "custom", {"x" * 129: {"r": 1.0}}),
         (HR, "membership_epoch", -2),
         (EXITED, "state", "zombie"),
         (PROBE, "sent_at", float("nan")),

@@ -39,6 +39,8 @@ blob = st.binary(max_size=64)
 headers = st.lists(st.tuples(text, text), max_size=4).map(tuple)
 health = st.builds(HealthStatus, text, st.booleans(), finite, count)
 float_map = st.dictionaries(text, finite, max_size=5)
+metric_name = st.text(min_size=1, max_size=24)  # 1-128 UTF-8 bytes (docs/wire.md)
+custom_map = st.dictionaries(metric_name, finite, max_size=5)
 msgpack_value = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | finite | text | blob,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
@@ -70,7 +72,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     End: st.just(End()),
     ErrorReply: st.builds(ErrorReply, text, text, st.booleans()),
     ReplicaReport: st.builds(
-        ReplicaReport, text, finite, count, nonneg, float_map, st.none() | health
+        ReplicaReport, text, finite, count, nonneg, custom_map, st.none() | health
     ),
     HandleReport: st.builds(
         HandleReport,
@@ -83,7 +85,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         st.dictionaries(text, nonneg, max_size=6),
         st.lists(health, max_size=4).map(tuple),
         count,
-        st.dictionaries(text, float_map, max_size=3),
+        st.dictionaries(metric_name, float_map, max_size=3),
     ),
     Heartbeat: st.builds(Heartbeat, health, finite),
     Lifecycle: st.builds(
