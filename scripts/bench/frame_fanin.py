@@ -85,8 +85,9 @@ async def farm(url: str, n: int, period: float, frames_on: bool) -> None:
         due = int((time.monotonic() - start) / step)
         while k < due:
             r = ids[k % n]
-            for inbox in held.get(r, ()):
-                await bus.publish(inbox, encode(HealthFrame(health(r))))
+            inboxes = held.get(r)
+            if inboxes:  # one frame per check, on one of its held requests (as replicas do)
+                await bus.publish(inboxes[(k // n) % len(inboxes)], encode(HealthFrame(health(r))))
                 sent["frames"] += 1
             k += 1
         if time.monotonic() >= report_at:
@@ -98,7 +99,7 @@ async def farm(url: str, n: int, period: float, frames_on: bool) -> None:
 # -- the measured router -----------------------------------------------------------------------
 
 
-async def router_main(url: str, n: int) -> None:
+async def router_main(url: str, n: int, per_replica: int) -> None:
     from services.router.config import RouterConfig
     from services.router.handle import connect_handle
     from services.router.testing import Seat, put_membership
@@ -119,7 +120,7 @@ async def router_main(url: str, n: int) -> None:
 
     router.fold_health = counting  # type: ignore[method-assign]
     h = handle.options(method="hold", deadline_s=3600)
-    calls = [asyncio.create_task(h.remote()) for _ in range(n)]
+    calls = [asyncio.create_task(h.remote()) for _ in range(n * per_replica)]
     while True:
         await asyncio.sleep(1.0)
         print(
@@ -172,7 +173,7 @@ class Child:
 
 
 async def point(
-    n: int, period: float, frames: bool, warm_s: float, measure_s: float
+    n: int, per_replica: int, period: float, frames: bool, warm_s: float, measure_s: float
 ) -> dict[str, Any]:
     server = NatsServer()
     server.start()
@@ -183,9 +184,20 @@ async def point(
             + ([] if frames else ["--no-frames"])
         )
         await farm_p.read()
-        router_p = Child(["--role", "router", "--nats", server.url, "--n", str(n)])
+        router_p = Child(
+            [
+                "--role",
+                "router",
+                "--nats",
+                server.url,
+                "--n",
+                str(n),
+                "--per-replica",
+                str(per_replica),
+            ]
+        )
         deadline = time.monotonic() + 300
-        while (await router_p.read()).get("in_flight", 0) < n:
+        while (await router_p.read()).get("in_flight", 0) < n * per_replica:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {router_p.last} of {n} requests in flight")
         t_end = time.monotonic() + warm_s
@@ -198,7 +210,7 @@ async def point(
         farm1 = await farm_p.read()
         span = time.monotonic() - t0
         return {
-            "held": n, "period_s": period, "frames": frames,
+            "replicas": n, "held": n * per_replica, "period_s": period, "frames": frames,
             "frames_per_s": (farm1["frames"] - farm0["frames"]) / span,
             "folds_per_s": (router_p.last["folded"] - base["folded"]) / span,
             "probes_per_s": (farm1["probes"] - farm0["probes"]) / span,
@@ -218,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--periods", type=float, nargs="+", default=[10.0, 1.0])
     ap.add_argument("--warm-s", type=float, default=5.0)
     ap.add_argument("--measure-s", type=float, default=20.0)
+    ap.add_argument("--per-replica", type=int, default=1, help="requests held on each replica")
     ap.add_argument("--role", choices=("farm", "router"), help=argparse.SUPPRESS)
     ap.add_argument("--nats", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -228,14 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(farm(a.nats, a.n, a.period, not a.no_frames))
         return 0
     if a.role == "router":
-        asyncio.run(router_main(a.nats, a.n))
+        asyncio.run(router_main(a.nats, a.n, a.per_replica))
         return 0
     rows: list[dict[str, Any]] = []
     for n in a.sizes:
         for period in a.periods:
             for frames in (False, True):
-                row = asyncio.run(point(n, period, frames, a.warm_s, a.measure_s))
-                print(f"  held={n} period={period:g}s frames={frames}: {row}", flush=True)
+                row = asyncio.run(point(n, a.per_replica, period, frames, a.warm_s, a.measure_s))
+                print(f"  replicas={n} period={period:g}s frames={frames}: {row}", flush=True)
                 rows.append(row)
     table = []
     for r in rows:
@@ -250,12 +263,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             r["router_cpu"] / base["router_cpu"] if base["router_cpu"] else None
         )
         table.append([
-            r["held"], f"{r['period_s']:g}", f"{r['frames_per_s']:.0f}", f"{r['probes_per_s']:.0f}",
+            r["replicas"], r["held"], f"{r['period_s']:g}", f"{r['frames_per_s']:.0f}", f"{r['probes_per_s']:.0f}",
             f"{base['probes_per_s']:.0f}", f"{r['router_cpu']:.2f}", f"{base['router_cpu']:.2f}",
         ])  # fmt: skip
     print_table(
         "One router process, one held request per replica",
-        ["held", "period s", "frames/s", "probes/s", "probes/s no frames", "cpu", "cpu no frames"],
+        [
+            "replicas",
+            "held",
+            "period s",
+            "frames/s",
+            "probes/s",
+            "probes/s no frames",
+            "cpu",
+            "cpu no frames",
+        ],
         table,
     )
     out = write_json("frame_fanin", {"args": vars(a), "rows": rows})
@@ -263,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         if r["frames"]:
             result_line(
-                "frame_fanin", held=r["held"], period_s=r["period_s"],
+                "frame_fanin", replicas=r["replicas"], held=r["held"], period_s=r["period_s"],
                 frames_per_s=r["frames_per_s"], probes_per_s=r["probes_per_s"],
                 router_cpu=r["router_cpu"],
             )  # fmt: skip
