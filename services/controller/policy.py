@@ -232,7 +232,7 @@ def decide(
 
     # 4. starting
     running = inputs.running_replicas
-    if running <= 0:
+    if running <= 0 < cur:
         return done("starting", cur, cur, f"hold: {cur} starting, none running yet")
 
     # 5. no data
