@@ -33,6 +33,7 @@ import random
 import sys
 import time
 import types
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-file", help="a policy.py to compare instead of this tree's")
     ap.add_argument("--name", default="ray_policy", help="name of the JSON and RESULT line")
     args = ap.parse_args(argv)
+    # Ray's config warns that look_back_period_s should exceed metrics_interval_s: not a policy input
+    warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         ray = RayPolicy(Clock())
     except ImportError as e:
