@@ -228,21 +228,35 @@ def near_int(x: float) -> bool:
 
 
 def classify(
-    cfg: AutoscalingConfig, *, target: int, running: int, demand: float | None, rule: str
+    cfg: AutoscalingConfig,
+    *,
+    target: int,
+    running: int,
+    demand: float | None,
+    rule: str,
+    fp_target: int,
+    fp_desired: int,
 ) -> str:
+    """The documented row that explains a disagreement, checking that fleetpulse did what the
+    row says it does (else it is undocumented)."""
+    held = fp_target == target
     if demand is None:
-        return "missing_data"
+        return "missing_data" if held else "undocumented"
     if running == 0 and demand > 0:
-        return "jump_from_zero"
+        need = math.ceil(round(demand / cfg.target_ongoing_requests, 9))
+        jump = max(cfg.min_replicas, min(cfg.max_replicas, max(1, need)))
+        ok = fp_target == (jump if target == 0 else target)
+        return "jump_from_zero" if ok else "undocumented"
     if rule == "window_not_full":
-        return "window_not_full"
+        return "window_not_full" if held else "undocumented"
     if running > 0:
         raw = running * (demand / (cfg.target_ongoing_requests * running))  # Ray's arithmetic
         for f in (cfg.upscaling_factor, cfg.downscaling_factor):
             if near_int(raw) or near_int(running + f * (raw - running)):
                 return "rounding"
         if raw < running and math.ceil(round(raw, 9)) == running:
-            return "downscale_factor_gate"
+            kept = fp_desired == max(cfg.min_replicas, min(cfg.max_replicas, running))
+            return "downscale_factor_gate" if kept else "undocumented"
     return "undocumented"
 
 
@@ -297,7 +311,15 @@ def run_one(seed: int, ray: RayPolicy, pol: types.ModuleType, tally: Tally, tick
         if ray_target == decision.target and ray_timer == fp_timer:
             tally.agree += 1
         else:
-            cls = classify(cfg, target=target, running=running, demand=demand, rule=decision.rule)
+            cls = classify(
+                cfg,
+                target=target,
+                running=running,
+                demand=demand,
+                rule=decision.rule,
+                fp_target=decision.target,
+                fp_desired=decision.desired,
+            )
             tally.by_class[cls] += 1
             classes_this_run.add(cls)
             example = {
