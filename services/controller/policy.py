@@ -9,9 +9,9 @@ monotonic `now`. The rules are checked in this order; the first that applies dec
 3. Cold start: at target 0, a queued request (`cold_start`) or any demand scales at once, with
    no delay, to what the demand needs: max(1, min_replicas, ceil(demand / target)). The
    smoothing factor is not applied (there is no running count to smooth from).
-4. Starting: a target above 0 with no replica running yet holds, up and down (as Ray Serve): the
-   replicas being started take the queue, and demand measured with none running says nothing
-   about how many are needed beyond them.
+4. Starting: a target above 0 with no replica running yet holds, up and down (as Ray Serve):
+   with nothing served, queued demand grows with the start time and overstates the need; the
+   first running replica gives a measurement.
 5. No data (`demand_mean` None): hold. Missing data is not zero load.
 6. Panic (only with `panic_mode`): short-window demand at `panic_threshold` x capacity
    (running replicas x target_ongoing_requests) scales up at once to ceil(demand_short /
