@@ -17,10 +17,10 @@ A rise opens the window at its onset (`rise_above=level`, the demand the current
 when the newest sample is above the level, the mean covers only the trailing run of samples above
 it, so the idle time before a step in load does not dilute the step (averaging zeros from before
 the step made a 0 -> 8 step look like 3 for most of a 5 s window and cost a second delay). A run
-that started before the window is the whole window; a rise whose samples have not held yet
-(the first tick of a step) reads as its newest sample. When the newest sample is at or below the level the mean is over the whole
-window, so a fall is judged on the full look-back period as before. Coverage (`is_full`) is
-always that of the whole window.
+that started before the window is the whole window; a rise that has not held yet because its
+only sample is at `now` (the first tick of a step) reads as that sample. When the newest sample
+is at or below the level the mean is over the whole window, so a fall is judged on the full
+look-back period as before. Coverage (`is_full`) is always that of the whole window.
 
 Storage is two float64 arrays used as a sliding buffer: `add` writes at the tail, growing by
 doubling or compacting when `trim` has moved the head far enough; queries take the live slice,
@@ -179,7 +179,7 @@ class DemandWindow:
         seg = self._segments(now, period_s)
         if seg is None:
             return None
-        return _mean(*seg, rise_above)
+        return _mean(*seg, now, rise_above)
 
     def mean_and_full(
         self, now: float, period_s: float, *, rise_above: float | None = None
@@ -188,9 +188,8 @@ class DemandWindow:
         seg = self._segments(now, period_s)
         if seg is None:
             return None, False
-        durations, values = seg
-        covered = float(durations.sum())
-        return _mean(durations, values, rise_above), covered >= period_s - FULL_TOLERANCE_S
+        covered = float(seg[0].sum())
+        return _mean(*seg, now, rise_above), covered >= period_s - FULL_TOLERANCE_S
 
     def policy_demand(
         self, cfg: AutoscalingConfig, target: int, now: float
@@ -212,7 +211,8 @@ class DemandWindow:
         """Whether the whole window `[now - period_s, now]` is covered (up to float rounding)."""
         return self.coverage(now, period_s) >= period_s - FULL_TOLERANCE_S
 
-    def _segments(self, now: float, period_s: float) -> tuple[FloatArray, FloatArray] | None:
+    def _segments(self, now: float, period_s: float) -> tuple[FloatArray, FloatArray, float] | None:
+        """(durations, values, time of the newest sample) of the window, or None if empty."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise UsageError(f"period_s must be a positive number, got {period_s!r}")
         if not math.isfinite(now):
@@ -231,16 +231,19 @@ class DemandWindow:
         ends[-1] = now
         np.minimum(ends, t + self._max_gap_s, out=ends)
         durations = np.clip(ends - np.maximum(t, start), 0.0, None)
-        return durations, self._v[self._head + lo : self._head + hi]
+        return durations, self._v[self._head + lo : self._head + hi], float(t[-1])
 
 
-def _mean(durations: FloatArray, values: FloatArray, rise_above: float | None) -> float | None:
+def _mean(
+    durations: FloatArray, values: FloatArray, newest_t: float, now: float, rise_above: float | None
+) -> float | None:
     if rise_above is not None and values[-1] > rise_above:
         at_or_below = np.flatnonzero(values <= rise_above)
         onset = int(at_or_below[-1]) + 1 if at_or_below.size else 0
         durations, values = durations[onset:], values[onset:]
         if float(durations.sum()) <= 0:
-            return float(values[-1])
+            # a fresh sample at `now` is data; one that a gap has made stale is not
+            return float(values[-1]) if newest_t >= now else None
     covered = float(durations.sum())
     if covered <= 0:
         return None

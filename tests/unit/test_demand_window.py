@@ -293,3 +293,11 @@ def test_policy_demand_reads_short_window_only_in_panic_mode() -> None:
     # at 4 replicas (capacity 8) the same samples are no rise: the plain 5 s mean
     mean, _, _ = w.policy_demand(cfg, 4, 11.0)
     assert mean == pytest.approx(1.6)
+
+
+def test_a_stale_rise_is_no_data() -> None:
+    # the only sample is older than the gap limit: no time is covered, rise or not
+    w = DemandWindow(max_gap_s=2.0)
+    w.add(0.0, 8.0)
+    assert w.mean(100.0, 5.0, rise_above=2.0) is None
+    assert w.mean(100.0, 5.0) is None
