@@ -13,6 +13,15 @@ divided by the covered time; a sample older than the window start still counts f
 its hold that reaches into the window. A sample at the same time as an earlier one supersedes it
 (the earlier one holds for zero time).
 
+A rise opens the window at its onset (`rise_above=level`, the demand the current target serves):
+when the newest sample is above the level, the mean covers only the trailing run of samples above
+it, so the idle time before a step in load does not dilute the step (averaging zeros from before
+the step made a 0 -> 8 step look like 3 for most of a 5 s window and cost a second delay). A run
+that started before the window is the whole window; a rise that has not held yet because its
+only sample is at `now` (the first tick of a step) reads as that sample. When the newest sample
+is at or below the level the mean is over the whole window, so a fall is judged on the full
+look-back period as before. Coverage (`is_full`) is always that of the whole window.
+
 Storage is two float64 arrays used as a sliding buffer: `add` writes at the tail, growing by
 doubling or compacting when `trim` has moved the head far enough; queries take the live slice,
 find the window with `searchsorted` and integrate the clipped segments in numpy, so a query costs
@@ -29,6 +38,8 @@ import numpy.typing as npt
 
 from shared.appconfig import AutoscalingConfig
 from shared.errors import UsageError
+
+from .policy import rise_level
 
 # Ray Serve's default metrics interval; a window without a sample for two intervals has lost data.
 DEFAULT_MAX_GAP_S = 2 * 10.0
@@ -159,29 +170,37 @@ class DemandWindow:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def mean(self, now: float, period_s: float) -> float | None:
-        """Time-weighted mean demand over the covered part of `[now - period_s, now]`.
+    def mean(self, now: float, period_s: float, *, rise_above: float | None = None) -> float | None:
+        """Time-weighted mean demand over the covered part of `[now - period_s, now]`, from
+        the onset of a rise above `rise_above` when there is one (module docstring).
 
         None when no time in the window is covered (no data: never read that as zero load).
         """
         seg = self._segments(now, period_s)
         if seg is None:
             return None
-        durations, values = seg
-        covered = float(durations.sum())
-        if covered <= 0:
-            return None
-        return float(np.dot(durations, values)) / covered
+        return _mean(*seg, now, rise_above)
 
-    def mean_and_full(self, now: float, period_s: float) -> tuple[float | None, bool]:
-        """`mean(now, period_s)` and `is_full(now, period_s)` from one scan of the window."""
+    def mean_and_full(
+        self, now: float, period_s: float, *, rise_above: float | None = None
+    ) -> tuple[float | None, bool]:
+        """`mean(now, period_s, rise_above=...)` and `is_full(now, period_s)` from one scan."""
         seg = self._segments(now, period_s)
         if seg is None:
             return None, False
-        durations, values = seg
-        covered = float(durations.sum())
-        mean = float(np.dot(durations, values)) / covered if covered > 0 else None
-        return mean, covered >= period_s - FULL_TOLERANCE_S
+        covered = float(seg[0].sum())
+        return _mean(*seg, now, rise_above), covered >= period_s - FULL_TOLERANCE_S
+
+    def policy_demand(
+        self, cfg: AutoscalingConfig, target: int, now: float
+    ) -> tuple[float | None, float | None, bool]:
+        """What the policy reads at `target`: the look-back mean, the panic-window mean (only
+        in panic mode, else None), both from the onset of a rise above what `target` serves,
+        and whether the look-back window is full."""
+        rise = rise_level(cfg, target)
+        mean, full = self.mean_and_full(now, cfg.look_back_period_s, rise_above=rise)
+        short = self.mean(now, cfg.panic_window_s, rise_above=rise) if cfg.panic_mode else None
+        return mean, short, full
 
     def coverage(self, now: float, period_s: float) -> float:
         """Seconds of `[now - period_s, now]` covered by data."""
@@ -192,7 +211,8 @@ class DemandWindow:
         """Whether the whole window `[now - period_s, now]` is covered (up to float rounding)."""
         return self.coverage(now, period_s) >= period_s - FULL_TOLERANCE_S
 
-    def _segments(self, now: float, period_s: float) -> tuple[FloatArray, FloatArray] | None:
+    def _segments(self, now: float, period_s: float) -> tuple[FloatArray, FloatArray, float] | None:
+        """(durations, values, time of the newest sample) of the window, or None if empty."""
         if not (math.isfinite(period_s) and period_s > 0):
             raise UsageError(f"period_s must be a positive number, got {period_s!r}")
         if not math.isfinite(now):
@@ -211,4 +231,20 @@ class DemandWindow:
         ends[-1] = now
         np.minimum(ends, t + self._max_gap_s, out=ends)
         durations = np.clip(ends - np.maximum(t, start), 0.0, None)
-        return durations, self._v[self._head + lo : self._head + hi]
+        return durations, self._v[self._head + lo : self._head + hi], float(t[-1])
+
+
+def _mean(
+    durations: FloatArray, values: FloatArray, newest_t: float, now: float, rise_above: float | None
+) -> float | None:
+    if rise_above is not None and values[-1] > rise_above:
+        at_or_below = np.flatnonzero(values <= rise_above)
+        onset = int(at_or_below[-1]) + 1 if at_or_below.size else 0
+        durations, values = durations[onset:], values[onset:]
+        if float(durations.sum()) <= 0:
+            # a fresh sample at `now` is data; one that a gap has made stale is not
+            return float(values[-1]) if newest_t >= now else None
+    covered = float(durations.sum())
+    if covered <= 0:
+        return None
+    return float(np.dot(durations, values)) / covered

@@ -198,11 +198,10 @@ class ManagedDeployment:
     def _decide(self, now: float, out: StepResult) -> None:
         pc = self.policy_cfg
         running = len(self.state.view().running)
-        mean, full = self.window.mean_and_full(now, pc.look_back_period_s)
+        mean, short, full = self.window.policy_demand(pc, self.state.target, now)
         inputs = PolicyInputs(
             demand_mean=mean,
-            # read only in panic mode: not computed otherwise (a window scan per tick)
-            demand_short=self.window.mean(now, pc.panic_window_s) if pc.panic_mode else None,
+            demand_short=short,
             window_full=full,
             cold_start=self.state.target == 0 and self.metrics.cold_start_signal(),
             running_replicas=running,

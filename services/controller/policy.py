@@ -6,30 +6,36 @@ monotonic `now`. The rules are checked in this order; the first that applies dec
 
 1. Fixed size (min_replicas == max_replicas): the target is that size, always.
 2. Bounds: a target outside [min, max] (the config changed) is clipped at once.
-3. Cold start: at target 0, a queued request (`cold_start`) or any demand scales to
-   max(1, min_replicas, desired) at once, with no delay.
-4. No data (`demand_mean` None): hold. Missing data is not zero load.
-5. Panic (only with `panic_mode`): short-window demand at `panic_threshold` x capacity
-   (running replicas x target_ongoing_requests; with none running, any demand) scales up at once
-   to ceil(demand_short / target), and forbids scale-down until `panic_window_s` after the last
-   panicking tick.
-6. Normal path, Ray Serve compatible (`_apply_scaling_factors` / `_apply_delay_logic`):
-   raw = demand_mean / target_ongoing_requests, and desired_raw = ceil(raw). When desired_raw
-   differs from the current target, the change raw - current is multiplied by upscaling_factor or
-   downscaling_factor and the result rounded up (ceil: away from the current target when growing,
-   toward it when shrinking) and then moved by at least one replica, as Ray does, and clipped to
-   [min, max]. Like Ray, a downscale from more than one replica stops at one; from one to zero
+3. Cold start: at target 0, a queued request (`cold_start`) or any demand scales at once, with
+   no delay, to what the demand needs: max(1, min_replicas, ceil(demand / target)). The
+   smoothing factor is not applied (there is no running count to smooth from).
+4. Starting: a target above 0 with no replica running yet holds, up and down (as Ray Serve):
+   with nothing served, queued demand grows with the start time and overstates the need; the
+   first running replica gives a measurement.
+5. No data (`demand_mean` None): hold. Missing data is not zero load.
+6. Panic (only with `panic_mode`): short-window demand at `panic_threshold` x capacity
+   (running replicas x target_ongoing_requests) scales up at once to ceil(demand_short /
+   target), and forbids scale-down until `panic_window_s` after the last panicking tick.
+7. Normal path, Ray Serve's arithmetic: raw = demand_mean / target_ongoing_requests, smoothed
+   from the RUNNING count r (not the target, so replicas still starting are not counted twice):
+   desired = ceil(r + factor * (raw - r)), at least r + 1 when growing and at most r - 1 when
+   shrinking, clipped to [min, max]. Deliberate differences (docs/deploy.md, "Differences from
+   Ray Serve"): when ceil(raw) == r the count is kept whatever the factor (Ray lets a
+   downscaling factor above 1 shrink a deployment whose demand still needs every replica), and
+   ratios are rounded to 9 digits before ceil so float noise (1.8 / 0.3 = 6.000000000000001)
+   never costs a replica. A downscale from more than one replica stops at one; from one to zero
    the to-zero delay applies, so N -> 0 takes downscale_delay_s then downscale_to_zero_delay_s.
-   One deliberate difference: Ray applies the factor even when ceil(raw) equals the current
-   target (a downscaling factor above 1 can then shrink a deployment whose demand still needs
-   every replica); we gate on desired_raw first.
-   A change waits until the desired direction has held continuously for the delay, measured on
-   `now` (wall time, not ticks): one tick short holds, at the delay it acts. A reversal, a
-   steady tick or a tick without data resets the timer (a change of size in the same direction
-   does not, as in Ray). No scale-down without a full window of data (`window_full`): after a
-   start or a failover the controller rebuilds first, and the downscale timer only starts once the
-   window is full (nor does it run while panicking); increases are allowed meanwhile. A change
-   that acts clears the timer, so a further step waits a full delay again.
+   A change of the target waits until the desired direction has held continuously for the
+   delay, measured on `now` (wall time, not ticks): one tick short holds, at the delay it acts.
+   A reversal, a steady tick or a tick without data resets the timer (a change of size in the
+   same direction does not, as in Ray). No scale-down without a full window of data
+   (`window_full`): after a start or a failover the controller rebuilds first, and the
+   downscale timer only starts once the window is full (nor does it run while panicking);
+   increases are allowed meanwhile. A change that acts clears the timer.
+
+What `demand_mean` averages is the controller's business (demand_window.py): a rise above what
+the target serves is averaged from its onset (`rise_level`), so idle time before a step does not
+dilute it; otherwise it is the mean over the whole look-back window.
 
 `Decision.reason` is a short human sentence for logs and status; `Decision.rule` is a stable token
 saying which rule decided (the shell logs when `changed` or when the rule changes: the reason text
@@ -91,6 +97,7 @@ Rule = Literal[
     "fixed",
     "bounds",
     "cold_start",
+    "starting",
     "no_data",
     "panic",
     "steady",
@@ -129,18 +136,35 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def desired_replicas(cfg: AutoscalingConfig, current: int, demand: float) -> int:
-    """Ray's smoothed desired replica count for `demand` at `current`, clipped to [min, max]."""
+def needed_replicas(cfg: AutoscalingConfig, demand: float) -> int:
+    """ceil(demand / target_ongoing_requests), not fooled by float noise."""
+    return _ceil(demand / cfg.target_ongoing_requests)
+
+
+def desired_replicas(cfg: AutoscalingConfig, running: int, demand: float) -> int:
+    """The smoothed desired count for `demand` with `running` replicas, clipped to [min, max].
+
+    The factor multiplies the gap between the need and the running count (rule 7).
+    """
     raw = demand / cfg.target_ongoing_requests
-    desired_raw = _ceil(raw)
-    if desired_raw == current:
-        return _clip(current, cfg)
-    delta = raw - current
-    if desired_raw > current:
-        scaled = max(_ceil(current + cfg.upscaling_factor * delta), current + 1)
+    need = _ceil(raw)
+    if need == running:
+        return _clip(running, cfg)
+    delta = raw - running
+    if need > running:
+        scaled = max(_ceil(running + cfg.upscaling_factor * delta), running + 1)
     else:
-        scaled = min(_ceil(current + cfg.downscaling_factor * delta), current - 1)
+        scaled = min(_ceil(running + cfg.downscaling_factor * delta), running - 1)
     return _clip(scaled, cfg)
+
+
+def rise_level(cfg: AutoscalingConfig, target: int) -> float:
+    """The demand `target` replicas serve: a sample above it is a rise that needs more.
+
+    The controller averages demand from the onset of a rise above this level (demand_window.py);
+    the margin keeps a sample exactly at capacity, up to float rounding, from counting as a rise.
+    """
+    return target * cfg.target_ongoing_requests * (1 + 10.0**-RATIO_DIGITS)
 
 
 def _panic_level(cfg: AutoscalingConfig, inputs: PolicyInputs) -> str | None:
@@ -148,8 +172,6 @@ def _panic_level(cfg: AutoscalingConfig, inputs: PolicyInputs) -> str | None:
     short = inputs.demand_short
     if not cfg.panic_mode or short is None or short <= 0:
         return None
-    if inputs.running_replicas <= 0:
-        return f"short-window demand {short:.1f} with no running replica"
     capacity = inputs.running_replicas * cfg.target_ongoing_requests
     if short >= cfg.panic_threshold * capacity:
         return (
@@ -203,29 +225,34 @@ def decide(
     # window and would otherwise wake a deployment that just went idle on stale load
     short_demand = cfg.panic_mode and (short or 0.0) > 0
     if cur == 0 and (inputs.cold_start or (mean or 0.0) > 0 or short_demand):
-        want = max(1, lo, desired_replicas(cfg, 0, mean or 0.0))
+        want = max(1, lo, needed_replicas(cfg, mean or 0.0))
         if cfg.panic_mode and short is not None:
-            want = max(want, _ceil(short / cfg.target_ongoing_requests))
+            want = max(want, needed_replicas(cfg, short))
         want = _clip(want, cfg)
         why = "queued request" if inputs.cold_start else f"demand {(mean or short or 0.0):.1f}"
         return done("cold_start", want, want, f"cold start from zero 0->{want}: {why}")
 
-    # 4. no data
+    # 4. starting
+    running = inputs.running_replicas
+    if running <= 0 < cur:
+        return done("starting", cur, cur, f"hold: {cur} starting, none running yet")
+
+    # 5. no data
     if mean is None:
         return done("no_data", cur, cur, "hold: no demand data in the look-back window")
 
-    # 5. panic
+    # 6. panic
     panic = _panic_level(cfg, inputs)
     if panic is not None and short is not None:
         panic_until = now + cfg.panic_window_s
-        panic_target = _clip(_ceil(short / cfg.target_ongoing_requests), cfg)
+        panic_target = _clip(needed_replicas(cfg, short), cfg)
         if panic_target > cur:
             return done(
                 "panic", panic_target, panic_target, f"panic {cur}->{panic_target}: {panic}"
             )
 
-    # 6. normal path
-    desired = desired_replicas(cfg, cur, mean)
+    # 7. normal path
+    desired = desired_replicas(cfg, running, mean)
     demand_txt = f"demand {mean:.1f} / target {_fmt(cfg.target_ongoing_requests)}"
     if desired == cur:
         return done("steady", cur, cur, f"hold: steady at {cur} ({demand_txt})")

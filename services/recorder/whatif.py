@@ -195,12 +195,11 @@ class _DeploymentSim:
         demand = self.metrics.total_demand()
         self.window.add(now, demand)
         cfg = self.cfg
-        mean = self.window.mean(now, cfg.look_back_period_s)
+        mean, short, full = self.window.policy_demand(cfg, self.policy.target, now)
         inputs = PolicyInputs(
             demand_mean=mean,
-            # decide reads the short window only in panic mode
-            demand_short=self.window.mean(now, cfg.panic_window_s) if cfg.panic_mode else None,
-            window_full=self.window.is_full(now, cfg.look_back_period_s),
+            demand_short=short,
+            window_full=full,
             cold_start=self.policy.target == 0 and self.metrics.cold_start_signal(),
             running_replicas=self._running(now),
         )

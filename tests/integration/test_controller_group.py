@@ -96,8 +96,10 @@ async def leases(bus: Bus) -> dict[int, tuple[str, int]]:
 
 
 def busy_app() -> AppConfig:
+    # min 0: no replica ever runs here (no agent), and the policy holds a target whose replicas
+    # are all still starting; from zero, the load alone sets the target at once
     policy = AutoscalingConfig(
-        min_replicas=1, max_replicas=6, target_ongoing_requests=2, upscale_delay_s=0.5,
+        min_replicas=0, max_replicas=6, target_ongoing_requests=2, upscale_delay_s=0.5,
         downscale_delay_s=2.0, look_back_period_s=2.0, metrics_interval_s=0.5,
     )  # fmt: skip
     d = DeploymentConfig(name="Model", import_path="m:Model", autoscaling=policy)

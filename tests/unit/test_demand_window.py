@@ -232,3 +232,72 @@ def test_trim_does_not_change_windows_it_promises_to_keep(
     w.trim(now, keep)
     if period <= keep:
         assert (w.mean(now, period), w.coverage(now, period)) == before
+
+
+# -- a rise is averaged from its onset ---------------------------------------------------------
+
+
+def _step_window(step_at: float, until: float, low: float, high: float) -> DemandWindow:
+    w = DemandWindow(max_gap_s=2.0)
+    for i in range(round(until * 10) + 1):
+        t = i / 10
+        w.add(t, high if t >= step_at else low)
+    return w
+
+
+def test_ray_diff_rise_is_averaged_from_its_onset() -> None:
+    # idle until 10 s, then 8: one second later the 5 s mean is 1.6, the rise's own mean 8
+    w = _step_window(10.0, 11.0, 0.0, 8.0)
+    assert w.mean(11.0, 5.0) == pytest.approx(1.6)
+    assert w.mean(11.0, 5.0, rise_above=2.0) == pytest.approx(8.0)
+    mean, full = w.mean_and_full(11.0, 5.0, rise_above=2.0)
+    assert mean == pytest.approx(8.0) and full  # coverage is the whole window's
+    # the first tick of the rise has not held yet: it reads as itself, not as "no data"
+    w = _step_window(10.0, 10.0, 0.0, 8.0)
+    assert w.mean(10.0, 5.0, rise_above=2.0) == 8.0
+
+
+def test_rise_level_is_the_targets_capacity() -> None:
+    w = _step_window(10.0, 11.0, 1.0, 3.0)
+    # 3 is not above what 2 replicas x 2 serve: the whole window counts
+    assert w.mean(11.0, 5.0, rise_above=4.0) == pytest.approx((1 * 4 + 3 * 1) / 5)
+    # a sample exactly at the level is not a rise: the onset is after the last one at or below
+    w = DemandWindow(max_gap_s=2.0)
+    for t, v in [(0.0, 4.0), (1.0, 4.0), (2.0, 6.0), (3.0, 4.0), (4.0, 6.0), (5.0, 6.0)]:
+        w.add(t, v)
+    assert w.mean(6.0, 6.0, rise_above=4.0) == pytest.approx(6.0)
+    assert w.mean(6.0, 6.0) == pytest.approx((4 + 4 + 6 + 4 + 6 + 6) / 6)
+
+
+def test_a_fall_is_judged_on_the_whole_window() -> None:
+    w = _step_window(10.0, 11.0, 8.0, 0.0)
+    assert w.mean(11.0, 5.0, rise_above=2.0) == pytest.approx(8 * 4 / 5)
+
+
+def test_a_rise_older_than_the_window_is_the_whole_window() -> None:
+    w = _step_window(2.0, 11.0, 0.0, 8.0)
+    assert w.mean(11.0, 5.0, rise_above=2.0) == pytest.approx(8.0)
+    assert w.mean(11.0, 5.0, rise_above=2.0) == w.mean(11.0, 5.0)
+
+
+def test_policy_demand_reads_short_window_only_in_panic_mode() -> None:
+    w = _step_window(10.0, 11.0, 0.0, 8.0)
+    cfg = AutoscalingConfig(min_replicas=1, max_replicas=8, look_back_period_s=5.0)
+    mean, short, full = w.policy_demand(cfg, 1, 11.0)
+    assert (mean, short, full) == (pytest.approx(8.0), None, True)
+    panic = AutoscalingConfig(
+        min_replicas=1, max_replicas=8, look_back_period_s=5.0, panic_mode=True
+    )
+    _, short, _ = w.policy_demand(panic, 1, 11.0)
+    assert short == pytest.approx(8.0)
+    # at 4 replicas (capacity 8) the same samples are no rise: the plain 5 s mean
+    mean, _, _ = w.policy_demand(cfg, 4, 11.0)
+    assert mean == pytest.approx(1.6)
+
+
+def test_a_stale_rise_is_no_data() -> None:
+    # the only sample is older than the gap limit: no time is covered, rise or not
+    w = DemandWindow(max_gap_s=2.0)
+    w.add(0.0, 8.0)
+    assert w.mean(100.0, 5.0, rise_above=2.0) is None
+    assert w.mean(100.0, 5.0) is None

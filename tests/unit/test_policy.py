@@ -22,6 +22,7 @@ from shared.appconfig import AutoscalingConfig
 from shared.errors import UsageError
 
 TICK = 0.1
+AS_TARGET = -1  # inputs(): as many replicas running as the target
 
 
 def config(**kw: Any) -> AutoscalingConfig:
@@ -43,7 +44,7 @@ def inputs(
     short: float | None = None,
     full: bool = True,
     cold: bool = False,
-    running: int = 0,
+    running: int = AS_TARGET,
 ) -> PolicyInputs:
     return PolicyInputs(
         demand_mean=mean,
@@ -52,6 +53,15 @@ def inputs(
         cold_start=cold,
         running_replicas=running,
     )
+
+
+def step(
+    cfg: AutoscalingConfig, s: PolicyState, inp: PolicyInputs, now: float
+) -> tuple[PolicyState, Decision]:
+    """`decide`, with every replica of the target running unless the inputs say otherwise."""
+    if inp.running_replicas == AS_TARGET:
+        inp = dataclasses.replace(inp, running_replicas=s.target)
+    return decide(cfg, s, inp, now)
 
 
 def state(target: int, **kw: Any) -> PolicyState:
@@ -66,7 +76,7 @@ def run(
     now = start
     s = st0
     for _ in range(ticks):
-        s, d = decide(cfg, s, inp, now)
+        s, d = step(cfg, s, inp, now)
         out.append((now, d))
         now += TICK
     return s, out
@@ -134,14 +144,14 @@ def test_state_validation() -> None:
 def test_upscale_waits_exactly_the_delay() -> None:
     cfg = config()
     s = state(2)
-    s, d = decide(cfg, s, inputs(7.6), 100.0)
+    s, d = step(cfg, s, inputs(7.6), 100.0)
     assert (d.target, d.desired, d.changed) == (2, 4, False)
     assert (s.pending, s.pending_since) == (UP, 100.0)
-    s1, d = decide(cfg, s, inputs(7.6), 102.9)
+    s1, d = step(cfg, s, inputs(7.6), 102.9)
     assert (d.target, d.changed) == (2, False)
     assert d.reason == "hold: waiting 2.9/3.0 s upscale delay (2->4)"
     assert d.rule == "waiting"
-    s2, d = decide(cfg, s1, inputs(7.6), 103.0)
+    s2, d = step(cfg, s1, inputs(7.6), 103.0)
     assert (d.target, d.changed) == (4, True)
     assert d.reason == "upscale 2->4: demand 7.6 / target 2 for 3.0 s"
     assert d.rule == "upscale"
@@ -158,20 +168,20 @@ def test_delay_on_accumulated_ticks_acts_on_the_boundary_tick() -> None:
 
 def test_zero_delay_acts_on_the_first_tick() -> None:
     cfg = config(upscale_delay_s=0.0, downscale_delay_s=0.0, downscale_to_zero_delay_s=0.0)
-    _, d = decide(cfg, state(2), inputs(7.6), 1.0)
+    _, d = step(cfg, state(2), inputs(7.6), 1.0)
     assert d.target == 4
-    _, d = decide(cfg, state(4), inputs(2.0), 1.0)
+    _, d = step(cfg, state(4), inputs(2.0), 1.0)
     assert d.target == 1
 
 
 def test_downscale_waits_exactly_the_delay() -> None:
     cfg = config()
-    s, d = decide(cfg, state(4), inputs(3.1), 50.0)
+    s, d = step(cfg, state(4), inputs(3.1), 50.0)
     assert (d.target, d.desired, s.pending) == (4, 2, DOWN)
-    _, d = decide(cfg, s, inputs(3.1), 59.9)
+    _, d = step(cfg, s, inputs(3.1), 59.9)
     assert d.target == 4
     assert d.reason == "hold: waiting 9.9/10.0 s downscale delay (4->2)"
-    _, d = decide(cfg, s, inputs(3.1), 60.0)
+    _, d = step(cfg, s, inputs(3.1), 60.0)
     assert (d.target, d.changed) == (2, True)
     assert d.reason == "downscale 4->2: demand 3.1 / target 2 for 10.0 s"
 
@@ -198,27 +208,27 @@ def test_to_zero_delay_defaults_to_downscale_delay() -> None:
 
 def test_reversal_resets_the_timer() -> None:
     cfg = config(upscale_delay_s=3.0, downscale_delay_s=3.0)
-    s, _ = decide(cfg, state(4), inputs(20.0), 0.0)  # wants up
-    s, _ = decide(cfg, s, inputs(20.0), 2.5)
-    s, d = decide(cfg, s, inputs(1.0), 2.6)  # wants down: the up timer is gone
+    s, _ = step(cfg, state(4), inputs(20.0), 0.0)  # wants up
+    s, _ = step(cfg, s, inputs(20.0), 2.5)
+    s, d = step(cfg, s, inputs(1.0), 2.6)  # wants down: the up timer is gone
     assert (s.pending, s.pending_since, d.target) == (DOWN, 2.6, 4)
-    s, d = decide(cfg, s, inputs(20.0), 2.7)  # up again: starts from here
+    s, d = step(cfg, s, inputs(20.0), 2.7)  # up again: starts from here
     assert (s.pending, s.pending_since) == (UP, 2.7)
-    s, d = decide(cfg, s, inputs(20.0), 5.6)
+    s, d = step(cfg, s, inputs(20.0), 5.6)
     assert d.target == 4
-    _, d = decide(cfg, s, inputs(20.0), 5.7)
+    _, d = step(cfg, s, inputs(20.0), 5.7)
     assert d.target == 10
 
 
 def test_steady_tick_and_missing_data_reset_the_timer() -> None:
     cfg = config()
-    s, _ = decide(cfg, state(2), inputs(7.6), 0.0)
-    s, d = decide(cfg, s, inputs(4.0), 1.0)  # exactly at target: steady
+    s, _ = step(cfg, state(2), inputs(7.6), 0.0)
+    s, d = step(cfg, s, inputs(4.0), 1.0)  # exactly at target: steady
     assert (s.pending, d.reason) == (NONE, "hold: steady at 2 (demand 4.0 / target 2)")
-    s, _ = decide(cfg, s, inputs(7.6), 2.0)
-    s, d = decide(cfg, s, inputs(None), 3.0)
+    s, _ = step(cfg, s, inputs(7.6), 2.0)
+    s, d = step(cfg, s, inputs(None), 3.0)
     assert (s.pending, d.target, d.changed) == (NONE, 2, False)
-    _, d = decide(cfg, s, inputs(7.6), 5.5)
+    _, d = step(cfg, s, inputs(7.6), 5.5)
     assert d.target == 2  # the timer restarted at 5.5
 
 
@@ -234,24 +244,24 @@ def test_missing_data_never_reads_as_zero_load() -> None:
 
 def test_cold_start_is_immediate() -> None:
     cfg = config(upscale_delay_s=1000.0)
-    _, d = decide(cfg, state(0), inputs(None, cold=True, full=False), 5.0)
+    _, d = step(cfg, state(0), inputs(None, cold=True, full=False), 5.0)
     assert (d.target, d.changed) == (1, True)
     assert d.reason == "cold start from zero 0->1: queued request"
     assert d.rule == "cold_start"
-    _, d = decide(cfg, state(0), inputs(9.0), 5.0)
+    _, d = step(cfg, state(0), inputs(9.0), 5.0)
     assert d.target == 5
     # short-window demand wakes it only in panic mode (the short window may reach back to load
     # that the look-back window has already forgotten)
-    _, d = decide(cfg, state(0), inputs(None, short=0.5, full=False), 5.0)
+    _, d = step(cfg, state(0), inputs(None, short=0.5, full=False), 5.0)
     assert d.target == 0
     panic = config(upscale_delay_s=1000.0, panic_mode=True)
-    _, d = decide(panic, state(0), inputs(None, short=0.5, full=False), 5.0)
+    _, d = step(panic, state(0), inputs(None, short=0.5, full=False), 5.0)
     assert d.target == 1
 
 
 def test_cold_start_respects_min_and_max() -> None:
     # a target of 0 with min 2 is out of bounds and clipped anyway; min 0 but desired above max:
-    _, d = decide(config(max_replicas=3), state(0), inputs(100.0, cold=True), 0.0)
+    _, d = step(config(max_replicas=3), state(0), inputs(100.0, cold=True), 0.0)
     assert d.target == 3
 
 
@@ -285,7 +295,7 @@ def test_downscale_timer_starts_when_the_window_fills() -> None:
 
 def test_panic_scales_up_at_once() -> None:
     cfg = config(panic_mode=True, upscale_delay_s=1000.0)
-    s, d = decide(cfg, state(2), inputs(4.0, short=9.0, running=2), 10.0)
+    s, d = step(cfg, state(2), inputs(4.0, short=9.0, running=2), 10.0)
     assert (d.target, d.changed) == (5, True)
     assert d.reason == "panic 2->5: short-window demand 9.0 >= 2x capacity 4"
     assert s.panic_until == 16.0
@@ -293,42 +303,40 @@ def test_panic_scales_up_at_once() -> None:
 
 def test_panic_threshold_boundary_and_mode_off() -> None:
     cfg = config(panic_mode=True, upscale_delay_s=1000.0)
-    _, d = decide(cfg, state(2), inputs(4.0, short=7.9, running=2), 0.0)
+    _, d = step(cfg, state(2), inputs(4.0, short=7.9, running=2), 0.0)
     assert d.target == 2
-    _, d = decide(cfg, state(2), inputs(4.0, short=8.0, running=2), 0.0)
+    _, d = step(cfg, state(2), inputs(4.0, short=8.0, running=2), 0.0)
     assert d.target == 4
-    _, d = decide(config(upscale_delay_s=1000.0), state(2), inputs(4.0, short=9.0, running=2), 0.0)
+    _, d = step(config(upscale_delay_s=1000.0), state(2), inputs(4.0, short=9.0, running=2), 0.0)
     assert d.target == 2
 
 
-def test_panic_with_no_running_replica() -> None:
+def test_panic_waits_for_a_running_replica() -> None:
     cfg = config(panic_mode=True, upscale_delay_s=1000.0)
-    s, d = decide(cfg, state(2), inputs(1.0, short=10.0, running=0), 0.0)
-    assert d.target == 5
-    assert "no running replica" in d.reason
-    # still starting, still panicking: no further change, but the panic window extends
-    s, d = decide(cfg, s, inputs(1.0, short=10.0, running=0), 1.0)
-    assert (d.target, d.changed, s.panic_until) == (5, False, 7.0)
+    s, d = step(cfg, state(2), inputs(1.0, short=10.0, running=0), 0.0)
+    assert (d.target, d.rule) == (2, "starting")
+    _, d = step(cfg, s, inputs(1.0, short=10.0, running=1), 1.0)
+    assert (d.target, d.rule) == (5, "panic")
 
 
 def test_no_downscale_until_panic_calms() -> None:
     cfg = config(panic_mode=True, downscale_delay_s=0.0)
-    s, d = decide(cfg, state(2), inputs(4.0, short=9.0, running=2), 10.0)
+    s, d = step(cfg, state(2), inputs(4.0, short=9.0, running=2), 10.0)
     assert d.target == 5
-    s, d = decide(cfg, s, inputs(0.5, short=0.0, running=5), 15.9)
+    s, d = step(cfg, s, inputs(0.5, short=0.0, running=5), 15.9)
     assert d.target == 5
     assert d.reason == "hold: no scale-down while panicking (0.1 s left)"
     assert d.rule == "panic_hold"
-    s, d = decide(cfg, s, inputs(0.5, short=0.0, running=5), 16.0)
+    s, d = step(cfg, s, inputs(0.5, short=0.0, running=5), 16.0)
     assert (d.target, s.panic_until) == (1, None)
 
 
 def test_panic_never_lowers_and_normal_upscale_still_waits() -> None:
     cfg = config(panic_mode=True, upscale_delay_s=2.0)
     # panicking, but the panic target (3) is below the current target: keep 6, no decrease
-    s, d = decide(cfg, state(6), inputs(30.0, short=6.0, running=1), 0.0)
+    s, d = step(cfg, state(6), inputs(30.0, short=6.0, running=1), 0.0)
     assert (d.target, s.pending, s.panic_until) == (6, UP, 6.0)
-    _, d = decide(cfg, s, inputs(30.0, short=6.0, running=1), 2.0)
+    _, d = step(cfg, s, inputs(30.0, short=6.0, running=1), 2.0)
     assert d.target == 10
 
 
@@ -338,18 +346,89 @@ def test_panic_never_lowers_and_normal_upscale_still_waits() -> None:
 def test_fixed_size_always_returns_that_size() -> None:
     cfg = config(min_replicas=3, max_replicas=3)
     for inp in (inputs(None), inputs(100.0, short=100.0), inputs(0.0, cold=True)):
-        _, d = decide(cfg, state(3), inp, 0.0)
+        _, d = step(cfg, state(3), inp, 0.0)
         assert (d.target, d.changed, d.reason) == (3, False, "fixed size 3")
-    _, d = decide(cfg, state(1), inputs(0.0, full=False), 0.0)
+    _, d = step(cfg, state(1), inputs(0.0, full=False), 0.0)
     assert (d.target, d.changed) == (3, True)
 
 
 def test_target_outside_new_bounds_is_clipped_at_once() -> None:
     cfg = config(min_replicas=2, max_replicas=5)
-    _, d = decide(cfg, state(8), inputs(None, full=False), 0.0)
+    _, d = step(cfg, state(8), inputs(None, full=False), 0.0)
     assert (d.target, d.changed, d.reason) == (5, True, "bounds 8->5: min 2, max 5")
-    _, d = decide(cfg, state(0), inputs(None), 0.0)
+    _, d = step(cfg, state(0), inputs(None), 0.0)
     assert d.target == 2
+
+
+# -- differences from Ray Serve (docs/deploy.md): one test per row ----------------------------
+
+
+def test_ray_diff_jump_from_zero_goes_to_the_need() -> None:
+    # Ray: max(ceil(upscaling_factor), target) = 1; here the need, ceil(10 / 2), at once
+    _, d = step(config(upscale_delay_s=1000.0), state(0), inputs(10.0), 0.0)
+    assert (d.target, d.rule) == (5, "cold_start")
+    # Ray: ceil(3 * 1) = 3 for demand 1; here the factor does not multiply a jump from zero
+    _, d = step(config(upscaling_factor=3.0), state(0), inputs(1.0), 0.0)
+    assert d.target == 1
+
+
+def test_ray_diff_starting_replicas_hold_the_target() -> None:
+    # matches Ray: with none running the target holds, however large or small the demand
+    cfg = config(min_replicas=1, target_ongoing_requests=1.0, upscale_delay_s=0.5)
+    s, log = run(cfg, state(1), inputs(10.0, running=0), 0.0, 20)
+    assert all(d.target == 1 and d.rule == "starting" for _, d in log)
+    cfg = config(target_ongoing_requests=3.0, downscale_delay_s=0.0, downscale_to_zero_delay_s=0.0)
+    _, log = run(cfg, state(3), inputs(0.0, running=0), 0.0, 20)
+    assert all(d.target == 3 for _, d in log)
+    # the first running replica ends the hold: 1 running, need 10, after the delay
+    _, log = run(
+        config(target_ongoing_requests=1.0, upscale_delay_s=0.5),
+        s,
+        inputs(10.0, running=1),
+        2.0,
+        10,
+    )
+    _, d = first_change(log)
+    assert d.target == 10
+
+
+def test_ray_diff_factors_smooth_from_the_running_count() -> None:
+    # matches Ray: target 4 with 2 running, demand 12 (need 6), factor 0.5: 2 + 0.5 * 4 = 4, hold
+    cfg = config(upscaling_factor=0.5, upscale_delay_s=0.0)
+    _, d = step(cfg, state(4), inputs(12.0, running=2), 0.0)
+    assert (d.target, d.rule) == (4, "steady")
+    # once they run: 4 + 0.5 * 2 = 5
+    _, d = step(cfg, state(4), inputs(12.0, running=4), 0.0)
+    assert d.target == 5
+
+
+def test_ray_diff_ratio_rounding_near_integers() -> None:
+    # kept: 1.8 / 0.3 is 6.000000000000001 in floats; Ray asks for 7, we keep 6
+    cfg = config(target_ongoing_requests=0.3, upscale_delay_s=0.0)
+    _, d = step(cfg, state(6), inputs(1.8), 0.0)
+    assert (d.target, d.rule) == (6, "steady")
+    assert desired_replicas(config(target_ongoing_requests=0.1, max_replicas=20), 1, 1.1) == 11
+
+
+def test_ray_diff_downscaling_factor_needs_a_lower_ceil() -> None:
+    # kept: 4 running, need 3.5 (ceil 4): Ray with downscaling_factor 2 shrinks to 3
+    cfg = config(downscaling_factor=2.0, downscale_delay_s=0.0)
+    _, d = step(cfg, state(4), inputs(7.0), 0.0)
+    assert (d.target, d.rule) == (4, "steady")
+
+
+def test_ray_diff_no_scale_down_until_the_window_is_full() -> None:
+    # kept: Ray would start its downscale timer on the first tick after a restart
+    cfg = config(downscale_delay_s=0.0)
+    _, d = step(cfg, state(4), inputs(0.0, full=False), 0.0)
+    assert (d.target, d.rule) == (4, "window_not_full")
+
+
+def test_ray_diff_missing_data_is_not_zero_load() -> None:
+    # kept: Ray reads "no metrics" as 0 requests and scales down; we hold
+    cfg = config(downscale_delay_s=0.0)
+    _, d = step(cfg, state(4), inputs(None), 0.0)
+    assert (d.target, d.rule) == (4, "no_data")
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -475,7 +554,7 @@ def test_sequence_changes_only_after_their_delay(
 
 
 def test_decision_and_state_are_frozen() -> None:
-    s, d = decide(config(), state(1), inputs(1.0), 0.0)
+    s, d = step(config(), state(1), inputs(1.0), 0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.target = 3  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):

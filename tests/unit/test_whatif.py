@@ -133,9 +133,9 @@ def test_constant_load_scales_to_demand_over_target_after_the_upscale_delay() ->
     )
     run = res.deployments["shop.api"]
     ups = [e for e in res.timeline if e.rule == "upscale"]
-    # the first tick samples the demand at 1 s, which covers no time yet; from 2 s the window
-    # holds data, so the delay runs from 2 s and acts at 32 s
-    assert [(e.target, e.t) for e in ups] == [(10, 32.0)]
+    # the first tick samples the demand at 1 s: a rise that has not held yet reads as its
+    # newest sample, so the delay runs from 1 s and acts at 31 s
+    assert [(e.target, e.t) for e in ups] == [(10, 31.0)]
     assert run.target[-1] == 10 and run.demand[-1] == pytest.approx(20.0)
 
 
