@@ -24,7 +24,7 @@ from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
 from services.router.reports import LocalHealthProviders
-from shared.appconfig import AppConfig, DeploymentConfig
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.bus import Bus, Msg
 from shared.kv import envelope
 from shared.kv.group import PartitionLease
@@ -55,7 +55,8 @@ def dep(name: str) -> DeploymentConfig:
         health_check_period_s=PERIOD,
         health_check_timeout_s=1.0,
         graceful_shutdown_timeout_s=1.0,
-        num_replicas=1,
+        # the deployment's report cadence reaches its routers through the member values
+        autoscaling=AutoscalingConfig(min_replicas=1, max_replicas=1, metrics_interval_s=REPORT_S),
     )
 
 
