@@ -27,6 +27,7 @@ Decoded = ColumnarHandleReport | WireError | None
 """What the worker made of a columnar part (the part itself or why it is bad); None: decode it
 where it is applied."""
 Apply = Callable[[Decoded], None]
+Pending = Future[ColumnarHandleReport | WireError]
 
 
 def _decode(data: bytes) -> ColumnarHandleReport | WireError:
@@ -43,10 +44,7 @@ class DecodePipeline:
         self._pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") if threads > 0 else None
         )
-        self._queue: collections.deque[
-            tuple[Future[ColumnarHandleReport | WireError] | None, Apply]
-        ]
-        self._queue = collections.deque()
+        self._queue: collections.deque[tuple[Pending | None, Apply]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.applied_behind = 0
         """Messages that waited for an earlier part's decode (the cost of keeping order)."""
@@ -73,7 +71,7 @@ class DecodePipeline:
         self.applied_behind += 1
         self._queue.append((None, apply))
 
-    def _done(self, _: Future[ColumnarHandleReport | WireError]) -> None:
+    def _done(self, _: Pending) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._drain)
