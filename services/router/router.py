@@ -19,6 +19,8 @@ How it works: one `Router` per (bus, namespace, app, deployment) owns
   is the deployment's `metrics_interval_s`, which its members carry (`report_interval_s`); until
   a member has told it (no replica yet, or an older controller) it is the router config's
   `metrics_interval_s`. A change takes effect at once: the wait for the next report is re-armed.
+  A jump in load that holds for a moment is reported at once, its averages covering only the
+  jump (rise.py), so the autoscaler's delay starts then rather than up to an interval later.
 
 Nothing here runs per request except O(1) bookkeeping (`dispatched`, `admitted`, `finished`);
 report work happens on the reports task only.
@@ -47,6 +49,7 @@ from services.router.reports import (
     build_handle_report,
     encode_handle_report,
 )
+from services.router.rise import RISE_SETTLE_S, RiseDetector
 from services.router.window import TimeWeightedCounts, TimeWeightedGauge
 from shared.badinput import BadInput
 from shared.bus import Bus, RateLimiter
@@ -120,6 +123,9 @@ class Router:
         """Set for a cold-start report, or when the report interval changed (re-arm the wait)."""
         self._cold_report = False
         self._last_cold_report = -math.inf
+        self.in_flight_now = 0
+        self.rise = RiseDetector(config.cold_start_report_min_interval_s)
+        self._early_report = False
         self._report_errors = RateLimiter(REPORT_ERROR_LOG_INTERVAL_S, clock)
         self._watch_errors = RateLimiter(WATCH_ERROR_LOG_INTERVAL_S, clock)
         self._tasks: list[asyncio.Task[None]] = []
@@ -249,6 +255,8 @@ class Router:
     def dispatched(self, replica_id: str, now: float) -> None:
         self.chooser.on_dispatch(replica_id)
         self.running.add(replica_id, 1.0, now)
+        self.in_flight_now += 1
+        self._load_rose(now)
 
     def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
         self.health.observe(admission.health, now)
@@ -264,6 +272,7 @@ class Router:
     def finished(self, replica_id: str, now: float) -> None:
         self.chooser.on_finish(replica_id)
         self.running.add(replica_id, -1.0, now)
+        self.in_flight_now -= 1
         if self.queued_now:
             # a slot freed there: let a waiter try that replica before its backoff runs out
             self.chooser.on_capacity_freed(replica_id)
@@ -321,6 +330,8 @@ class Router:
                     self.metrics.queued.inc()
                     if not self.members:
                         self._cold_start(now)
+                    else:
+                        self._load_rose(now)
                 wait = min(deadline_mono - now, cfg.queue_poll_max_s)
                 next_at = chooser.next_available_at(now)
                 if next_at is not None and next_at > now:
@@ -345,6 +356,19 @@ class Router:
             self._cold_report = True
             self._report_wake.set()
 
+    def _load_rose(self, now: float) -> None:
+        """O(1) on the request path: a rise starting here restarts the averages (rise.py)."""
+        if self.rise.begin(self.in_flight_now + self.queued_now, now):
+            self.running.roll(now)
+            self.queued.roll(now)
+            asyncio.get_running_loop().call_later(RISE_SETTLE_S, self._rise_check)
+
+    def _rise_check(self) -> None:
+        load = self.in_flight_now + self.queued_now
+        if not self.closed and self.rise.settled(load, self.clock.monotonic()):
+            self._early_report = True
+            self._report_wake.set()
+
     # -- reports --------------------------------------------------------------------------------
     @property
     def report_interval_s(self) -> float:
@@ -356,7 +380,7 @@ class Router:
         last = self.clock.monotonic()
         while not self.closed:
             wait = last + self.report_interval_s - self.clock.monotonic()
-            if wait > MIN_WAIT_S and not self._cold_report:
+            if wait > MIN_WAIT_S and not (self._cold_report or self._early_report):
                 try:
                     async with asyncio.timeout(wait):
                         await self._report_wake.wait()
@@ -365,7 +389,7 @@ class Router:
                 else:
                     self._report_wake.clear()
                     continue  # a cold start or a new interval: look again
-            cold, self._cold_report = self._cold_report, False
+            cold, self._cold_report, self._early_report = self._cold_report, False, False
             self._report_wake.clear()
             last = self.clock.monotonic()
             try:
@@ -394,6 +418,7 @@ class Router:
             # the window may be nearly empty; the controller must see the waiting request
             queued = max(queued, float(self.queued_now))
         self.seq += 1
+        self.rise.reported(math.fsum(running.values()) + queued)
         return build_handle_report(
             handle_id=self.handle_id,
             app=self.app,
