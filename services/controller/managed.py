@@ -8,13 +8,23 @@ runs one control tick over them in a fixed order:
     -> health verdicts (replace) -> policy decides the target -> reconcile replicas
     -> (after placement) per-replica KV deltas and the status
 
+After a visit, `next_visit` says when the next one is needed (schedule.py): at every tick while
+something moves, at the earliest time a timer could change the outcome (health going stale, a
+handle expiring, the last demand change leaving the window, an unhealthy hold ending), or only
+when something arrives. A deployment skipped for some ticks catches up first (`catch_up`): the
+demand samples those ticks would have added (its demand was constant) and the expiry they would
+have run, so its state is what visiting it every tick would have made it.
+
 Only changes come out: the puts and deletes of the replicas whose records changed (kv_delta.py)
 and a status change, so a steady deployment costs no KV writes and one replaced replica a few.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
 from shared.kv.membership import Member
@@ -23,13 +33,14 @@ from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 
 from .demand_window import DemandWindow
-from .deployment_state import DeploymentState, ReplicaState, StateEvent
+from .deployment_state import UNHEALTHY_HOLD_S, DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
 from .kv_delta import KVChange, KVDelta
 from .metrics_store import DeploymentMetrics
-from .policy import Decision, PolicyInputs, PolicyState, decide, initial_state
+from .policy import NONE, Decision, PolicyInputs, PolicyState, decide, initial_state
 from .records import take
 from .replica_index import ReplicaIndex
+from .schedule import BUSY, TickLog
 
 
 @dataclass(slots=True)
@@ -76,6 +87,12 @@ class ManagedDeployment:
         self._follow_in_full = True
         """The next follow looks at every record (first time, or a new registry)."""
         self._last_rule = ""
+        self.sampled_until = -math.inf
+        """The last tick whose demand sample the window holds (or was caught up with)."""
+        self._run_start: float | None = None
+        """Since when every demand sample was equal and no gap broke coverage."""
+        self.counts = (0, 0)
+        """(stale, candidates) of the last health evaluation (the stall guard's inputs)."""
 
     @property
     def name(self) -> str:
@@ -87,6 +104,7 @@ class ManagedDeployment:
         new_policy = cfg.policy
         if new_policy.metrics_interval_s != self.policy_cfg.metrics_interval_s:
             self.window = DemandWindow.for_policy(new_policy)
+            self._run_start = None
         self.policy_cfg = new_policy
         self.health = self._registry()
         self._follow_in_full = True
@@ -130,8 +148,42 @@ class ManagedDeployment:
         self.follow_records(now)
         self.metrics.expire(now)
         demand = self.metrics.total_demand()
+        self._track_run(now, demand)
         self.window.add(now, demand)
+        self.sampled_until = now
         return demand
+
+    def _track_run(self, t: float, demand: float) -> None:
+        last_t, last_v = self.window.last_time, self.window.last_value
+        if last_t is None or demand != last_v or t - last_t > self.window.max_gap_s:
+            self._run_start = t
+
+    def window_keep_s(self) -> float:
+        return max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
+
+    def catch_up(self, ticks: TickLog) -> None:
+        """The ticks this deployment was skipped at: add the samples they would have added
+        (nothing arrived and nothing expired meanwhile, or it would have been visited, so each
+        is the last value) and run their expiry, so the state is what visiting it at every tick
+        would have left."""
+        last = ticks.last
+        if last is None or last <= self.sampled_until:
+            return
+        value, last_t = self.window.last_value, self.window.last_time
+        if value is not None and last_t is not None:
+            missed = ticks.since(max(self.sampled_until, last_t), self.window_keep_s())
+            if missed.size:
+                gaps = np.diff(missed, prepend=last_t)
+                broken = np.flatnonzero(gaps > self.window.max_gap_s)
+                if broken.size:
+                    self._run_start = float(missed[broken[-1]])
+                self.window.add_many(missed, np.full(missed.size, value))
+        self.metrics.expire(last)
+        self.sampled_until = last
+
+    def skip_to(self, t: float) -> None:
+        """Ticks up to `t` do not count for this deployment (its app was held: not visited)."""
+        self.sampled_until = max(self.sampled_until, t)
 
     def step(self, now: float, *, hold_verdicts: bool, decide_scale: bool = True) -> StepResult:
         out = StepResult()
@@ -151,10 +203,41 @@ class ManagedDeployment:
             self._decide(now, out)
         out.events += self.state.reconcile(now)
         self.follow_records(now)
-        self.window.trim(
-            now, max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
-        )
+        self.window.trim(now, self.window_keep_s())
+        self.counts = (evaluation.stale, evaluation.candidates)
         return out
+
+    def next_visit(self, now: float, out: StepResult, *, decided: bool) -> float:
+        """After a visit (`step` and `finish`): when the next visit could come out differently
+        with no new input: BUSY (every tick), a time, or inf (only when something arrives).
+        Every condition errs towards visiting: a visit too many costs time, a visit too few
+        would change a decision."""
+        if out.events or out.kv or out.status_changed or out.decision_changed:
+            return BUSY
+        ev = out.evaluation
+        if ev is None or ev.stale or ev.unhealthy_slots.size or ev.held:
+            return BUSY
+        view = self.state.view()
+        if view.waiting or view.old or view.new_count != self.state.target:
+            return BUSY  # starts time out, rollouts and resizes move at the tick
+        if decided and (self.policy.pending != NONE or self.policy.panic_until is not None):
+            return BUSY  # a delay or a panic hold runs (its reason text counts the seconds)
+        due = min(self.health.quiet_until(), self.metrics.next_expiry())
+        trouble = self.state.last_trouble
+        if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
+            due = min(due, trouble + UNHEALTHY_HOLD_S)
+        if decided and self._decision_reads_demand():
+            # the window's means move until every sample in it is the current value
+            if self._run_start is None:
+                return BUSY
+            due = min(due, self._run_start + self.window_keep_s())
+        return BUSY if due <= now else due
+
+    def _decision_reads_demand(self) -> bool:
+        """Whether `_decide` can come out differently for a different demand window. At a fixed
+        size (min == max) the policy's first rule decides whatever the demand; a policy that
+        reads demand even then must make this True."""
+        return self.policy_cfg.min_replicas != self.policy_cfg.max_replicas
 
     def finish(self, now: float, out: StepResult) -> None:
         """After placement: the KV writes and the status change of this tick."""

@@ -458,6 +458,10 @@ class DeploymentMetrics:
         )
         return gone
 
+    def next_expiry(self) -> float:
+        """The earliest time `expire` drops something (inf: nothing received)."""
+        return self._oldest_recv + self.timeout_s
+
     # -- aggregates ----------------------------------------------------------------------------
 
     def handle_ids(self) -> list[str]:
