@@ -211,7 +211,6 @@ class ControllerCore:
             return
         # what the ticks it was skipped at would have done comes first, then the new input
         m.catch_up(self._ticks)
-        self.schedule.touch(key)
         try:
             if where.kind != "lifecycle":
                 # lifecycle events only mark the records changed; whatever reads the index,
@@ -235,6 +234,11 @@ class ControllerCore:
                 self._lifecycle(m, decode_as(data, Lifecycle), recv)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
+        due = None if where.kind == "lifecycle" else m.input_due()
+        if due is None:
+            self.schedule.touch(key)
+        else:
+            self.schedule.place_earlier(key, due)
 
     def _ingest_handle(self, m: ManagedDeployment, data: bytes, recv: float) -> None:
         if detect_format(data) == "columnar":

@@ -42,6 +42,9 @@ from .records import take
 from .replica_index import ReplicaIndex
 from .schedule import BUSY, TickLog
 
+EARLY_S = 1e-6
+"""Timers fire this much early (see `next_visit`)."""
+
 
 @dataclass(slots=True)
 class StepResult:
@@ -93,6 +96,8 @@ class ManagedDeployment:
         """Since when every demand sample was equal and no gap broke coverage."""
         self.counts = (0, 0)
         """(stale, candidates) of the last health evaluation (the stall guard's inputs)."""
+        self._decides = True
+        """Whether the last visit decided a target (False while being deleted)."""
 
     @property
     def name(self) -> str:
@@ -162,24 +167,38 @@ class ManagedDeployment:
         return max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
 
     def catch_up(self, ticks: TickLog) -> None:
-        """The ticks this deployment was skipped at: add the samples they would have added
-        (nothing arrived and nothing expired meanwhile, or it would have been visited, so each
-        is the last value) and run their expiry, so the state is what visiting it at every tick
-        would have left."""
+        """The ticks this deployment was skipped at: add the samples they would have added and
+        run their expiry, so the state is what visiting it at every tick would have left. Each
+        sample is today's demand: every input calls this first, and a timer (an expiry) makes
+        the tick it fires at a visit, so nothing changed demand since those ticks."""
         last = ticks.last
         if last is None or last <= self.sampled_until:
             return
-        value, last_t = self.window.last_value, self.window.last_time
-        if value is not None and last_t is not None:
+        last_t = self.window.last_time
+        if last_t is not None:
             missed = ticks.since(max(self.sampled_until, last_t), self.window_keep_s())
             if missed.size:
+                value = self.metrics.total_demand()
                 gaps = np.diff(missed, prepend=last_t)
                 broken = np.flatnonzero(gaps > self.window.max_gap_s)
+                if value != self.window.last_value:
+                    self._run_start = float(missed[0])
                 if broken.size:
-                    self._run_start = float(missed[broken[-1]])
+                    self._run_start = max(self._run_start or -math.inf, float(missed[broken[-1]]))
                 self.window.add_many(missed, np.full(missed.size, value))
+                self.window.trim(last, self.window_keep_s())
         self.metrics.expire(last)
         self.sampled_until = last
+
+    def input_due(self) -> float | None:
+        """After a report or heartbeat was applied: None if the next tick must visit, else the
+        earliest time a timer it set could fire. A fixed-size deployment whose health facts did
+        not change needs no visit for new metrics: its decision does not read them, and its
+        demand samples are caught up when it is next visited."""
+        if self._decides and self._decision_reads_demand():
+            return None
+        quiet = self.health.quiet_until()
+        return None if quiet == -math.inf else min(quiet, self.metrics.next_expiry()) - EARLY_S
 
     def skip_to(self, t: float) -> None:
         """Ticks up to `t` do not count for this deployment (its app was held: not visited)."""
@@ -212,6 +231,7 @@ class ManagedDeployment:
         with no new input: BUSY (every tick), a time, or inf (only when something arrives).
         Every condition errs towards visiting: a visit too many costs time, a visit too few
         would change a decision."""
+        self._decides = decided
         if out.events or out.kv or out.status_changed or out.decision_changed:
             return BUSY
         ev = out.evaluation
@@ -227,11 +247,13 @@ class ManagedDeployment:
         if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
             due = min(due, trouble + UNHEALTHY_HOLD_S)
         if decided and self._decision_reads_demand():
-            # the window's means move until every sample in it is the current value
-            if self._run_start is None:
+            # the window's means move at every tick until every sample in it is the current
+            # value (a policy threshold can be crossed at any of them)
+            if self._run_start is None or self._run_start + self.window_keep_s() + EARLY_S > now:
                 return BUSY
-            due = min(due, self._run_start + self.window_keep_s())
-        return BUSY if due <= now else due
+        # a hair early: the conditions the timers stand for are computed with other roundings
+        # (`now - last >= delay`, not `last + delay <= now`), and a visit early is only a visit
+        return BUSY if due - EARLY_S <= now else due - EARLY_S
 
     def _decision_reads_demand(self) -> bool:
         """Whether `_decide` can come out differently for a different demand window. At a fixed
