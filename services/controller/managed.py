@@ -246,11 +246,11 @@ class ManagedDeployment:
         trouble = self.state.last_trouble
         if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
             due = min(due, trouble + UNHEALTHY_HOLD_S)
-        if decided and self._decision_reads_demand():
-            # the window's means move at every tick until every sample in it is the current
-            # value (a policy threshold can be crossed at any of them)
-            if self._run_start is None or self._run_start + self.window_keep_s() + EARLY_S > now:
-                return BUSY
+        # the window's means move at every tick until every sample in it is the current value
+        # (a policy threshold can be crossed at any of them)
+        settled = self._run_start is not None and self._run_start + self.window_keep_s() < now
+        if decided and self._decision_reads_demand() and not settled:
+            return BUSY
         # a hair early: the conditions the timers stand for are computed with other roundings
         # (`now - last >= delay`, not `last + delay <= now`), and a visit early is only a visit
         return BUSY if due - EARLY_S <= now else due - EARLY_S
