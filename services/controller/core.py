@@ -19,6 +19,7 @@ reference the schedule is tested against (same actions, same order).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,12 @@ class ControllerConfig:
     owner_epoch: int = 1
     control_interval_s: float = 0.1
     status_refresh_s: float = 2.0
-    """Status (demand, counts) is rewritten at least this often even without a change."""
+    """How often an app's status is looked at for changed figures (demand, counts) that no
+    event marked; it is rewritten when they changed."""
+    status_max_age_s: float = 30.0
+    """An unchanged status is rewritten this often anyway (its `updated_at` shows the owner
+    alive). Rewriting every status every `status_refresh_s` was 5,000 KV writes a second at
+    10,000 apps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,8 @@ class ControllerCore:
         )
         self.stats = CoreStats()
         self._status_written: dict[str, float] = {}
+        self._status_seen: dict[str, tuple[float, tuple[object, ...]]] = {}
+        """Per app: when its status was last rewritten and the figures it was built from."""
         self._dirty_apps: set[str] = set()
         self._pending_events: list[Action] = []
         self.placement = Placement()
@@ -321,6 +329,7 @@ class ControllerCore:
         for app in apps:
             self.apps.pop(app, None)
             self._status_written.pop(app, None)
+            self._status_seen.pop(app, None)
             self._dirty_apps.discard(app)
             self.held.discard(app)
 
@@ -406,9 +415,28 @@ class ControllerCore:
             keys: list[DepKey] = list(layout.order)
         else:
             rank = layout.rank
-            keys = sorted((k for k in self.schedule.due(now) if k in rank), key=rank.__getitem__)
+            pending = self.schedule.pending()
+            due = pending | self._timer_visits(self.schedule.fired(now) - pending, now)
+            keys = sorted((k for k in due if k in rank), key=rank.__getitem__)
         # rebuilding its window from the stream: no decisions yet (visited when released)
         return [(k, self._get(k)) for k in keys if k[0] not in self.held]
+
+    def _timer_visits(self, fired: set[DepKey], now: float) -> set[DepKey]:
+        """Deployments whose timer fired: those that need their step (the rest were looked at
+        and placed again)."""
+        out = set()
+        for key in fired:
+            m = self.deployments.get(key) or self.deleting.get(key)
+            if m is None or key[0] in self.held:
+                out.add(key)
+                continue
+            due = m.timer_visit(now)
+            if due is None:
+                out.add(key)
+            else:
+                self._count_health(key, m.counts)
+                self.schedule.place(key, due)
+        return out
 
     def _follow_held(self) -> None:
         """Apps that became held stop counting for the stall guard; apps released are visited at
@@ -476,13 +504,15 @@ class ControllerCore:
                 if not self._layout_now().by_app.get(key[0]):
                     out.append(DeleteKey(buckets.STATUS.name, key[0]))
                     self._status_written.pop(key[0], None)
+                    self._status_seen.pop(key[0], None)
                     self._dirty_apps.discard(key[0])
                     self._status_due.forget(key[0])
         return out
 
     def _statuses(self, now: float, wall: float) -> list[Action]:
-        """Each app's status when it changed, and at least every `status_refresh_s`: the apps
-        due come from a timer heap, not from a pass over every app."""
+        """Each app's status when an event changed it, and when its figures changed (looked at
+        every `status_refresh_s`), and at least every `status_max_age_s`: the apps due come from
+        a timer heap, not from a pass over every app."""
         out: list[Action] = []
         refresh = self.cfg.status_refresh_s
         by_app = self._layout_now().by_app
@@ -495,10 +525,16 @@ class ControllerCore:
             if app not in self._dirty_apps and last is not None and now - last < refresh:
                 self._status_due.place(app, now)  # a hair early (float rounding): next tick
                 continue
-            self._dirty_apps.discard(app)
             self._status_written[app] = now
             # a hair early, so that rounding never makes the refresh a tick late
             self._status_due.place(app, now + refresh - 1e-6)
+            figures = tuple(self._get(k).status_figures() for k in by_app[app])
+            rewritten, seen = self._status_seen.get(app, (-math.inf, ()))
+            fresh = now - rewritten < self.cfg.status_max_age_s
+            if app not in self._dirty_apps and figures == seen and fresh:
+                continue  # nothing to say that the last status did not
+            self._dirty_apps.discard(app)
+            self._status_seen[app] = (now, figures)
             out.append(PutStatus(app, self.app_status(app, wall)))
         for app in self.held & self._status_due.due(now):
             self._status_due.place(app, now)  # still held: look again next tick

@@ -96,7 +96,10 @@ class ManagedDeployment:
         """Since when every demand sample was equal and no gap broke coverage."""
         self.counts = (0, 0)
         """(stale, candidates) of the last health evaluation (the stall guard's inputs)."""
+        self._demand_seen = (-1, 0.0)
         self._decides = True
+        self._health_timer = False
+        """Whether the due time `_timers` gave last is the health registry's."""
         """Whether the last visit decided a target (False while being deleted)."""
 
     @property
@@ -242,18 +245,39 @@ class ManagedDeployment:
             return BUSY  # starts time out, rollouts and resizes move at the tick
         if decided and (self.policy.pending != NONE or self.policy.panic_until is not None):
             return BUSY  # a delay or a panic hold runs (its reason text counts the seconds)
-        due = min(self.health.quiet_until(), self.metrics.next_expiry())
-        trouble = self.state.last_trouble
-        if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
-            due = min(due, trouble + UNHEALTHY_HOLD_S)
-        # the window's means move at every tick until every sample in it is the current value
-        # (a policy threshold can be crossed at any of them)
         settled = self._run_start is not None and self._run_start + self.window_keep_s() < now
         if decided and self._decision_reads_demand() and not settled:
             return BUSY
-        # a hair early: the conditions the timers stand for are computed with other roundings
-        # (`now - last >= delay`, not `last + delay <= now`), and a visit early is only a visit
+        return self._timers(now)
+
+    def _timers(self, now: float) -> float:
+        """The earliest timer of a quiet deployment (health going stale, a handle expiring, an
+        unhealthy hold running out), a hair early: the conditions the timers stand for are
+        computed with other roundings (`now - last >= delay`, not `last + delay <= now`), and a
+        visit early is only a visit."""
+        health = self.health.quiet_until()
+        due = self.metrics.next_expiry()
+        trouble = self.state.last_trouble
+        if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
+            due = min(due, trouble + UNHEALTHY_HOLD_S)
+        self._health_timer = health < due
+        due = min(due, health)
         return BUSY if due - EARLY_S <= now else due - EARLY_S
+
+    def timer_visit(self, now: float) -> float | None:
+        """A quiet deployment whose timer fired. When that was its health timer and the
+        evaluation finds no replica stale, the rest of the step would change nothing: returns
+        its next due time without the step (None: run the step). No verdict can come of it:
+        none of the facts a verdict needs changed since the last full evaluation (or the
+        health timer would not be set)."""
+        if not self._health_timer or self.health.quiet_until() == -math.inf:
+            return None
+        ev = self.health.evaluate(now, hold_verdicts=False)
+        if ev.stale or ev.unhealthy_slots.size:
+            return None
+        self.counts = (ev.stale, ev.candidates)
+        due = self._timers(now)
+        return None if due == BUSY else due
 
     def _decision_reads_demand(self) -> bool:
         """Whether `_decide` can come out differently for a different demand window. At a fixed
@@ -327,6 +351,16 @@ class ManagedDeployment:
             unhealthy_replicas=view.condemned,
             last_decision=self.decision.reason,
         )
+
+    def status_figures(self) -> tuple[object, ...]:
+        """What `status_view` is built from, cheaply: equal figures, equal view (the demand is
+        summed again only when the metrics changed)."""
+        version, demand = self._demand_seen
+        if version != self.metrics.version:
+            version, demand = self.metrics.version, round(float(self.metrics.total_demand()), 3)
+            self._demand_seen = (version, demand)
+        st = self.state
+        return (demand, st.revision, st.status, st.message, st.target, self.decision.reason)
 
     def replica_states(self) -> dict[str, str]:
         return {rid: r.state.value for rid, r in self.state.replicas.items()}

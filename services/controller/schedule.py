@@ -96,7 +96,11 @@ class Schedule(Generic[K]):
     def due(self, now: float) -> set[K]:
         """Keys to visit at `now`: dirty, busy, and sleeping ones whose time has come (these
         leave the heap; the visit places them again)."""
-        out = self._dirty | self._busy
+        return self._dirty | self._busy | self.fired(now)
+
+    def fired(self, now: float) -> set[K]:
+        """The sleeping keys whose time has come (they leave the heap)."""
+        out: set[K] = set()
         heap = self._heap
         while heap and heap[0][0] <= now:
             t, _, key = heapq.heappop(heap)
@@ -104,6 +108,10 @@ class Schedule(Generic[K]):
                 del self._due[key]
                 out.add(key)
         return out
+
+    def pending(self) -> set[K]:
+        """Dirty and busy keys (visited at the next tick whatever the time)."""
+        return self._dirty | self._busy
 
     def next_due(self) -> float:
         """The earliest sleeping due time (SLEEP when none); for tests and benchmarks."""
