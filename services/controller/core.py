@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -135,7 +136,6 @@ class ControllerCore:
             ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
         )
         self.stats = CoreStats()
-        self._status_written: dict[str, float] = {}
         self._status_seen: dict[str, tuple[float, tuple[object, ...]]] = {}
         """Per app: when its status was last rewritten and the figures it was built from."""
         self._dirty_apps: set[str] = set()
@@ -328,7 +328,6 @@ class ControllerCore:
         self._layout = None
         for app in apps:
             self.apps.pop(app, None)
-            self._status_written.pop(app, None)
             self._status_seen.pop(app, None)
             self._dirty_apps.discard(app)
             self.held.discard(app)
@@ -503,31 +502,25 @@ class ControllerCore:
                 self._layout = None
                 if not self._layout_now().by_app.get(key[0]):
                     out.append(DeleteKey(buckets.STATUS.name, key[0]))
-                    self._status_written.pop(key[0], None)
                     self._status_seen.pop(key[0], None)
                     self._dirty_apps.discard(key[0])
                     self._status_due.forget(key[0])
         return out
 
     def _statuses(self, now: float, wall: float) -> list[Action]:
-        """Each app's status when an event changed it, and when its figures changed (looked at
-        every `status_refresh_s`), and at least every `status_max_age_s`: the apps due come from
-        a timer heap, not from a pass over every app."""
+        """Each app's status when an event changed it, when its figures changed (looked at
+        every `status_refresh_s`, at a phase of its own so that 10,000 apps created together
+        are not all looked at in one tick), and at least every `status_max_age_s`. The apps due
+        come from a timer heap, not from a pass over every app."""
         out: list[Action] = []
-        refresh = self.cfg.status_refresh_s
         by_app = self._layout_now().by_app
-        due = (self._dirty_apps | self._status_due.due(now)) - self.held
-        for app in sorted(due):
+        looked = self._status_due.fired(now)
+        for app in sorted((self._dirty_apps | looked) - self.held):
             if app not in by_app:
                 self._status_due.forget(app)
                 continue
-            last = self._status_written.get(app)
-            if app not in self._dirty_apps and last is not None and now - last < refresh:
-                self._status_due.place(app, now)  # a hair early (float rounding): next tick
-                continue
-            self._status_written[app] = now
-            # a hair early, so that rounding never makes the refresh a tick late
-            self._status_due.place(app, now + refresh - 1e-6)
+            if app in looked or app not in self._status_seen:
+                self._status_due.place(app, self._next_look(app, now))
             figures = tuple(self._get(k).status_figures() for k in by_app[app])
             rewritten, seen = self._status_seen.get(app, (-math.inf, ()))
             fresh = now - rewritten < self.cfg.status_max_age_s
@@ -536,9 +529,15 @@ class ControllerCore:
             self._dirty_apps.discard(app)
             self._status_seen[app] = (now, figures)
             out.append(PutStatus(app, self.app_status(app, wall)))
-        for app in self.held & self._status_due.due(now):
-            self._status_due.place(app, now)  # still held: look again next tick
+        for app in looked & self.held:
+            self._status_due.place(app, self._next_look(app, now))
         return out
+
+    def _next_look(self, app: str, now: float) -> float:
+        """The app's next look after `now`: on its own phase of the refresh period."""
+        period = self.cfg.status_refresh_s
+        phase = zlib.crc32(app.encode()) / 2**32
+        return (math.floor(now / period - phase) + 1 + phase) * period
 
     def app_status(self, app: str, wall: float) -> AppStatusView:
         keys = self._layout_now().by_app.get(app, ())
