@@ -268,3 +268,32 @@ def test_tick_log_keeps_what_a_window_still_sees() -> None:
     assert [round(x, 1) for x in log.since(4.0, keep_s=0.5)] == [4.4, 4.5, 4.6, 4.7, 4.8, 4.9]
     assert [round(x, 1) for x in log.since(4.65, keep_s=0.5)] == [4.7, 4.8, 4.9]
     assert log.since(4.9, keep_s=0.5).size == 0
+
+
+def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its_look() -> None:
+    core = ControllerCore()
+    t = 100.0
+    core.set_apps({"fixed": _app("fixed", FIXED)}, t)
+    writes: list[float] = []
+
+    def tick() -> None:
+        nonlocal t
+        t = round(t + TICK, 6)
+        writes.extend(t for a in core.tick(t, WALL0 + t) if type(a).__name__ == "PutStatus")
+
+    for _ in range(10):
+        tick()
+    assert len(writes) == 1  # the first status, at once
+    writes.clear()
+    for _ in range(int(core.cfg.status_max_age_s / TICK) - 30):
+        tick()
+    assert writes == []  # nothing changed: looked at every 2 s, not rewritten
+    for _ in range(60):
+        tick()
+    assert len(writes) == 1  # then rewritten once it is status_max_age_s old
+    writes.clear()
+    r = HandleReport("h1", "fixed", "D", WALL0 + t, 1, 3.0, {}, (), 1, {})
+    core.ingest(S.report("handle", "fixed", "D"), encode(r), t)
+    for _ in range(int(core.cfg.status_refresh_s / TICK) + 1):
+        tick()
+    assert len(writes) == 1  # the demand figure changed: rewritten at the app's next look
