@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import gc
 import pstats
 import sys
@@ -34,12 +35,15 @@ import numpy as np
 from scripts.bench.common import result_line, write_json
 from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
+from services.controller.collector import Collector
 from services.controller.core import Action, ControllerCore
 from services.controller.kv_delta import DeleteDoc, PutDoc
 from shared.appconfig import AppConfig
 from shared.kv import buckets, envelope
 from shared.kv.membership import Member, parse_member_key
 from shared.kv.targets import ReplicaTarget, TargetKey
+from shared.wire.codec import encode
+from shared.wire.messages import Lifecycle
 
 TICK_S = 0.1
 SIM_TICK_S = 0.2
@@ -102,8 +106,10 @@ class Offline:
             )  # fmt: skip
             for d in acfg.deployments:
                 self.sims[(app, d.name)] = DeploymentSim(cfg, d.name, counters, rng)
+        self.configs = configs
         self.core.set_apps(configs, self.now)
         self.gc = GcInTicks()
+        self.collector: Collector | None = None
         self.churn_per_s = 0.0
         self._churn_due = 0.0
         self.replaced = 0
@@ -176,6 +182,8 @@ class Offline:
                 prof.disable()
             self.gc.inside = False
             took = time.perf_counter() - wall, time.thread_time() - cpu
+            if self.collector is not None:
+                self.collector.between_ticks(self.now)
             rows.append((self.now, *took, self._apply(actions)))
             self.now += TICK_S
         return np.asarray(rows)
@@ -195,6 +203,45 @@ class Offline:
             self._feed([sim._lifecycle(victim, sim.versions.get(victim, ""), "exited", wall, 1)])
             self.replaced += 1
 
+    def roll(self, limit_s: float) -> dict[str, Any]:
+        """A new version of the first app: ticks until no replica of the old version is left
+        (or `limit_s` of virtual time), with the fewest routable replicas seen meanwhile."""
+        app, acfg = next(iter(self.configs.items()))
+        self.core.set_apps({**self.configs, app: dataclasses.replace(acfg, version="v2")}, self.now)
+        key = (app, acfg.deployments[0].name)
+        m, sim = self.core.deployments[key], self.sims[key]
+        target = m.state.target
+        started, rows, fewest = self.now, [], target
+        every = round(SIM_TICK_S / TICK_S)
+        i = 0
+        while self.now - started < limit_s:
+            if i % every == 0:
+                for s in self.sims.values():
+                    self._feed(s.tick(self.now, WALL0 + self.now, SIM_TICK_S))
+            wall = time.perf_counter()
+            self.gc.inside = True
+            actions = self.core.tick(self.now, WALL0 + self.now)
+            self.gc.inside = False
+            rows.append(time.perf_counter() - wall)
+            self._apply(actions)
+            self.now += TICK_S
+            i += 1
+            fewest = min(fewest, int(sim.member_slots.size))
+            view = m.state.view()
+            if not view.old and view.running_current >= target:
+                break
+        ms = np.asarray(rows) * 1e3
+        return {
+            "replicas": target,
+            "done": not m.state.view().old,
+            "virtual_s": round(self.now - started, 1),
+            "fewest_routable": fewest,
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "max_ms": round(float(ms.max()), 3),
+            "gc2_in_ticks": self.gc.count[2],
+        }
+
     def replace_one(self, seconds: float) -> np.ndarray:
         """One replica of the first deployment crashes (its process exits): the ticks that
         follow, as rows of (virtual time, wall s, CPU s, KV bytes)."""
@@ -202,6 +249,42 @@ class Offline:
         victim = next(iter(sim.slot_of))
         self._feed([sim._lifecycle(victim, sim.versions.get(victim, ""), "exited", WALL0, 1)])
         return self.run(seconds)
+
+
+def tracked_objects(configs: dict[str, AppConfig]) -> tuple[int, int, int]:
+    """Container objects the collector tracks for a core running `configs` with every replica
+    running (no simulator in the count): (objects, replicas, deployments)."""
+    gc.collect()
+    before = len(gc.get_objects())
+    core, t = ControllerCore(), 100.0
+    core.set_apps(configs, t)
+    for _ in range(8):
+        t += TICK_S
+        for a in core.tick(t, WALL0 + t):
+            if isinstance(a, PutDoc) and isinstance(a.doc, ReplicaTarget):
+                d = a.doc
+                rpc = core.subjects.rpc(d.app, d.deployment, d.replica_id)
+                subject = core.subjects.report("lifecycle", d.app, d.deployment)
+                for state in ("starting", "ready"):
+                    ev = Lifecycle(d.replica_id, "", state, WALL0, rpc, d.version, None, d.app,
+                                   d.deployment)  # fmt: skip
+                    core.ingest(subject, encode(ev), t)
+    gc.collect()
+    replicas = sum(len(m.state.replicas) for m in core.deployments.values())
+    return len(gc.get_objects()) - before, replicas, len(core.deployments)
+
+
+def objects_report(interval: float) -> dict[str, float]:
+    """Objects per replica (one big deployment) and per deployment beyond its replicas."""
+    a, n1, _ = tracked_objects({"bench": app_config(16384, 1, interval)})
+    b, n2, d2 = tracked_objects(apps_config(16384, 4096, interval))
+    per_replica = a / n1
+    per_deployment = (b - per_replica * n2) / d2
+    print(
+        f"tracked objects: {per_replica:.1f} per replica (1 deployment of {n1}), "
+        f"{per_deployment:.1f} per deployment beyond its replicas ({d2} deployments of {n2 // d2})"
+    )
+    return {"per_replica": round(per_replica, 2), "per_deployment": round(per_deployment, 1)}
 
 
 def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
@@ -214,8 +297,9 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
-    if args.freeze:
-        gc.freeze()  # what start-up built lives as long as the fleet (see docs/architecture.md)
+    if args.collector:
+        off.collector = Collector()
+        off.collector.settle(off.now)  # as the service does once a start is rebuilt
     off.run(args.warm_s)
     off.churn_per_s = args.churn / 100.0 * args.replicas / 60.0
     off.gc.count.clear()
@@ -243,6 +327,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
         "startup_s": round(started_s, 1),
         "gc_objects": len(gc.get_objects()),
         "frozen": gc.get_freeze_count(),
+        "collector": bool(args.collector),
     }
     off.gc.close()
     print(
@@ -268,7 +353,18 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
             "fleet_core_replace", replicas=args.replicas, worst_tick_ms=round(worst, 3),
             kv_bytes=int(rows[:, 3].sum()), members=off.members(),
         )  # fmt: skip
-    if args.freeze:
+    if args.roll:
+        off.gc.count.clear()
+        r = off.roll(args.roll_limit_s)
+        row["roll"] = r
+        print(
+            f"rolling update of {r['replicas']} replicas (surge 1): "
+            f"{'done' if r['done'] else 'NOT done'} in {r['virtual_s']} virtual s, fewest routable "
+            f"{r['fewest_routable']}, tick p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max "
+            f"{r['max_ms']:.2f} ms, {r['gc2_in_ticks']} full collections in ticks"
+        )
+    if off.collector is not None:
+        off.collector.close()
         gc.unfreeze()
     del off
     return row
@@ -288,13 +384,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the measured ticks")
     ap.add_argument("--visit-all", action="store_true", help="visit every deployment every tick")
     ap.add_argument("--compare", action="store_true", help="visit all, then visit due")
-    ap.add_argument("--freeze", action="store_true", help="gc.freeze() after start-up")
+    ap.add_argument(
+        "--collector", action="store_true",
+        help="the service's collector policy (services/controller/collector.py)",
+    )  # fmt: skip
     ap.add_argument("--json", default="", help="also write the rows here")
+    ap.add_argument("--objects", action="store_true", help="only count objects per replica")
+    ap.add_argument("--roll", action="store_true", help="then roll the first app to a new version")
+    ap.add_argument("--roll-limit-s", type=float, default=7200.0, help="virtual seconds")
     ap.add_argument(
         "--replace", action="store_true",
         help="then crash one replica and measure the ticks until it is replaced",
     )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.objects:
+        result_line("fleet_core_objects", **objects_report(args.interval))
+        return 0
     modes = [True, False] if args.compare else [args.visit_all]
     rows = [measure(args, visit_all=v) for v in modes]
     for row in rows:
