@@ -36,7 +36,7 @@ from scripts.bench.common import result_line, write_json
 from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
 from services.controller.collector import Collector
-from services.controller.core import Action, ControllerCore
+from services.controller.core import Action, ControllerCore, Probe
 from services.controller.kv_delta import DeleteDoc, PutDoc
 from shared.appconfig import AppConfig
 from shared.kv import buckets, envelope
@@ -113,6 +113,8 @@ class Offline:
         self.churn_per_s = 0.0
         self._churn_due = 0.0
         self.replaced = 0
+        self.probes = 0
+        """Probes the core sent: every replica here is healthy, so each one is a miss."""
 
     def members(self) -> int:
         return sum(int(s.member_slots.size) for s in self.sims.values())
@@ -184,6 +186,7 @@ class Offline:
             took = time.perf_counter() - wall, time.thread_time() - cpu
             if self.collector is not None:
                 self.collector.between_ticks(self.now)
+            self.probes += sum(isinstance(a, Probe) for a in actions)
             rows.append((self.now, *took, self._apply(actions)))
             self.now += TICK_S
         return np.asarray(rows)
@@ -304,6 +307,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     off.churn_per_s = args.churn / 100.0 * args.replicas / 60.0
     off.gc.count.clear()
     off.gc.seconds.clear()
+    off.probes = 0
     prof = cProfile.Profile() if args.profile else None
     cpu0 = time.process_time()
     ticks = off.run(args.measure_s, prof)
@@ -315,6 +319,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
         "interval_s": args.interval,
         "churn_pct_per_min": args.churn,
         "replaced": off.replaced,
+        "probes_to_healthy": off.probes,
         "ticks": len(ms),
         "p50_ms": round(float(np.percentile(ms, 50)), 3),
         "p99_ms": round(float(np.percentile(ms, 99)), 3),
@@ -336,7 +341,8 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
         f"core p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} max {row['max_ms']:.2f} ms "
         f"(CPU p99 {row['cpu_p99_ms']:.2f}); tick CPU {row['core_share']:.3f} core; "
         f"collections in ticks gen0/1/2 {off.gc.count[0]}/{off.gc.count[1]}/{off.gc.count[2]} "
-        f"(gen2 {row['gc2_in_ticks_ms']} ms); {row['gc_objects']} tracked objects"
+        f"(gen2 {row['gc2_in_ticks_ms']} ms); {off.probes} probes to healthy replicas; "
+        f"{row['gc_objects']} tracked objects"
     )
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

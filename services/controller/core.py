@@ -136,8 +136,10 @@ class ControllerCore:
             ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
         )
         self.stats = CoreStats()
-        self._status_seen: dict[str, tuple[float, tuple[object, ...]]] = {}
-        """Per app: when its status was last rewritten and the figures it was built from."""
+        self._status_seen: dict[str, tuple[float, tuple[object, ...], tuple[float, ...]]] = {}
+        """Per app: when its status was last rewritten, the figures and demands it showed."""
+        self._status_touched: set[str] = set()
+        """Apps an input or a visit touched since their status was last looked at."""
         self._dirty_apps: set[str] = set()
         self._pending_events: list[Action] = []
         self.placement = Placement()
@@ -217,6 +219,7 @@ class ControllerCore:
         if m is None:
             self.stats.dropped["unknown_deployment"] += 1
             return
+        self._status_touched.add(where.app)
         # what the ticks it was skipped at would have done comes first, then the new input
         m.catch_up(self._ticks)
         try:
@@ -329,6 +332,7 @@ class ControllerCore:
         for app in apps:
             self.apps.pop(app, None)
             self._status_seen.pop(app, None)
+            self._status_touched.discard(app)
             self._dirty_apps.discard(app)
             self.held.discard(app)
 
@@ -371,6 +375,7 @@ class ControllerCore:
             if res.status_changed or res.kv:
                 self._dirty_apps.add(m.app)
             self._count_health(key, m.counts)
+            self._status_touched.add(m.app)
             ev = res.evaluation
             if ev is not None and ev.stale:
                 stale_slots.append((m, ev.stale_slots))
@@ -508,10 +513,11 @@ class ControllerCore:
         return out
 
     def _statuses(self, now: float, wall: float) -> list[Action]:
-        """Each app's status when an event changed it, when its figures changed (looked at
-        every `status_refresh_s`, at a phase of its own so that 10,000 apps created together
-        are not all looked at in one tick), and at least every `status_max_age_s`. The apps due
-        come from a timer heap, not from a pass over every app."""
+        """Each app's status when an event changed it; when its figures changed or its demand
+        moved by more than `_demand_moved` says (looked at every `status_refresh_s`, at a phase
+        of its own so that 10,000 apps created together are not all looked at in one tick, and
+        only if an input or a visit touched it since); and at least every `status_max_age_s`.
+        The apps due come from a timer heap, not from a pass over every app."""
         out: list[Action] = []
         by_app = self._layout_now().by_app
         looked = self._status_due.fired(now)
@@ -521,13 +527,22 @@ class ControllerCore:
                 continue
             if app in looked or app not in self._status_seen:
                 self._status_due.place(app, self._next_look(app, now))
-            figures = tuple(self._get(k).status_figures() for k in by_app[app])
-            rewritten, seen = self._status_seen.get(app, (-math.inf, ()))
-            fresh = now - rewritten < self.cfg.status_max_age_s
-            if app not in self._dirty_apps and figures == seen and fresh:
+            dirty = app in self._dirty_apps
+            rewritten, seen, demands = self._status_seen.get(app, (-math.inf, (), ()))
+            old = now - rewritten >= self.cfg.status_max_age_s
+            if not (dirty or old or app in self._status_touched):
+                continue  # nothing arrived and nothing ran for it since the last look
+            self._status_touched.discard(app)
+            deps = [self._get(k) for k in by_app[app]]
+            figures = tuple(m.status_figures() for m in deps)
+            now_demands = tuple(m.status_demand() for m in deps)
+            moved = len(now_demands) != len(demands) or any(
+                _demand_moved(a, b) for a, b in zip(demands, now_demands, strict=False)
+            )
+            if not (dirty or old or moved or figures != seen):
                 continue  # nothing to say that the last status did not
             self._dirty_apps.discard(app)
-            self._status_seen[app] = (now, figures)
+            self._status_seen[app] = (now, figures, now_demands)
             out.append(PutStatus(app, self.app_status(app, wall)))
         for app in looked & self.held:
             self._status_due.place(app, self._next_look(app, now))
@@ -576,6 +591,18 @@ class _Layout:
         return cls(
             order, {k: i for i, k in enumerate(order)}, {a: tuple(ks) for a, ks in by_app.items()}
         )
+
+
+DEMAND_MOVED_ABS = 0.5
+DEMAND_MOVED_REL = 0.1
+
+
+def _demand_moved(shown: float, now: float) -> bool:
+    """Whether a status showing `shown` must be rewritten for `now`: by more than 10% and more
+    than half a request (the figure is for people and dashboards; a status per wiggle of a
+    noisy demand was a KV write per report at 10,000 apps). Decisions never wait for it."""
+    delta = abs(now - shown)
+    return delta > DEMAND_MOVED_ABS and delta > DEMAND_MOVED_REL * shown
 
 
 def _probe_candidates(

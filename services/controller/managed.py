@@ -353,14 +353,18 @@ class ManagedDeployment:
         )
 
     def status_figures(self) -> tuple[object, ...]:
-        """What `status_view` is built from, cheaply: equal figures, equal view (the demand is
-        summed again only when the metrics changed)."""
+        """What `status_view` is built from besides demand, cheaply: equal figures and close
+        demand, an equal view but for the demand figure."""
+        st = self.state
+        return (st.revision, st.status, st.message, st.target, self.decision.reason)
+
+    def status_demand(self) -> float:
+        """The demand figure of `status_view` (summed again only when the metrics changed)."""
         version, demand = self._demand_seen
         if version != self.metrics.version:
             version, demand = self.metrics.version, round(float(self.metrics.total_demand()), 3)
             self._demand_seen = (version, demand)
-        st = self.state
-        return (demand, st.revision, st.status, st.message, st.target, self.decision.reason)
+        return demand
 
     def replica_states(self) -> dict[str, str]:
         return {rid: r.state.value for rid, r in self.state.replicas.items()}
