@@ -434,7 +434,7 @@ class ControllerCore:
             if m is None or key[0] in self.held:
                 out.add(key)
                 continue
-            due = m.timer_visit(now)
+            due = m.timer_visit(now, self._ticks)
             if due is None:
                 out.add(key)
             else:

@@ -264,18 +264,28 @@ class ManagedDeployment:
         due = min(due, health)
         return BUSY if due - EARLY_S <= now else due - EARLY_S
 
-    def timer_visit(self, now: float) -> float | None:
-        """A quiet deployment whose timer fired. When that was its health timer and the
-        evaluation finds no replica stale, the rest of the step would change nothing: returns
-        its next due time without the step (None: run the step). No verdict can come of it:
-        none of the facts a verdict needs changed since the last full evaluation (or the
-        health timer would not be set)."""
-        if not self._health_timer or self.health.quiet_until() == -math.inf:
-            return None
-        ev = self.health.evaluate(now, hold_verdicts=False)
-        if ev.stale or ev.unhealthy_slots.size:
-            return None
-        self.counts = (ev.stale, ev.candidates)
+    def timer_visit(self, now: float, ticks: TickLog) -> float | None:
+        """A quiet deployment whose timer fired. If its health or expiry timer fired and finds
+        nothing (no replica stale; no handle silent long enough: the expiry timer is a lower
+        bound, as reports keep coming), the rest of the step would change nothing: returns its
+        next due time without the step (None: run the step). No verdict can come of it: none of
+        the facts a verdict needs changed since the last full evaluation (or the health timer
+        would not be set)."""
+        if self._health_timer:
+            if self.health.quiet_until() == -math.inf:
+                return None
+            ev = self.health.evaluate(now, hold_verdicts=False)
+            if ev.stale or ev.unhealthy_slots.size:
+                return None
+            self.counts = (ev.stale, ev.candidates)
+        elif self.metrics.next_expiry() - EARLY_S <= now:
+            self.catch_up(ticks)  # the ticks before `now` saw the demand before this expiry
+            version = self.metrics.version
+            self.metrics.expire(now)
+            if self.metrics.version != version:
+                return None  # demand changed: this tick's sample and decision need the step
+        else:
+            return None  # the unhealthy hold ended: the status may change
         due = self._timers(now)
         return None if due == BUSY else due
 

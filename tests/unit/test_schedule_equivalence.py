@@ -297,3 +297,24 @@ def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its
     for _ in range(int(core.cfg.status_refresh_s / TICK) + 1):
         tick()
     assert len(writes) == 1  # the demand figure changed: rewritten at the app's next look
+
+
+def test_a_silent_handle_expires_alike() -> None:
+    """The expiry timer (a silent router's demand leaves after max(2 x interval, 10 s)) fires
+    on a sleeping fixed-size deployment exactly when visiting all would drop it."""
+    tw = Twin()
+    tw.tick()
+    for app, i in (("fixed", 0), ("fixed", 1), ("panic", 0)):
+        tw.lifecycle(app, i, "starting")
+        tw.lifecycle(app, i, "ready")
+    tw.tick()
+    for _ in range(3):
+        tw.handle("fixed", 1.0, 2.0, 0)
+        tw.handle("panic", 1.0, 0.0, 0)
+        for _ in range(20):
+            tw.tick()
+    for _ in range(150):
+        tw.tick()
+    tw.compare_state()
+    m = tw.due.deployments[("fixed", "D")]
+    assert m.metrics.handle_ids() == [] and m.metrics.total_demand() == 0.0
