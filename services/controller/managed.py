@@ -251,18 +251,21 @@ class ManagedDeployment:
         return self._timers(now)
 
     def _timers(self, now: float) -> float:
-        """The earliest timer of a quiet deployment (health going stale, a handle expiring, an
-        unhealthy hold running out), a hair early: the conditions the timers stand for are
-        computed with other roundings (`now - last >= delay`, not `last + delay <= now`), and a
-        visit early is only a visit."""
+        """The earliest timer of a quiet deployment: its health going stale (the registry's
+        fast path holds while `now <= floor`, so the timer is the next float after it), a
+        handle expiring and an unhealthy hold running out (a hair early: those conditions are
+        computed with other roundings, `now - last >= delay`, and a visit early is only a
+        visit). A timer already due is looked at again at the next tick (`timer_visit`)."""
         health = self.health.quiet_until()
-        due = self.metrics.next_expiry()
+        if health == -math.inf:
+            return BUSY  # a fact changed: the next evaluation is a full one
+        due = self.metrics.next_expiry() - EARLY_S
         trouble = self.state.last_trouble
         if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
-            due = min(due, trouble + UNHEALTHY_HOLD_S)
+            due = min(due, trouble + UNHEALTHY_HOLD_S - EARLY_S)
+        health = math.nextafter(health, math.inf)
         self._health_timer = health < due
-        due = min(due, health)
-        return BUSY if due - EARLY_S <= now else due - EARLY_S
+        return max(min(due, health), now + EARLY_S)
 
     def timer_visit(self, now: float, ticks: TickLog) -> float | None:
         """A quiet deployment whose timer fired. If its health or expiry timer fired and finds
@@ -280,10 +283,9 @@ class ManagedDeployment:
             self.counts = (ev.stale, ev.candidates)
         elif self.metrics.next_expiry() - EARLY_S <= now:
             self.catch_up(ticks)  # the ticks before `now` saw the demand before this expiry
-            version = self.metrics.version
-            self.metrics.expire(now)
-            if self.metrics.version != version:
-                return None  # demand changed: this tick's sample and decision need the step
+            demand = self.metrics.total_demand()
+            if self.metrics.expire(now) or self.metrics.total_demand() != demand:
+                return None  # a source left: this tick's sample and decision need the step
         else:
             return None  # the unhealthy hold ended: the status may change
         due = self._timers(now)
