@@ -61,11 +61,11 @@ class ControllerConfig:
     control_interval_s: float = 0.1
     status_refresh_s: float = 2.0
     """How often an app's status is looked at for changed figures (demand, counts) that no
-    event marked; it is rewritten when they changed."""
-    status_max_age_s: float = 30.0
-    """An unchanged status is rewritten this often anyway (its `updated_at` shows the owner
-    alive). Rewriting every status every `status_refresh_s` was 5,000 KV writes a second at
-    10,000 apps."""
+    event marked, and rewritten anyway (its `updated_at` shows the owner alive)..."""
+    status_rewrites_per_s: float = 500.0
+    """...unless that is more unchanged statuses a second than this: then each is rewritten
+    every apps / status_rewrites_per_s seconds (20 s at 10,000 apps; rewriting every status
+    every 2 s was 5,000 KV writes a second there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +221,7 @@ class ControllerCore:
             return
         self._status_touched.add(where.app)
         # what the ticks it was skipped at would have done comes first, then the new input
-        m.catch_up(self._ticks)
+        self._catch_up(m)
         try:
             if where.kind != "lifecycle":
                 # lifecycle events only mark the records changed; whatever reads the index,
@@ -273,7 +273,7 @@ class ControllerCore:
         replicas that left; they are dropped as before."""
         siblings = [d for d in self._app_deployments(m.app) if d is not m]
         for d in siblings:
-            d.catch_up(self._ticks)
+            self._catch_up(d)
             d.follow_records(recv)
             self.schedule.touch((d.app, d.name))
         for status in foreign:
@@ -305,10 +305,17 @@ class ControllerCore:
         self.probes.done((app, deployment, replica_id))
         m = self.deployments.get((app, deployment))
         if m is not None:
-            m.catch_up(self._ticks)
+            self._catch_up(m)
             self.schedule.touch((app, deployment))
             m.follow_records(recv)
             m.health.probe_result(replica_id, outcome, recv, status)
+
+    def _catch_up(self, m: ManagedDeployment) -> None:
+        """The ticks `m` was skipped at, before an input lands (not while its app is held: a
+        held app's window gets the replayed samples, no tick's)."""
+        self._follow_held()  # released since the last tick: its held ticks do not count
+        if m.app not in self.held:
+            m.catch_up(self._ticks)
 
     def _count(self, what: str) -> None:
         self.stats.ingested[what] += 1
@@ -516,10 +523,11 @@ class ControllerCore:
         """Each app's status when an event changed it; when its figures changed or its demand
         moved by more than `_demand_moved` says (looked at every `status_refresh_s`, at a phase
         of its own so that 10,000 apps created together are not all looked at in one tick, and
-        only if an input or a visit touched it since); and at least every `status_max_age_s`.
+        only if an input or a visit touched it since); and at least every `status_max_age`.
         The apps due come from a timer heap, not from a pass over every app."""
         out: list[Action] = []
         by_app = self._layout_now().by_app
+        max_age = self.status_max_age(len(by_app))
         looked = self._status_due.fired(now)
         for app in sorted((self._dirty_apps | looked) - self.held):
             if app not in by_app:
@@ -529,7 +537,7 @@ class ControllerCore:
                 self._status_due.place(app, self._next_look(app, now))
             dirty = app in self._dirty_apps
             rewritten, seen, demands = self._status_seen.get(app, (-math.inf, (), ()))
-            old = now - rewritten >= self.cfg.status_max_age_s
+            old = now - rewritten >= max_age
             if not (dirty or old or app in self._status_touched):
                 continue  # nothing arrived and nothing ran for it since the last look
             self._status_touched.discard(app)
@@ -547,6 +555,11 @@ class ControllerCore:
         for app in looked & self.held:
             self._status_due.place(app, self._next_look(app, now))
         return out
+
+    def status_max_age(self, apps: int) -> float:
+        """How old an unchanged status may get: `status_refresh_s`, or longer when rewriting
+        `apps` statuses that often would exceed `status_rewrites_per_s`."""
+        return max(self.cfg.status_refresh_s, apps / self.cfg.status_rewrites_per_s)
 
     def _next_look(self, app: str, now: float) -> float:
         """The app's next look after `now`: on its own phase of the refresh period."""

@@ -14,7 +14,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.controller.core import ControllerCore
+from services.controller.core import ControllerConfig, ControllerCore
 from services.controller.health_registry import ProbeOutcome
 from services.controller.kv_delta import PutDoc
 from services.controller.schedule import Schedule, TickLog
@@ -271,7 +271,10 @@ def test_tick_log_keeps_what_a_window_still_sees() -> None:
 
 
 def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its_look() -> None:
-    core = ControllerCore()
+    # one app rewritten at most once every 30 s: as 15,000 apps would be at the default rate
+    core = ControllerCore(ControllerConfig(status_rewrites_per_s=1 / 30))
+    max_age = core.status_max_age(1)
+    assert max_age == 30.0 and ControllerCore().status_max_age(1000) == 2.0
     t = 100.0
     core.set_apps({"fixed": _app("fixed", FIXED)}, t)
     writes: list[float] = []
@@ -285,12 +288,12 @@ def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its
         tick()
     assert len(writes) == 1  # the first status, at once
     writes.clear()
-    for _ in range(int(core.cfg.status_max_age_s / TICK) - 30):
+    for _ in range(int(max_age / TICK) - 30):
         tick()
     assert writes == []  # nothing changed: looked at every 2 s, not rewritten
     for _ in range(60):
         tick()
-    assert len(writes) == 1  # then rewritten once it is status_max_age_s old
+    assert len(writes) == 1  # then rewritten once it is max_age old
     writes.clear()
     r = HandleReport("h1", "fixed", "D", WALL0 + t, 1, 3.0, {}, (), 1, {})
     core.ingest(S.report("handle", "fixed", "D"), encode(r), t)
