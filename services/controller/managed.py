@@ -243,6 +243,8 @@ class ManagedDeployment:
         view = self.state.view()
         if view.waiting or view.old or view.new_count != self.state.target:
             return BUSY  # starts time out, rollouts and resizes move at the tick
+        if decided and self._opaque_policy():
+            return BUSY
         if decided and (self.policy.pending != NONE or self.policy.panic_until is not None):
             return BUSY  # a delay or a panic hold runs (its reason text counts the seconds)
         settled = self._run_start is not None and self._run_start + self.window_keep_s() < now
@@ -293,9 +295,16 @@ class ManagedDeployment:
 
     def _decision_reads_demand(self) -> bool:
         """Whether `_decide` can come out differently for a different demand window. At a fixed
-        size (min == max) the policy's first rule decides whatever the demand; a policy that
-        reads demand even then must make this True."""
+        size (min == max) the default policy's first rule decides whatever the demand; a policy
+        that reads demand even then must make this True."""
+        if self._opaque_policy():
+            return True
         return self.policy_cfg.min_replicas != self.policy_cfg.max_replicas
+
+    def _opaque_policy(self) -> bool:
+        """A user's own policy (where one is configured) may read anything, the clock too: its
+        deployment is visited at every tick, as before the schedule."""
+        return bool(getattr(self.policy_cfg, "policy", None))
 
     def finish(self, now: float, out: StepResult) -> None:
         """After placement: the KV writes and the status change of this tick."""
