@@ -9,11 +9,18 @@ input carries its time, so a recorded run fed back in the same order makes the s
 `rebuild(...)`-style use: while the shell replays the retained stream after a start or a
 takeover, it calls `ingest` with the messages' times and `sample(t)` instead of `tick`, which
 fills the demand windows without deciding anything; then live ticks begin.
+
+A tick visits only the deployments that need it (schedule.py): those that got input since their
+last visit, those with work moving at every tick, and those whose timer fired; the rest cost
+nothing. `ControllerCore(visit_all=True)` visits every deployment at every tick instead, the
+reference the schedule is tested against (same actions, same order).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +49,7 @@ from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placement
 from .policy import PolicyState
 from .replica_index import NO_SLOT
+from .schedule import Schedule, TickLog
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 
 DepKey = tuple[str, str]
@@ -56,7 +64,12 @@ class ControllerConfig:
     owner_epoch: int = 1
     control_interval_s: float = 0.1
     status_refresh_s: float = 2.0
-    """Status (demand, counts) is rewritten at least this often even without a change."""
+    """How often an app's status is looked at for changed figures (demand, counts) that no
+    event marked, and rewritten anyway (its `updated_at` shows the owner alive)..."""
+    status_rewrites_per_s: float = 500.0
+    """...unless that is more unchanged statuses a second than this: then each is rewritten
+    every apps / status_rewrites_per_s seconds (20 s at 10,000 apps; rewriting every status
+    every 2 s was 5,000 KV writes a second there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +126,7 @@ class CoreStats:
 
 
 class ControllerCore:
-    def __init__(self, cfg: ControllerConfig | None = None) -> None:
+    def __init__(self, cfg: ControllerConfig | None = None, *, visit_all: bool = False) -> None:
         self.cfg = cfg or ControllerConfig()
         self.subjects = Subjects(self.cfg.namespace)
         self.apps: dict[str, AppConfig] = {}
@@ -127,12 +140,26 @@ class ControllerCore:
             ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
         )
         self.stats = CoreStats()
-        self._status_written: dict[str, float] = {}
+        self._status_seen: dict[str, tuple[float, tuple[object, ...], tuple[float, ...]]] = {}
+        """Per app: when its status was last rewritten, the figures and demands it showed."""
+        self._status_touched: set[str] = set()
+        """Apps an input or a visit touched since their status was last looked at."""
         self._dirty_apps: set[str] = set()
         self._pending_events: list[Action] = []
         self.placement = Placement()
         self.held: set[str] = set()
         """Apps whose history is still being replayed (a partition just taken over)."""
+        self.visit_all = visit_all
+        self.schedule: Schedule[DepKey] = Schedule()
+        self._ticks = TickLog()
+        self._held_seen: set[str] = set()
+        self._counted: dict[DepKey, tuple[int, int]] = {}
+        """(stale, candidates) of each deployment's last visit, summed for the stall guard."""
+        self._stale_total = 0
+        self._known_total = 0
+        self._status_due: Schedule[str] = Schedule()
+        self._layout: _Layout | None = None
+        """Visit order and deployments by app, rebuilt when deployments come or go."""
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -154,11 +181,16 @@ class ControllerCore:
                 m.reconfigure(dcfg, version, now)
             self.deployments[key] = m
             self._dirty_apps.add(key[0])
+            self.schedule.touch(key)
         for key in [k for k in self.deployments if k not in wanted]:
             m = self.deployments.pop(key)
             m.state.target = 0
             self.deleting[key] = m
             self._dirty_apps.add(key[0])
+            self.schedule.touch(key)
+        self._layout = None
+        keeps = [m.window_keep_s() for t in (self.deployments, self.deleting) for m in t.values()]
+        self._ticks.horizon_s = max(keeps, default=0.0)
 
     def restore(
         self, targets: Iterable[ReplicaTarget], members: Iterable[Member], now: float
@@ -177,6 +209,7 @@ class ControllerCore:
             m.restore(ts, ms, now)
             m.state.target = max(m.state.target, len(m.state.live()))
             m.policy = PolicyState(target=m.state.target, watch_start=now)
+            self.schedule.touch(key)
 
     def ingest(
         self,
@@ -192,12 +225,14 @@ class ControllerCore:
         except UsageError:
             self.stats.dropped["bad_subject"] += 1
             return
-        m = self.deployments.get((where.app, where.deployment)) or self.deleting.get(
-            (where.app, where.deployment)
-        )
+        key = (where.app, where.deployment)
+        m = self.deployments.get(key) or self.deleting.get(key)
         if m is None:
             self.stats.dropped["unknown_deployment"] += 1
             return
+        self._status_touched.add(where.app)
+        # what the ticks it was skipped at would have done comes first, then the new input
+        self._catch_up(m)
         try:
             if where.kind != "lifecycle":
                 # lifecycle events only mark the records changed; whatever reads the index,
@@ -221,6 +256,11 @@ class ControllerCore:
                 self._lifecycle(m, decode_as(data, Lifecycle), recv)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
+        due = None if where.kind == "lifecycle" else m.input_due()
+        if due is None:
+            self.schedule.touch(key)
+        else:
+            self.schedule.place_earlier(key, due)
 
     def _ingest_handle(
         self,
@@ -251,14 +291,11 @@ class ControllerCore:
         in-process router's reports to any deployment of its app (one owner per app), so look
         the replica up in the app's other deployments (replica ids are global). The rest name
         replicas that left; they are dropped as before."""
-        siblings = [
-            d
-            for table in (self.deployments, self.deleting)
-            for (app, _), d in table.items()
-            if app == m.app and d is not m
-        ]
+        siblings = [d for d in self._app_deployments(m.app) if d is not m]
         for d in siblings:
+            self._catch_up(d)
             d.follow_records(recv)
+            self.schedule.touch((d.app, d.name))
         for status in foreign:
             for d in siblings:
                 if d.index.slot(status.replica_id) != NO_SLOT:
@@ -288,8 +325,17 @@ class ControllerCore:
         self.probes.done((app, deployment, replica_id))
         m = self.deployments.get((app, deployment))
         if m is not None:
+            self._catch_up(m)
+            self.schedule.touch((app, deployment))
             m.follow_records(recv)
             m.health.probe_result(replica_id, outcome, recv, status)
+
+    def _catch_up(self, m: ManagedDeployment) -> None:
+        """The ticks `m` was skipped at, before an input lands (not while its app is held: a
+        held app's window gets the replayed samples, no tick's)."""
+        self._follow_held()  # released since the last tick: its held ticks do not count
+        if m.app not in self.held:
+            m.catch_up(self._ticks)
 
     def _count(self, what: str) -> None:
         self.stats.ingested[what] += 1
@@ -301,15 +347,19 @@ class ControllerCore:
         for (app, _), m in self.deployments.items():
             if apps is None or app in apps:
                 m.sample(now)
+                self.schedule.touch((app, m.name))
 
     def release_apps(self, apps: set[str]) -> None:
         """Another member owns these apps now: forget them without deciding or writing."""
         for table in (self.deployments, self.deleting):
             for key in [k for k in table if k[0] in apps]:
                 del table[key]
+                self._forget(key)
+        self._layout = None
         for app in apps:
             self.apps.pop(app, None)
-            self._status_written.pop(app, None)
+            self._status_seen.pop(app, None)
+            self._status_touched.discard(app)
             self._dirty_apps.discard(app)
             self.held.discard(app)
 
@@ -320,24 +370,23 @@ class ControllerCore:
         actions: list[Action] = list(self._pending_events)
         self._pending_events.clear()
         hold = self.stall_state.hold_verdicts if self.stall_state else False
-        stale = known = 0
-        stale_slots: list[tuple[ManagedDeployment, Int64Array]] = []
-        managed = [
-            (k, m)
-            for k, m in list(self.deployments.items()) + list(self.deleting.items())
-            if k[0] not in self.held  # rebuilding its window from the stream: no decisions yet
-        ]
+        self._follow_held()
         lost = self.placement.lost_since_last(now)
+        everyone = self.visit_all or hold or bool(lost)
+        managed = self._due(now, everyone)
         for agent_id in sorted(lost) if not hold else ():
             for _, m in managed:
                 actions.extend(_events(m, m.lose_agent(agent_id, now)))
-        results = [
-            (key, m, m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments))
-            for key, m in managed
-        ]
+        results = []
+        for key, m in managed:
+            m.catch_up(self._ticks)
+            results.append(
+                (key, m, m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments))
+            )
         if self.placement.ever_seen:
             self._place(managed, now)
-        for _, m, res in results:
+        stale_slots: list[tuple[ManagedDeployment, Int64Array]] = []
+        for key, m, res in results:
             actions.extend(m.take_stray())
             m.finish(now, res)
             actions.extend(_events(m, res.events))
@@ -352,12 +401,13 @@ class ControllerCore:
             actions.extend(res.kv)
             if res.status_changed or res.kv:
                 self._dirty_apps.add(m.app)
+            self._count_health(key, m.counts)
+            self._status_touched.add(m.app)
             ev = res.evaluation
-            if ev is not None:
-                stale += ev.stale
-                known += ev.candidates
-                if ev.stale:
-                    stale_slots.append((m, ev.stale_slots))
+            if ev is not None and ev.stale:
+                stale_slots.append((m, ev.stale_slots))
+            self.schedule.place(key, m.next_visit(now, res, decided=key in self.deployments))
+        stale, known = self._stale_total, self._known_total
         self.stats.stale, self.stats.known = stale, known
         self.stall_state = st = self.stall.tick(
             now, pending=pending, lag_s=lag_s, stale=stale, known=known, overrun=overrun
@@ -372,14 +422,94 @@ class ControllerCore:
             actions.append(Probe(app, dep, rid))
         actions.extend(self._finish_deletes())
         actions.extend(self._statuses(now, wall))
+        self._ticks.add(now)
         return actions
+
+    # -- which deployments a tick visits -------------------------------------------------------
+
+    def _layout_now(self) -> _Layout:
+        if self._layout is None:
+            self._layout = _Layout.of(self.deployments, self.deleting)
+        return self._layout
+
+    def _app_deployments(self, app: str) -> list[ManagedDeployment]:
+        return [self._get(k) for k in self._layout_now().by_app.get(app, ())]
+
+    def _get(self, key: DepKey) -> ManagedDeployment:
+        return self.deployments.get(key) or self.deleting[key]
+
+    def _due(self, now: float, everyone: bool) -> list[tuple[DepKey, ManagedDeployment]]:
+        """The deployments this tick visits, in the order a visit of all would take."""
+        layout = self._layout_now()
+        if everyone:
+            self.schedule.due(now)  # consumed: every visit places its deployment again
+            keys: list[DepKey] = list(layout.order)
+        else:
+            rank = layout.rank
+            pending = self.schedule.pending()
+            due = pending | self._timer_visits(self.schedule.fired(now) - pending, now)
+            keys = sorted((k for k in due if k in rank), key=rank.__getitem__)
+        # rebuilding its window from the stream: no decisions yet (visited when released)
+        return [(k, self._get(k)) for k in keys if k[0] not in self.held]
+
+    def _timer_visits(self, fired: set[DepKey], now: float) -> set[DepKey]:
+        """Deployments whose timer fired: those that need their step (the rest were looked at
+        and placed again)."""
+        out = set()
+        for key in fired:
+            m = self.deployments.get(key) or self.deleting.get(key)
+            if m is None or key[0] in self.held:
+                out.add(key)
+                continue
+            due = m.timer_visit(now, self._ticks)
+            if due is None:
+                out.add(key)
+            else:
+                self._count_health(key, m.counts)
+                self.schedule.place(key, due)
+        return out
+
+    def _follow_held(self) -> None:
+        """Apps that became held stop counting for the stall guard; apps released are visited at
+        once and skip the ticks they were held at (a visit of all skips them too)."""
+        if self.held == self._held_seen:
+            return
+        started, ended = self.held - self._held_seen, self._held_seen - self.held
+        self._held_seen = set(self.held)
+        last = self._ticks.last
+        for app in started | ended:
+            for key in self._layout_now().by_app.get(app, ()):
+                if app in started:
+                    self._count_health(key, None)
+                else:
+                    if last is not None:
+                        self._get(key).skip_to(last)
+                    self.schedule.touch(key)
+
+    def _count_health(self, key: DepKey, counts: tuple[int, int] | None) -> None:
+        stale, known = self._counted.pop(key, (0, 0))
+        self._stale_total -= stale
+        self._known_total -= known
+        if counts is not None:
+            self._counted[key] = counts
+            self._stale_total += counts[0]
+            self._known_total += counts[1]
+
+    def _forget(self, key: DepKey) -> None:
+        self.schedule.forget(key)
+        self._count_health(key, None)
 
     def _place(self, managed: list[tuple[DepKey, ManagedDeployment]], now: float) -> None:
         waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
         if not waiting:
             return  # the usual tick: nothing to place, and no pass over every replica for load
         load: Counter[str] = Counter(
-            r.agent_id for _, m in managed for r in m.state.replicas.values() if r.agent_id
+            r.agent_id
+            for table in (self.deployments, self.deleting)
+            for (app, _), m in table.items()
+            if app not in self.held
+            for r in m.state.replicas.values()
+            if r.agent_id
         )
         chosen = self.placement.assign([rid for _, rid in waiting], load, now)
         for m, rid in waiting:
@@ -400,30 +530,67 @@ class ControllerCore:
         for key, m in list(self.deleting.items()):
             if not m.state.replicas:
                 del self.deleting[key]  # its replicas' keys went with them
-                if not any(k[0] == key[0] for k in self.deployments) and not any(
-                    k[0] == key[0] for k in self.deleting
-                ):
+                self._forget(key)
+                self._layout = None
+                if not self._layout_now().by_app.get(key[0]):
                     out.append(DeleteKey(buckets.STATUS.name, key[0]))
-                    self._status_written.pop(key[0], None)
+                    self._status_seen.pop(key[0], None)
                     self._dirty_apps.discard(key[0])
+                    self._status_due.forget(key[0])
         return out
 
     def _statuses(self, now: float, wall: float) -> list[Action]:
+        """Each app's status when an event changed it; when its figures changed or its demand
+        moved by more than `_demand_moved` says (looked at every `status_refresh_s`, at a phase
+        of its own so that 10,000 apps created together are not all looked at in one tick, and
+        only if an input or a visit touched it since); and at least every `status_max_age`.
+        The apps due come from a timer heap, not from a pass over every app."""
         out: list[Action] = []
-        apps = {k[0] for k in self.deployments} | {k[0] for k in self.deleting}
-        for app in sorted(apps - self.held):
-            last = self._status_written.get(app)
-            due = last is None or now - last >= self.cfg.status_refresh_s
-            if app not in self._dirty_apps and not due:
+        by_app = self._layout_now().by_app
+        max_age = self.status_max_age(len(by_app))
+        looked = self._status_due.fired(now)
+        for app in sorted((self._dirty_apps | looked) - self.held):
+            if app not in by_app:
+                self._status_due.forget(app)
                 continue
+            if app in looked or app not in self._status_seen:
+                self._status_due.place(app, self._next_look(app, now))
+            dirty = app in self._dirty_apps
+            rewritten, seen, demands = self._status_seen.get(app, (-math.inf, (), ()))
+            old = now - rewritten >= max_age
+            if not (dirty or old or app in self._status_touched):
+                continue  # nothing arrived and nothing ran for it since the last look
+            self._status_touched.discard(app)
+            deps = [self._get(k) for k in by_app[app]]
+            figures = tuple(m.status_figures() for m in deps)
+            now_demands = tuple(m.status_demand() for m in deps)
+            moved = len(now_demands) != len(demands) or any(
+                _demand_moved(a, b) for a, b in zip(demands, now_demands, strict=False)
+            )
+            if not (dirty or old or moved or figures != seen):
+                continue  # nothing to say that the last status did not
             self._dirty_apps.discard(app)
-            self._status_written[app] = now
+            self._status_seen[app] = (now, figures, now_demands)
             out.append(PutStatus(app, self.app_status(app, wall)))
+        for app in looked & self.held:
+            self._status_due.place(app, self._next_look(app, now))
         return out
 
+    def status_max_age(self, apps: int) -> float:
+        """How old an unchanged status may get: `status_refresh_s`, or longer when rewriting
+        `apps` statuses that often would exceed `status_rewrites_per_s`."""
+        return max(self.cfg.status_refresh_s, apps / self.cfg.status_rewrites_per_s)
+
+    def _next_look(self, app: str, now: float) -> float:
+        """The app's next look after `now`: on its own phase of the refresh period."""
+        period = self.cfg.status_refresh_s
+        phase = zlib.crc32(app.encode()) / 2**32
+        return (math.floor(now / period - phase) + 1 + phase) * period
+
     def app_status(self, app: str, wall: float) -> AppStatusView:
-        mine = {k[1]: m for k, m in self.deployments.items() if k[0] == app}
-        gone = {k[1]: m for k, m in self.deleting.items() if k[0] == app}
+        keys = self._layout_now().by_app.get(app, ())
+        mine = {k[1]: self.deployments[k] for k in keys if k in self.deployments}
+        gone = {k[1]: self.deleting[k] for k in keys if k in self.deleting}
         cfg = self.apps.get(app)
         status = app_status(
             [m.state.status for m in mine.values()], deleting=bool(gone) and not mine
@@ -437,6 +604,38 @@ class ControllerCore:
             owner_epoch=self.cfg.owner_epoch,
             deployments={name: m.status_view() for name, m in {**gone, **mine}.items()},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The deployments' visit order (live ones, then those being deleted, each in insertion
+    order, as a visit of all takes them) and their keys by app."""
+
+    order: tuple[DepKey, ...]
+    rank: dict[DepKey, int]
+    by_app: dict[str, tuple[DepKey, ...]]
+
+    @classmethod
+    def of(cls, live: Mapping[DepKey, object], deleting: Mapping[DepKey, object]) -> _Layout:
+        order = (*live, *(k for k in deleting if k not in live))
+        by_app: dict[str, list[DepKey]] = {}
+        for k in order:
+            by_app.setdefault(k[0], []).append(k)
+        return cls(
+            order, {k: i for i, k in enumerate(order)}, {a: tuple(ks) for a, ks in by_app.items()}
+        )
+
+
+DEMAND_MOVED_ABS = 0.5
+DEMAND_MOVED_REL = 0.1
+
+
+def _demand_moved(shown: float, now: float) -> bool:
+    """Whether a status showing `shown` must be rewritten for `now`: by more than 10% and more
+    than half a request (the figure is for people and dashboards; a status per wiggle of a
+    noisy demand was a KV write per report at 10,000 apps). Decisions never wait for it."""
+    delta = abs(now - shown)
+    return delta > DEMAND_MOVED_ABS and delta > DEMAND_MOVED_REL * shown
 
 
 def _probe_candidates(

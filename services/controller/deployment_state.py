@@ -79,6 +79,9 @@ class DeploymentState:
     _sets: RecordSets | None = field(default=None, repr=False, compare=False)
     _sets_changes: set[str] = field(default_factory=set, repr=False, compare=False)
     _kv_changes: set[str] = field(default_factory=set, repr=False, compare=False)
+    _retire_queue: list[ReplicaRecord] = field(default_factory=list, repr=False, compare=False)
+    """Old-version replicas, newest first (popped from the end), for the rollout in progress."""
+    _retire_version: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._rev.channels += [self._sets_changes, self._kv_changes]
@@ -221,7 +224,7 @@ class DeploymentState:
             return events  # stop retrying; a new version or a redeploy resets
         view = self.view()
         if view.old:
-            events += self._roll(list(view.old.values()), view.new(), now)
+            events += self._roll(view, now)
         else:
             events += self._resize(view, now)
         return events
@@ -253,23 +256,39 @@ class DeploymentState:
                 events.append(StateEvent("replica_draining", rec.replica_id, "scale down"))
         return events
 
-    def _roll(
-        self, old: list[ReplicaRecord], new: list[ReplicaRecord], now: float
-    ) -> list[StateEvent]:
+    def _roll(self, view: RecordSets, now: float) -> list[StateEvent]:
+        """One new replica in flight at a time; an old one retires per new one running. From
+        the counts, and the oldest old replicas from a queue sorted once per rollout, so a
+        rollout tick costs O(1), not a pass over the deployment. (A replica with a verdict is
+        draining, never running, so the running replicas of the new version are
+        `running_current`.)"""
         events: list[StateEvent] = []
-        new_running = sum(1 for r in new if r.state is ReplicaState.RUNNING)
-        new_waiting = len(new) - new_running
-        # one new replica in flight at a time; retire an old one per new running one
-        if new_waiting == 0 and len(new) < max(self.target, 1) and self.target > 0:
+        new_count, new_running = view.new_count, view.running_current
+        if new_running == new_count and new_count < max(self.target, 1) and self.target > 0:
             rec = self._new_replica(now)
             events.append(StateEvent("replica_added", rec.replica_id, f"rollout to {self.version}"))
-        retire = len(old) + new_running - self.target
+        retire = len(view.old) + new_running - self.target
         if self.target == 0:
-            retire = len(old)
-        for rec in sorted(old, key=lambda r: r.order)[: max(0, retire)]:
+            retire = len(view.old)
+        for rec in self._oldest_old(view, retire):
             rec.state, rec.since = ReplicaState.DRAINING, now
             events.append(StateEvent("replica_draining", rec.replica_id, "replaced by new version"))
         return events
+
+    def _oldest_old(self, view: RecordSets, n: int) -> list[ReplicaRecord]:
+        """The `n` old-version live replicas first in start order."""
+        if n <= 0:
+            return []
+        if self._retire_version != self.version or len(self._retire_queue) < len(view.old):
+            self._retire_version = self.version
+            self._retire_queue = sorted(view.old.values(), key=lambda r: r.order)
+            self._retire_queue.reverse()  # popped from the end: first in start order first
+        queue, out = self._retire_queue, list[ReplicaRecord]()
+        while queue and len(out) < n:
+            rec = queue.pop()
+            if view.old.get(rec.replica_id) is rec:
+                out.append(rec)
+        return out
 
     # -- outputs -----------------------------------------------------------------------------
 

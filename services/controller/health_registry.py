@@ -463,6 +463,14 @@ class HealthRegistry:
             )
         return self._evaluate(now, hold_verdicts)
 
+    def quiet_until(self) -> float:
+        """Until when `evaluate` (unheld) is certain to find what the last one found: nothing
+        stale, no new verdict. -inf when a change since could earn a verdict (or the fast path
+        is off)."""
+        if not self.fast_path or self._facts != self._evaluated_facts:
+            return -math.inf
+        return self._stale_floor
+
     def _evaluate(self, now: float, hold_verdicts: bool) -> HealthEvaluation:
         live = self._live
         failed = self._failures >= self.failure_threshold

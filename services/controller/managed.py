@@ -8,13 +8,23 @@ runs one control tick over them in a fixed order:
     -> health verdicts (replace) -> policy decides the target -> reconcile replicas
     -> (after placement) per-replica KV deltas and the status
 
+After a visit, `next_visit` says when the next one is needed (schedule.py): at every tick while
+something moves, at the earliest time a timer could change the outcome (health going stale, a
+handle expiring, the last demand change leaving the window, an unhealthy hold ending), or only
+when something arrives. A deployment skipped for some ticks catches up first (`catch_up`): the
+demand samples those ticks would have added (its demand was constant) and the expiry they would
+have run, so its state is what visiting it every tick would have made it.
+
 Only changes come out: the puts and deletes of the replicas whose records changed (kv_delta.py)
 and a status change, so a steady deployment costs no KV writes and one replaced replica a few.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
 from shared.kv.membership import Member
@@ -24,13 +34,17 @@ from shared.subjects import Subjects
 
 from .custom_policy import CustomPolicy, read_metrics
 from .demand_window import DemandWindow
-from .deployment_state import DeploymentState, ReplicaState, StateEvent
+from .deployment_state import UNHEALTHY_HOLD_S, DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
 from .kv_delta import KVChange, KVDelta
 from .metrics_store import DeploymentMetrics
-from .policy import Decision, PolicyInputs, PolicyState, decide, initial_state
+from .policy import NONE, Decision, PolicyInputs, PolicyState, decide, initial_state
 from .records import take
 from .replica_index import ReplicaIndex
+from .schedule import BUSY, TickLog
+
+EARLY_S = 1e-6
+"""Timers fire this much early (see `next_visit`)."""
 
 
 @dataclass(slots=True)
@@ -79,6 +93,17 @@ class ManagedDeployment:
         self._last_rule = ""
         self._custom: CustomPolicy | None = None
         """The custom policy of `policy_cfg.policy`, loaded at its first decision."""
+        self.sampled_until = -math.inf
+        """The last tick whose demand sample the window holds (or was caught up with)."""
+        self._run_start: float | None = None
+        """Since when every demand sample was equal and no gap broke coverage."""
+        self.counts = (0, 0)
+        """(stale, candidates) of the last health evaluation (the stall guard's inputs)."""
+        self._demand_seen = (-1, 0.0)
+        self._decides = True
+        """Whether the last visit decided a target (False while being deleted)."""
+        self._health_timer = False
+        """Whether the due time `_timers` gave last is the health registry's."""
 
     @property
     def name(self) -> str:
@@ -90,6 +115,7 @@ class ManagedDeployment:
         new_policy = cfg.policy
         if new_policy.metrics_interval_s != self.policy_cfg.metrics_interval_s:
             self.window = DemandWindow.for_policy(new_policy)
+            self._run_start = None
         self.policy_cfg = new_policy
         self.health = self._registry()
         self._follow_in_full = True
@@ -133,8 +159,56 @@ class ManagedDeployment:
         self.follow_records(now)
         self.metrics.expire(now)
         demand = self.metrics.total_demand()
+        self._track_run(now, demand)
         self.window.add(now, demand)
+        self.sampled_until = now
         return demand
+
+    def _track_run(self, t: float, demand: float) -> None:
+        last_t, last_v = self.window.last_time, self.window.last_value
+        if last_t is None or demand != last_v or t - last_t > self.window.max_gap_s:
+            self._run_start = t
+
+    def window_keep_s(self) -> float:
+        return max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
+
+    def catch_up(self, ticks: TickLog) -> None:
+        """The ticks this deployment was skipped at: add the samples they would have added and
+        run their expiry, so the state is what visiting it at every tick would have left. Each
+        sample is today's demand: every input calls this first, and a timer (an expiry) makes
+        the tick it fires at a visit, so nothing changed demand since those ticks."""
+        last = ticks.last
+        if last is None or last <= self.sampled_until:
+            return
+        last_t = self.window.last_time
+        if last_t is not None:
+            missed = ticks.since(max(self.sampled_until, last_t), self.window_keep_s())
+            if missed.size:
+                value = self.metrics.total_demand()
+                gaps = np.diff(missed, prepend=last_t)
+                broken = np.flatnonzero(gaps > self.window.max_gap_s)
+                if value != self.window.last_value:
+                    self._run_start = float(missed[0])
+                if broken.size:
+                    self._run_start = max(self._run_start or -math.inf, float(missed[broken[-1]]))
+                self.window.add_many(missed, np.full(missed.size, value))
+                self.window.trim(last, self.window_keep_s())
+        self.metrics.expire(last)
+        self.sampled_until = last
+
+    def input_due(self) -> float | None:
+        """After a report or heartbeat was applied: None if the next tick must visit, else the
+        earliest time a timer it set could fire. A fixed-size deployment whose health facts did
+        not change needs no visit for new metrics: its decision does not read them, and its
+        demand samples are caught up when it is next visited."""
+        if self._decides and self._decision_reads_demand():
+            return None
+        quiet = self.health.quiet_until()
+        return None if quiet == -math.inf else min(quiet, self.metrics.next_expiry()) - EARLY_S
+
+    def skip_to(self, t: float) -> None:
+        """Ticks up to `t` do not count for this deployment (its app was held: not visited)."""
+        self.sampled_until = max(self.sampled_until, t)
 
     def step(self, now: float, *, hold_verdicts: bool, decide_scale: bool = True) -> StepResult:
         out = StepResult()
@@ -154,10 +228,86 @@ class ManagedDeployment:
             self._decide(now, out)
         out.events += self.state.reconcile(now)
         self.follow_records(now)
-        self.window.trim(
-            now, max(self.policy_cfg.look_back_period_s, self.policy_cfg.panic_window_s)
-        )
+        self.window.trim(now, self.window_keep_s())
+        self.counts = (evaluation.stale, evaluation.candidates)
         return out
+
+    def next_visit(self, now: float, out: StepResult, *, decided: bool) -> float:
+        """After a visit (`step` and `finish`): when the next visit could come out differently
+        with no new input: BUSY (every tick), a time, or inf (only when something arrives).
+        Every condition errs towards visiting: a visit too many costs time, a visit too few
+        would change a decision."""
+        self._decides = decided
+        if out.events or out.kv or out.status_changed or out.decision_changed:
+            return BUSY
+        ev = out.evaluation
+        if ev is None or ev.stale or ev.unhealthy_slots.size or ev.held:
+            return BUSY
+        view = self.state.view()
+        if view.waiting or view.old or view.new_count != self.state.target:
+            return BUSY  # starts time out, rollouts and resizes move at the tick
+        if decided and self._opaque_policy():
+            return BUSY
+        if decided and (self.policy.pending != NONE or self.policy.panic_until is not None):
+            return BUSY  # a delay or a panic hold runs (its reason text counts the seconds)
+        settled = self._run_start is not None and self._run_start + self.window_keep_s() < now
+        if decided and self._decision_reads_demand() and not settled:
+            return BUSY
+        return self._timers(now)
+
+    def _timers(self, now: float) -> float:
+        """The earliest timer of a quiet deployment: its health going stale (the registry's
+        fast path holds while `now <= floor`, so the timer is the next float after it), a
+        handle expiring and an unhealthy hold running out (a hair early: those conditions are
+        computed with other roundings, `now - last >= delay`, and a visit early is only a
+        visit). A timer already due is looked at again at the next tick (`timer_visit`)."""
+        health = self.health.quiet_until()
+        if health == -math.inf:
+            return BUSY  # a fact changed: the next evaluation is a full one
+        due = self.metrics.next_expiry() - EARLY_S
+        trouble = self.state.last_trouble
+        if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
+            due = min(due, trouble + UNHEALTHY_HOLD_S - EARLY_S)
+        health = math.nextafter(health, math.inf)
+        self._health_timer = health < due
+        return max(min(due, health), now + EARLY_S)
+
+    def timer_visit(self, now: float, ticks: TickLog) -> float | None:
+        """A quiet deployment whose timer fired. If its health or expiry timer fired and finds
+        nothing (no replica stale; no handle silent long enough: the expiry timer is a lower
+        bound, as reports keep coming), the rest of the step would change nothing: returns its
+        next due time without the step (None: run the step). No verdict can come of it: none of
+        the facts a verdict needs changed since the last full evaluation (or the health timer
+        would not be set)."""
+        if self._health_timer:
+            if self.health.quiet_until() == -math.inf:
+                return None
+            ev = self.health.evaluate(now, hold_verdicts=False)
+            if ev.stale or ev.unhealthy_slots.size:
+                return None
+            self.counts = (ev.stale, ev.candidates)
+        elif self.metrics.next_expiry() - EARLY_S <= now:
+            self.catch_up(ticks)  # the ticks before `now` saw the demand before this expiry
+            demand = self.metrics.total_demand()
+            if self.metrics.expire(now) or self.metrics.total_demand() != demand:
+                return None  # a source left: this tick's sample and decision need the step
+        else:
+            return None  # the unhealthy hold ended: the status may change
+        due = self._timers(now)
+        return None if due == BUSY else due
+
+    def _decision_reads_demand(self) -> bool:
+        """Whether `_decide` can come out differently for a different demand window. At a fixed
+        size (min == max) the default policy's first rule decides whatever the demand; a policy
+        that reads demand even then must make this True."""
+        if self._opaque_policy():
+            return True
+        return self.policy_cfg.min_replicas != self.policy_cfg.max_replicas
+
+    def _opaque_policy(self) -> bool:
+        """A user's own policy (where one is configured) may read anything, the clock too: its
+        deployment is visited at every tick, as before the schedule."""
+        return self.policy_cfg.policy is not None
 
     def finish(self, now: float, out: StepResult) -> None:
         """After placement: the KV writes and the status change of this tick."""
@@ -235,6 +385,20 @@ class ManagedDeployment:
             unhealthy_replicas=view.condemned,
             last_decision=self.decision.reason,
         )
+
+    def status_figures(self) -> tuple[object, ...]:
+        """What `status_view` is built from besides demand, cheaply: equal figures and close
+        demand, an equal view but for the demand figure."""
+        st = self.state
+        return (st.revision, st.status, st.message, st.target, self.decision.reason)
+
+    def status_demand(self) -> float:
+        """The demand figure of `status_view` (summed again only when the metrics changed)."""
+        version, demand = self._demand_seen
+        if version != self.metrics.version:
+            version, demand = self.metrics.version, round(float(self.metrics.total_demand()), 3)
+            self._demand_seen = (version, demand)
+        return demand
 
     def replica_states(self) -> dict[str, str]:
         return {rid: r.state.value for rid, r in self.state.replicas.items()}

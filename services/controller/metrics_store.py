@@ -458,6 +458,15 @@ class DeploymentMetrics:
         )
         return gone
 
+    @property
+    def version(self) -> int:
+        """Bumped by every change to what the aggregates read (a cache key)."""
+        return self._version
+
+    def next_expiry(self) -> float:
+        """The earliest time `expire` drops something (inf: nothing received)."""
+        return self._oldest_recv + self.timeout_s
+
     # -- aggregates ----------------------------------------------------------------------------
 
     def handle_ids(self) -> list[str]:

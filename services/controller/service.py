@@ -50,6 +50,7 @@ from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
 
 from . import metrics as prom
+from .collector import Collector
 from .core import (
     Action,
     ControllerConfig,
@@ -128,6 +129,8 @@ class ControllerService:
         self.group: GroupRunner | None = None
         self.exporter = prom.Exporter()
         self._decode = DecodePipeline(cfg.decode_threads)
+        self.collector = Collector()
+        """Full collections out of the ticks (collector.py)."""
         self._subs: dict[int, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: dict[str, FencedWriter] = {}
@@ -416,6 +419,7 @@ class ControllerService:
             return  # dropped meanwhile
         self._sample_until(p, apps, self.clock.monotonic())
         self.core.held -= apps
+        self.collector.settle(self.clock.monotonic())
         log.info("partition %d rebuilt from the stream; %d app(s) live", p, len(apps))
 
     async def _tick(self) -> None:
@@ -428,6 +432,7 @@ class ControllerService:
         self.ticks += 1
         await self._execute(actions)
         self.exporter.tick(self.core.stats, self.core.stall_state, self._pending)
+        self.collector.between_ticks(now)
 
     def _epoch_of(self, app: str) -> int | None:
         return self._epochs.get(partition_of(app, self.cfg.partitions))
@@ -513,6 +518,7 @@ class ControllerService:
 
     async def stop(self) -> None:
         self._stop.set()
+        self.collector.close()
         # what the last ticks decided lands before we let go of the partitions
         await self._kv.flush(STOP_FLUSH_S)
         if self.group is not None:
