@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--measure-s", type=float, default=40.0)
     ap.add_argument("--deployments", type=int, default=16)
     ap.add_argument("--startup-timeout-s", type=float, default=900.0)
+    ap.add_argument("--retention-s", type=float, default=120.0, help="the controller's")
     ap.add_argument("--micro", action="store_true", help="the mechanism alone (see above)")
     ap.add_argument("--tick-ms", type=float, default=1.5, help="--micro: work per tick")
     a = ap.parse_args(argv)
@@ -199,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--warm-s", str(a.warm_s), "--measure-s", str(a.measure_s),
                                 "--startup-timeout-s", str(a.startup_timeout_s),
                                 "--decode-threads", str(mode), "--faults", "0", "--no-plot",
+                                "--retention-s", str(a.retention_s),
                             ]
                         )
                     )  # fmt: skip

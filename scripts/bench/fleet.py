@@ -62,6 +62,7 @@ from scripts.bench.fleet_sim import (
     SimConfig,
     SimCounters,
 )
+from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer, free_ports
@@ -214,6 +215,7 @@ class Point:
             "--stats-file", str(self.stats.path), "--metrics-port", str(port),
             "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", "bench",
             "--decode-threads", str(self.args.decode_threads),
+            "--retention-s", str(self.args.retention_s),
         ]  # fmt: skip
         log_path = self.workdir / f"controller-{self.n}.log"
         self.proc = subprocess.Popen(
@@ -465,6 +467,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--decode-threads", type=int, choices=(0, 1), default=0,
         help="the controller's --decode-threads (columnar decode on a worker thread)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--retention-s", type=float, default=DEFAULT_RETENTION_S,
+        help="the controller's --retention-s (FP_REPORTS in memory: shorten it for big fleets at 1 s)",
     )  # fmt: skip
     return ap
 

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from shared.bus import Bus, KVWatcher
+from shared.bus import Bus, KVWatcher, RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, KVConflict, WireError
 from shared.kv import buckets, envelope
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 KV_LEASES = buckets.LEASES.name
 LEASE_RESYNC_S = 2.0
+LOOP_ERROR_LOG_INTERVAL_S = 10.0
 _UNECHOED_KEPT = 64
 
 OnTake = Callable[[int, int], Awaitable[None]]
@@ -78,6 +79,8 @@ class GroupRunner:
         """Monotonic time until which our leases are certainly still ours (see `writable`)."""
         self._last_sent_ok = -math.inf
         self._writable = asyncio.Event()
+        self.loop_errors = 0
+        self._loop_error_log = RateLimiter(LOOP_ERROR_LOG_INTERVAL_S, self.clock)
 
     async def start(self) -> None:
         self.members_kv = await self.bus.kv(KV_CONTROLLERS, ttl=self.core.member_ttl_s * 2)
@@ -150,30 +153,43 @@ class GroupRunner:
 
     async def _loop(self) -> None:
         while not self._stopping:
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # a step that fails must not end the member: with the loop gone, its entry
+                # would expire and it would never take a partition again, silently
+                self.loop_errors += 1
+                if self._loop_error_log.allow():
+                    log.exception("group step failed (%d so far); going on", self.loop_errors)
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _step(self) -> None:
+        """One heartbeat and, if it went through, one plan applied."""
+        await self._beat()
+        now = self.clock.monotonic()
+        if now - self._last_beat_ok > self.core.member_ttl_s:
+            # A beat that timed out while our own loop was busy (a first tick over a huge
+            # fleet can take seconds) says nothing about NATS: try once more before letting
+            # go. If another member took over meanwhile, its leases show up as Lose actions,
+            # and its higher epoch fences our writes either way.
             await self._beat()
             now = self.clock.monotonic()
-            if now - self._last_beat_ok > self.core.member_ttl_s:
-                # A beat that timed out while our own loop was busy (a first tick over a huge
-                # fleet can take seconds) says nothing about NATS: try once more before letting
-                # go. If another member took over meanwhile, its leases show up as Lose actions,
-                # and its higher epoch fences our writes either way.
-                await self._beat()
-                now = self.clock.monotonic()
-            if now - self._last_beat_ok > self.core.member_ttl_s:
-                for p in sorted(self.core.owned):  # the others may have taken over by now
-                    log.warning("cannot refresh membership: dropping partition %d", p)
-                    await self.on_drop(p)
-                    self.core.released(p)
-            else:
-                actions = self.core.plan(now)
-                if self._members_view_stale(now):
-                    # others may only look dead: stop what we lost, take nothing
-                    actions = [a for a in actions if isinstance(a, Lose)]
-                    if now - self._reopened_at > self._echo_timeout_s:
-                        self._reopened_at = now
-                        await self._reopen_members_watch()
-                await self._apply(actions)
-            await asyncio.sleep(self.heartbeat_s)
+        if now - self._last_beat_ok > self.core.member_ttl_s:
+            for p in sorted(self.core.owned):  # the others may have taken over by now
+                log.warning("cannot refresh membership: dropping partition %d", p)
+                await self.on_drop(p)
+                self.core.released(p)
+        else:
+            actions = self.core.plan(now)
+            if self._members_view_stale(now):
+                # others may only look dead: stop what we lost, take nothing
+                actions = [a for a in actions if isinstance(a, Lose)]
+                if now - self._reopened_at > self._echo_timeout_s:
+                    self._reopened_at = now
+                    await self._reopen_members_watch()
+            await self._apply(actions)
 
     async def _resync_leases(self) -> None:
         while not self._stopping:

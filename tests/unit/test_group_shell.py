@@ -85,3 +85,31 @@ async def test_a_member_that_cannot_refresh_lets_go_of_everything() -> None:
         assert not runner.core.owned
     finally:
         await runner.step_down()
+
+
+class BrokenOnce:
+    """The member's KV, except that the next put raises what no caller expects."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.calls = kv, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+    async def put(self, key: str, value: bytes) -> int:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a bug somewhere under the heartbeat")
+        return int(await self.kv.put(key, value))
+
+
+async def test_an_unexpected_error_in_a_step_does_not_end_the_member() -> None:
+    runner, _, dropped = await running_member()
+    try:
+        broken = BrokenOnce(runner.members_kv)
+        runner.members_kv = broken
+        await eventually(lambda: broken.calls >= 4, 5, "heartbeats after the failed step")
+        assert runner.loop_errors == 1
+        assert dropped == [] and len(runner.core.owned) == PARTITIONS
+    finally:
+        await runner.step_down()
