@@ -9,8 +9,8 @@ each replica (power of two choices spreads N calls over N members; the farm admi
 `--per-replica` each), frames folded by the real response reader, liveness probes sent by it.
 
 Measured in a steady window per (N, health period): frames/s and probes/s (counted by the
-farm), health folds/s at the router (frames and probe answers), its CPU (cores, /proc), and as the baseline the same process holding the same
-requests with frames off (the farm's admissions decline them), so the difference is what frames
+farm), the router process's CPU (cores, /proc), and as the baseline the same process holding
+the same requests with frames off (the farm's admissions decline them), so the difference is what frames
 cost over the held requests' own liveness traffic.
 
     .venv/bin/python -m scripts.bench.frame_fanin [--sizes 1024 4096 16384] [--periods 10 1]
@@ -111,21 +111,13 @@ async def router_main(url: str, n: int, per_replica: int) -> None:
     handle = await connect_handle(APP, DEP, bus=bus, config=RouterConfig())
     router = handle.router
     await router.wait_ready(60)
-    folded = {"n": 0}  # health folded: frames and probe answers
-    original = router.fold_health
-
-    def counting(status: HealthStatus, now: float) -> None:
-        folded["n"] += 1
-        original(status, now)
-
-    router.fold_health = counting  # type: ignore[method-assign]
     h = handle.options(method="hold", deadline_s=3600)
     calls = [asyncio.create_task(h.remote()) for _ in range(n * per_replica)]
     while True:
         await asyncio.sleep(1.0)
         print(
             json.dumps(
-                {"folded": folded["n"], "in_flight": router.chooser.in_flight_total(),
+                {"in_flight": router.chooser.in_flight_total(),
                  "failed": sum(1 for c in calls if c.done())}
             ),
             flush=True,
@@ -203,7 +195,7 @@ async def point(
         t_end = time.monotonic() + warm_s
         while time.monotonic() < t_end:
             await router_p.read()
-        base, cpu0, t0 = dict(router_p.last), router_p.cpu_s(), time.monotonic()
+        cpu0, t0 = router_p.cpu_s(), time.monotonic()
         farm0 = await farm_p.read()
         while time.monotonic() < t0 + measure_s:
             await router_p.read()
@@ -212,7 +204,6 @@ async def point(
         return {
             "replicas": n, "held": n * per_replica, "period_s": period, "frames": frames,
             "frames_per_s": (farm1["frames"] - farm0["frames"]) / span,
-            "folds_per_s": (router_p.last["folded"] - base["folded"]) / span,
             "probes_per_s": (farm1["probes"] - farm0["probes"]) / span,
             "router_cpu": (router_p.cpu_s() - cpu0) / span,
             "failed": router_p.last["failed"],
