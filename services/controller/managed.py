@@ -103,7 +103,9 @@ class ManagedDeployment:
         self._decides = True
         """Whether the last visit decided a target (False while being deleted)."""
         self._health_timer = False
-        """Whether the due time `_timers` gave last is the health registry's."""
+        """Whether the due time `_timers` gave last is the health registry's..."""
+        self._hold_timer = False
+        """...or the end of an unhealthy hold (neither: a metrics source's expiry)."""
 
     @property
     def name(self) -> str:
@@ -266,11 +268,13 @@ class ManagedDeployment:
             return BUSY  # a fact changed: the next evaluation is a full one
         due = self.metrics.next_expiry() - EARLY_S
         trouble = self.state.last_trouble
+        hold = math.inf
         if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
-            due = min(due, trouble + UNHEALTHY_HOLD_S - EARLY_S)
+            hold = trouble + UNHEALTHY_HOLD_S - EARLY_S
         health = math.nextafter(health, math.inf)
-        self._health_timer = health < due
-        return max(min(due, health), now + EARLY_S)
+        self._health_timer = health < min(due, hold)
+        self._hold_timer = not self._health_timer and hold <= due
+        return max(min(due, hold, health), now + EARLY_S)
 
     def timer_visit(self, now: float, ticks: TickLog) -> float | None:
         """A quiet deployment whose timer fired. If its health or expiry timer fired and finds
@@ -286,13 +290,15 @@ class ManagedDeployment:
             if ev.stale or ev.unhealthy_slots.size:
                 return None
             self.counts = (ev.stale, ev.candidates)
-        elif self.metrics.next_expiry() - EARLY_S <= now:
-            self.catch_up(ticks)  # the ticks before `now` saw the demand before this expiry
-            demand = self.metrics.total_demand()
-            if self.metrics.expire(now) or self.metrics.total_demand() != demand:
-                return None  # a source left: this tick's sample and decision need the step
-        else:
+        elif self._hold_timer:
             return None  # the unhealthy hold ended: the status may change
+        else:
+            self.metrics.refresh_expiry()  # sources that reported since moved it later
+            if self.metrics.next_expiry() - EARLY_S <= now:
+                self.catch_up(ticks)  # the ticks before `now` saw the demand before it
+                demand = self.metrics.total_demand()
+                if self.metrics.expire(now) or self.metrics.total_demand() != demand:
+                    return None  # a source left: this tick's sample and decision need the step
         due = self._timers(now)
         return None if due == BUSY else due
 

@@ -451,12 +451,20 @@ class DeploymentMetrics:
                 a[old] = np.nan
         if gone or old.any():
             self._version += 1
+        self.refresh_expiry()
+        return gone
+
+    def refresh_expiry(self) -> None:
+        """`next_expiry` exactly: receipts since the last look only ever lower it (a report
+        names its receipt time, and the oldest source may be the one that just reported), so a
+        deployment whose routers keep reporting would otherwise look at an expiry that is not
+        there once per timeout. O(handles) plus one vectorised min."""
+        self._sync()
         own = self._own_recv[np.isfinite(self._own_recv)]
         self._oldest_recv = min(
             min((h.last_recv for h in self._handles.values()), default=math.inf),
             float(own.min()) if own.size else math.inf,
         )
-        return gone
 
     @property
     def version(self) -> int:

@@ -9,6 +9,7 @@ policy state and demand means at the end.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -270,6 +271,18 @@ def test_tick_log_keeps_what_a_window_still_sees() -> None:
     assert log.since(4.9, keep_s=0.5).size == 0
 
 
+def _status_writes(
+    core: ControllerCore, t: float, ticks: int
+) -> tuple[float, list[tuple[float, str]]]:
+    writes: list[tuple[float, str]] = []
+    for _ in range(ticks):
+        t = round(t + TICK, 6)
+        writes.extend(
+            (t, a.key) for a in core.tick(t, WALL0 + t) if type(a).__name__ == "PutStatus"
+        )
+    return t, writes
+
+
 def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its_look() -> None:
     # one app rewritten at most once every 30 s: as 15,000 apps would be at the default rate
     core = ControllerCore(ControllerConfig(status_rewrites_per_s=1 / 30))
@@ -277,29 +290,40 @@ def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its
     assert max_age == 30.0 and ControllerCore().status_max_age(1000) == 2.0
     t = 100.0
     core.set_apps({"fixed": _app("fixed", FIXED)}, t)
-    writes: list[float] = []
-
-    def tick() -> None:
-        nonlocal t
-        t = round(t + TICK, 6)
-        writes.extend(t for a in core.tick(t, WALL0 + t) if type(a).__name__ == "PutStatus")
-
-    for _ in range(10):
-        tick()
+    t, writes = _status_writes(core, t, 10)
     assert len(writes) == 1  # the first status, at once
-    writes.clear()
-    for _ in range(int(max_age / TICK) - 30):
-        tick()
-    assert writes == []  # nothing changed: looked at every 2 s, not rewritten
-    for _ in range(60):
-        tick()
-    assert len(writes) == 1  # then rewritten once it is max_age old
-    writes.clear()
+    t, writes = _status_writes(core, t, int(3 * max_age / TICK))  # before any start timeout
+    # unchanged: rewritten on the app's own slot of each 30 s, never more often, and looked
+    # at every 2 s meanwhile (a look comes within 2 s of the slot)
+    times = [w for w, _ in writes]
+    assert len(times) == 3
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(max_age - 1e-6 <= g <= max_age + core.cfg.status_refresh_s for g in gaps), gaps
     r = HandleReport("h1", "fixed", "D", WALL0 + t, 1, 3.0, {}, (), 1, {})
     core.ingest(S.report("handle", "fixed", "D"), encode(r), t)
-    for _ in range(int(core.cfg.status_refresh_s / TICK) + 1):
-        tick()
+    t, writes = _status_writes(core, t, int(core.cfg.status_refresh_s / TICK) + 1)
     assert len(writes) == 1  # the demand figure changed: rewritten at the app's next look
+
+
+def test_apps_written_together_are_rewritten_spread_over_the_period() -> None:
+    """1,000 apps created in one tick: their unchanged statuses come due on slots of their own
+    over the max age (20 s here), not all in the two seconds after it, and each app is looked
+    at every apps / status_looks_per_s seconds."""
+    cfg = ControllerConfig(status_rewrites_per_s=50.0, status_looks_per_s=200.0)
+    core = ControllerCore(cfg)
+    apps = {f"a{i:04d}": _app(f"a{i:04d}", FIXED) for i in range(1000)}
+    assert core.status_max_age(len(apps)) == 20.0 and core.status_look_s(len(apps)) == 5.0
+    t = 100.0
+    core.set_apps(apps, t)
+    t, writes = _status_writes(core, t, 5)
+    assert len(writes) == 1000
+    t, writes = _status_writes(core, t, int(60 / TICK))
+    per_tick: dict[float, int] = {}
+    for w, _ in writes:
+        per_tick[w] = per_tick.get(w, 0) + 1
+    # 1,000 apps over a 20 s period at 0.1 s ticks: 5 a tick on average
+    assert 2000 <= len(writes) <= 3000
+    assert max(per_tick.values()) <= 25, max(per_tick.values())
 
 
 def test_a_silent_handle_expires_alike() -> None:
