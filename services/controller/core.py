@@ -260,11 +260,11 @@ class ControllerCore:
                 self._lifecycle(m, decode_as(data, Lifecycle), recv)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
-        due = None if where.kind == "lifecycle" else m.input_due()
+        due = None if where.kind == "lifecycle" else m.input_due(recv)
         if due is None:
             self.schedule.touch(key)
         else:
-            self.schedule.place_earlier(key, due)
+            self.schedule.replace(key, due)
 
     def _ingest_handle(
         self,

@@ -451,7 +451,7 @@ class HealthRegistry:
         self.sync(now)
         if self.fast_path and not hold_verdicts and self._facts == self._evaluated_facts:
             if now > self._stale_floor:
-                self._raise_floor()
+                self.raise_floor()
             if now <= self._stale_floor:
                 # nothing could have earned a verdict since the last evaluation found none
                 # left, and no open replica's freshness has run out yet
@@ -462,12 +462,14 @@ class HealthRegistry:
                 )  # fmt: skip
         return self._evaluate(now, hold_verdicts)
 
-    def _raise_floor(self) -> None:
+    def raise_floor(self) -> None:
         """The floor exactly, from the open replicas' freshness: entries heard since the last
         evaluation only ever lower the floor (`_mark_heard`), so a deployment whose replicas
         keep reporting would otherwise run a full evaluation each time the old floor passes
         (at 10,000 apps, hundreds in one tick when their replicas started together). Only
         while the facts are those of the last evaluation: then the open set is that one's."""
+        if not self.fast_path or self._facts != self._evaluated_facts:
+            return
         open_fresh = self._fresh_until[self._live & ~self._condemned]
         self._stale_floor = float(open_fresh.min()) if open_fresh.size else math.inf
 

@@ -198,15 +198,21 @@ class ManagedDeployment:
         self.metrics.expire(last)
         self.sampled_until = last
 
-    def input_due(self) -> float | None:
-        """After a report or heartbeat was applied: None if the next tick must visit, else the
-        earliest time a timer it set could fire. A fixed-size deployment whose health facts did
-        not change needs no visit for new metrics: its decision does not read them, and its
-        demand samples are caught up when it is next visited."""
+    def input_due(self, now: float) -> float | None:
+        """After a report or heartbeat was applied at `now`: None if the next tick must visit,
+        else when its next visit is due, exactly as a visit would place it. A fixed-size
+        deployment whose health facts did not change needs no visit for new metrics: its
+        decision does not read them, and its demand samples are caught up when it is next
+        visited. The due time may move later than the last visit placed it: what arrived keeps
+        the replicas fresh and the sources alive, so the timer goes to when that runs out
+        (a timer left at the old bound fired once per freshness window per deployment, at
+        10,000 apps hundreds in one tick)."""
         if self._decides and self._decision_reads_demand():
             return None
-        quiet = self.health.quiet_until()
-        return None if quiet == -math.inf else min(quiet, self.metrics.next_expiry()) - EARLY_S
+        self.health.raise_floor()
+        self.metrics.refresh_expiry()
+        due = self._timers(now)
+        return None if due == BUSY else due
 
     def skip_to(self, t: float) -> None:
         """Ticks up to `t` do not count for this deployment (its app was held: not visited)."""

@@ -80,13 +80,12 @@ class Schedule(Generic[K]):
         if len(self._heap) > 64 and len(self._heap) > 4 * len(self._due):
             self._compact()
 
-    def place_earlier(self, key: K, due: float) -> None:
-        """An input may have brought `key`'s next visit forward to `due` (no later visit moves
-        back: the visit that follows places it anew)."""
+    def replace(self, key: K, due: float) -> None:
+        """An input moved a sleeping `key`'s next visit to `due`, earlier or later; a dirty or
+        busy key keeps its claim (its visit places it anew)."""
         if key in self._dirty or key in self._busy:
             return
-        if due < self._due.get(key, SLEEP):
-            self.place(key, due)
+        self.place(key, due)
 
     def forget(self, key: K) -> None:
         self._dirty.discard(key)

@@ -257,8 +257,12 @@ def test_schedule_heap_orders_dirty_busy_and_timers() -> None:
     assert s.due(2.0) == {"b", "c"}
     s.place("a", 9.0)  # moved later: the old entry at 5 is stale
     assert s.due(6.0) == {"c"}
-    s.place_earlier("a", 3.0)
+    s.replace("a", 3.0)
     assert s.due(6.0) == {"a", "c"} and s.next_due() == float("inf")
+    s.place("a", 7.0)
+    s.replace("a", 8.0)  # an input moved it later
+    s.replace("c", 1.0)  # busy: keeps visiting at every tick
+    assert s.due(7.5) == {"c"} and s.due(8.0) == {"a", "c"}
 
 
 def test_tick_log_keeps_what_a_window_still_sees() -> None:
@@ -345,3 +349,28 @@ def test_a_silent_handle_expires_alike() -> None:
     tw.compare_state()
     m = tw.due.deployments[("fixed", "D")]
     assert m.metrics.handle_ids() == [] and m.metrics.total_demand() == 0.0
+
+
+def test_inputs_that_keep_a_deployment_fresh_move_its_timer_later() -> None:
+    """Replicas whose health keeps arriving never go stale, and routers that keep reporting
+    never expire: the deployment's timer follows them, so it does not fire at the freshness
+    bound its last visit saw (once per freshness window for every deployment, in bursts when
+    their replicas started together)."""
+    tw = Twin()
+    for _ in range(5):
+        tw.tick()
+    for i in range(2):
+        tw.lifecycle("fixed", i, "starting")
+        tw.lifecycle("fixed", i, "ready")
+    for _ in range(20):
+        tw.tick()
+    looked = 0
+    for step in range(600):
+        if step % 5 == 0:
+            tw.handle("fixed", 0.0, 1.0, 0)  # fresh health for both replicas every 0.5 s
+        before = tw.due.schedule.due(tw.t + TICK) & {("fixed", "D")}
+        tw.due.schedule.touch_all(before)  # put back what the peek took
+        looked += bool(before)
+        tw.tick()
+    tw.compare_state()
+    assert looked <= 2, looked
