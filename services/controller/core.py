@@ -18,12 +18,10 @@ reference the schedule is tested against (same actions, same order).
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.agent.info import AgentInfo
 from shared.appconfig import AppConfig, DeploymentConfig
@@ -41,9 +39,9 @@ from shared.wire.columnar import (
 )
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
+from .actions import Action, CoreStats, DeleteKey, Event, Probe, PutStatus
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
-from .kv_delta import DeleteDoc, PutDoc
 from .managed import ManagedDeployment
 from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placement
@@ -51,6 +49,12 @@ from .policy import PolicyState
 from .replica_index import NO_SLOT
 from .schedule import Schedule, TickLog
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
+from .status_book import Figures, StatusBook
+
+__all__ = [
+    "Action", "ControllerConfig", "ControllerCore", "CoreStats", "DeleteKey", "Event", "Probe",
+    "PutStatus",
+]  # fmt: skip
 
 DepKey = tuple[str, str]
 REPROBE_AFTER_S = 1.0
@@ -76,59 +80,6 @@ class ControllerConfig:
     5,000 a second were a quarter of a core and most of a tick's time there)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PutStatus:
-    key: str
-    value: AppStatusView
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteKey:
-    bucket: str
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    app: str
-    deployment: str
-    replica_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something to log once, with structured fields."""
-
-    kind: str
-    app: str
-    deployment: str
-    replica_id: str = ""
-    detail: str = ""
-    rule: str = ""
-    """Decision events: the policy rule that moved the target (a stable token, unlike detail)."""
-    direction: str = ""
-    """Decision events: "up" or "down"."""
-
-
-Action = PutDoc | DeleteDoc | PutStatus | DeleteKey | Probe | Event
-
-
-@dataclass(slots=True)
-class CoreStats:
-    """Cumulative counts (the shell moves them into Prometheus), and the last tick's health."""
-
-    ingested: Counter[str] = field(default_factory=Counter)
-    dropped: Counter[str] = field(default_factory=Counter)
-    """Invalid messages, by reason."""
-    turned_away: Counter[str] = field(default_factory=Counter)
-    """Valid reports that changed nothing: stale, duplicate, unknown_replica."""
-    probes: int = 0
-    stale: int = 0
-    """Last tick: live replicas without a verdict and without fresh health."""
-    known: int = 0
-    """Last tick: live replicas without a verdict."""
-
-
 class ControllerCore:
     def __init__(self, cfg: ControllerConfig | None = None, *, visit_all: bool = False) -> None:
         self.cfg = cfg or ControllerConfig()
@@ -144,11 +95,10 @@ class ControllerCore:
             ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
         )
         self.stats = CoreStats()
-        self._status_seen: dict[str, tuple[float, tuple[object, ...], tuple[float, ...]]] = {}
-        """Per app: when its status was last rewritten, the figures and demands it showed."""
-        self._status_touched: set[str] = set()
-        """Apps an input or a visit touched since their status was last looked at."""
-        self._dirty_apps: set[str] = set()
+        c = self.cfg
+        self.statuses = StatusBook(
+            c.status_refresh_s, c.status_rewrites_per_s, c.status_looks_per_s
+        )
         self._pending_events: list[Action] = []
         self.placement = Placement()
         self.held: set[str] = set()
@@ -161,7 +111,6 @@ class ControllerCore:
         """(stale, candidates) of each deployment's last visit, summed for the stall guard."""
         self._stale_total = 0
         self._known_total = 0
-        self._status_due: Schedule[str] = Schedule()
         self._layout: _Layout | None = None
         """Visit order and deployments by app, rebuilt when deployments come or go."""
 
@@ -184,13 +133,13 @@ class ControllerCore:
             elif m.cfg != dcfg or m.state.version != version:
                 m.reconfigure(dcfg, version, now)
             self.deployments[key] = m
-            self._dirty_apps.add(key[0])
+            self.statuses.changed(key[0])
             self.schedule.touch(key)
         for key in [k for k in self.deployments if k not in wanted]:
             m = self.deployments.pop(key)
             m.state.target = 0
             self.deleting[key] = m
-            self._dirty_apps.add(key[0])
+            self.statuses.changed(key[0])
             self.schedule.touch(key)
         self._layout = None
         keeps = [m.window_keep_s() for t in (self.deployments, self.deleting) for m in t.values()]
@@ -234,7 +183,7 @@ class ControllerCore:
         if m is None:
             self.stats.dropped["unknown_deployment"] += 1
             return
-        self._status_touched.add(where.app)
+        self.statuses.touched(where.app)
         # what the ticks it was skipped at would have done comes first, then the new input
         self._catch_up(m)
         try:
@@ -362,9 +311,7 @@ class ControllerCore:
         self._layout = None
         for app in apps:
             self.apps.pop(app, None)
-            self._status_seen.pop(app, None)
-            self._status_touched.discard(app)
-            self._dirty_apps.discard(app)
+            self.statuses.forget(app)
             self.held.discard(app)
 
     def tick(
@@ -404,9 +351,9 @@ class ControllerCore:
                 )
             actions.extend(res.kv)
             if res.status_changed or res.kv:
-                self._dirty_apps.add(m.app)
+                self.statuses.changed(m.app)
             self._count_health(key, m.counts)
-            self._status_touched.add(m.app)
+            self.statuses.touched(m.app)
             ev = res.evaluation
             if ev is not None and ev.stale:
                 stale_slots.append((m, ev.stale_slots))
@@ -425,7 +372,8 @@ class ControllerCore:
             self.stats.probes += 1
             actions.append(Probe(app, dep, rid))
         actions.extend(self._finish_deletes())
-        actions.extend(self._statuses(now, wall))
+        for app in self.statuses.due(now, self._layout_now().by_app, self.held, self._figures):
+            actions.append(PutStatus(app, self.app_status(app, wall)))
         self._ticks.add(now)
         return actions
 
@@ -538,59 +486,12 @@ class ControllerCore:
                 self._layout = None
                 if not self._layout_now().by_app.get(key[0]):
                     out.append(DeleteKey(buckets.STATUS.name, key[0]))
-                    self._status_seen.pop(key[0], None)
-                    self._dirty_apps.discard(key[0])
-                    self._status_due.forget(key[0])
+                    self.statuses.forget(key[0])
         return out
 
-    def _statuses(self, now: float, wall: float) -> list[Action]:
-        """Each app's status when an event changed it; when its figures changed or its demand
-        moved by more than `_demand_moved` says (looked at every `status_refresh_s`, at a phase
-        of its own so that 10,000 apps created together are not all looked at in one tick, and
-        only if an input or a visit touched it since); and at least every `status_max_age`.
-        The apps due come from a timer heap, not from a pass over every app."""
-        out: list[Action] = []
-        by_app = self._layout_now().by_app
-        max_age, look = self.status_max_age(len(by_app)), self.status_look_s(len(by_app))
-        looked = self._status_due.fired(now)
-        for app in sorted((self._dirty_apps | looked) - self.held):
-            if app not in by_app:
-                self._status_due.forget(app)
-                continue
-            if app in looked or app not in self._status_seen:
-                self._status_due.place(app, _on_phase(app, now, look))
-            dirty = app in self._dirty_apps
-            rewritten, seen, demands = self._status_seen.get(app, (-math.inf, (), ()))
-            # old at the first look past its own slot of the period after the last rewrite:
-            # apps written together (created, or taken over) are not all old in one tick
-            old = now >= _on_phase(app, rewritten, max_age, _REWRITE_SALT)
-            if not (dirty or old or app in self._status_touched):
-                continue  # nothing arrived and nothing ran for it since the last look
-            self._status_touched.discard(app)
-            deps = [self._get(k) for k in by_app[app]]
-            figures = tuple(m.status_figures() for m in deps)
-            now_demands = tuple(m.status_demand() for m in deps)
-            moved = len(now_demands) != len(demands) or any(
-                _demand_moved(a, b) for a, b in zip(demands, now_demands, strict=False)
-            )
-            if not (dirty or old or moved or figures != seen):
-                continue  # nothing to say that the last status did not
-            self._dirty_apps.discard(app)
-            self._status_seen[app] = (now, figures, now_demands)
-            out.append(PutStatus(app, self.app_status(app, wall)))
-        for app in looked & self.held:
-            self._status_due.place(app, _on_phase(app, now, look))
-        return out
-
-    def status_max_age(self, apps: int) -> float:
-        """How old an unchanged status may get: `status_refresh_s`, or longer when rewriting
-        `apps` statuses that often would exceed `status_rewrites_per_s`."""
-        return max(self.cfg.status_refresh_s, apps / self.cfg.status_rewrites_per_s)
-
-    def status_look_s(self, apps: int) -> float:
-        """How often an app's status is looked at: `status_refresh_s`, or longer beyond
-        `status_looks_per_s`."""
-        return max(self.cfg.status_refresh_s, apps / self.cfg.status_looks_per_s)
+    def _figures(self, app: str) -> Figures:
+        deps = [self._get(k) for k in self._layout_now().by_app[app]]
+        return tuple(m.status_figures() for m in deps), tuple(m.status_demand() for m in deps)
 
     def app_status(self, app: str, wall: float) -> AppStatusView:
         keys = self._layout_now().by_app.get(app, ())
@@ -629,36 +530,6 @@ class _Layout:
         return cls(
             order, {k: i for i, k in enumerate(order)}, {a: tuple(ks) for a, ks in by_app.items()}
         )
-
-
-def _on_phase(app: str, after: float, period: float, salt: bytes = b"look") -> float:
-    """The first time after `after` on the app's own phase of `period` (a hash of its name):
-    per-app work on a period, spread evenly over it whatever the apps' history. Two periods of
-    one app hash with different salts, or the second would bunch at the first's ticks."""
-    if after == -math.inf:
-        return after
-    phase = _phase(app, salt)
-    return (math.floor(after / period - phase) + 1 + phase) * period
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _phase(app: str, salt: bytes) -> float:
-    # not crc32: it is affine, so two salts of one name give correlated phases
-    digest = hashlib.blake2b(app.encode(), digest_size=8, salt=salt).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
-_REWRITE_SALT = b"rewrite"
-DEMAND_MOVED_ABS = 0.5
-DEMAND_MOVED_REL = 0.1
-
-
-def _demand_moved(shown: float, now: float) -> bool:
-    """Whether a status showing `shown` must be rewritten for `now`: by more than 10% and more
-    than half a request (the figure is for people and dashboards; a status per wiggle of a
-    noisy demand was a KV write per report at 10,000 apps). Decisions never wait for it."""
-    delta = abs(now - shown)
-    return delta > DEMAND_MOVED_ABS and delta > DEMAND_MOVED_REL * shown
 
 
 def _probe_candidates(

@@ -290,8 +290,8 @@ def _status_writes(
 def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its_look() -> None:
     # one app rewritten at most once every 30 s: as 15,000 apps would be at the default rate
     core = ControllerCore(ControllerConfig(status_rewrites_per_s=1 / 30))
-    max_age = core.status_max_age(1)
-    assert max_age == 30.0 and ControllerCore().status_max_age(1000) == 2.0
+    max_age = core.statuses.max_age(1)
+    assert max_age == 30.0 and ControllerCore().statuses.max_age(1000) == 2.0
     t = 100.0
     core.set_apps({"fixed": _app("fixed", FIXED)}, t)
     t, writes = _status_writes(core, t, 10)
@@ -316,7 +316,7 @@ def test_apps_written_together_are_rewritten_spread_over_the_period() -> None:
     cfg = ControllerConfig(status_rewrites_per_s=50.0, status_looks_per_s=200.0)
     core = ControllerCore(cfg)
     apps = {f"a{i:04d}": _app(f"a{i:04d}", FIXED) for i in range(1000)}
-    assert core.status_max_age(len(apps)) == 20.0 and core.status_look_s(len(apps)) == 5.0
+    assert core.statuses.max_age(len(apps)) == 20.0 and core.statuses.look_s(len(apps)) == 5.0
     t = 100.0
     core.set_apps(apps, t)
     t, writes = _status_writes(core, t, 5)
