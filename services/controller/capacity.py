@@ -204,7 +204,8 @@ class Ledger:
             row = self._row(placed.agent_id, -np.inf)
         self.used[row, 0] += res.UNIT
         for name, units in zip(request.names, request.units, strict=True):
-            self.used[row, self._col(name)] += units
+            col = self._col(name)  # (may widen the arrays: index them after)
+            self.used[row, col] += units
         devices = self._devices[row]
         share = request.gpu_units if request.gpu_units < res.UNIT else res.UNIT
         kept = tuple(d for d in placed.devices if d < devices.size)
