@@ -189,8 +189,16 @@ def members_of(
     """The membership documents of `seats`, in slots 0.. and start order as given (carrying the
     deployment's `max_queued_requests` when given)."""
     return [
-        Member(app, deployment, slot, s.replica_id, s.rpc_subject, slot + 1, epoch,
-               max_queued_requests=max_queued)  # fmt: skip
+        Member(
+            app,
+            deployment,
+            slot,
+            s.replica_id,
+            s.rpc_subject,
+            slot + 1,
+            epoch,
+            max_queued_requests=max_queued,
+        )
         for slot, s in enumerate(seats)
     ]
 

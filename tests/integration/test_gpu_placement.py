@@ -67,6 +67,7 @@ async def answers(bus: Bus, app: str, replicas: int) -> dict[int, dict[str, Any]
     handle = await connect_handle(app, "Model", bus=bus, deadline_s=10.0)
     seen: dict[int, dict[str, Any]] = {}
     try:
+
         async def all_answered() -> bool:
             for _ in range(8):
                 out = await handle.remote()

@@ -187,9 +187,7 @@ def test_scale_to_zero_frees_the_capacity_for_another_deployment() -> None:
     f.start_all()
     assert len(f.placed("A")) == 2 and f.unplaced("B")
     assert "gpus 1 free" in f.status["B"][1]
-    seq = 0
-    for _ in range(60):  # no load at all: A goes to zero
-        seq += 1
+    for seq in range(1, 61):  # no load at all: A goes to zero
         running = {rid: 0.0 for rid in f.core.deployments[("ml", "A")].state.replicas}
         report = HandleReport("h", "ml", "A", 1.7e9 + f.t, seq, 0.0, running, (), 1, {})
         f.core.ingest(S.report("handle", "ml", "A"), encode(report), f.t)
