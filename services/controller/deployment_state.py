@@ -263,7 +263,7 @@ class DeploymentState:
             rank = {ReplicaState.PENDING: 0, ReplicaState.STARTING: 1, ReplicaState.RUNNING: 2}
             victims = sorted(view.new(), key=lambda r: (rank[r.state], -r.order))[:surplus]
             for rec in victims:
-                rec.state, rec.since = ReplicaState.DRAINING, now
+                self._drain(rec, now)
                 events.append(StateEvent("replica_draining", rec.replica_id, "scale down"))
         return events
 
@@ -282,9 +282,17 @@ class DeploymentState:
         if self.target == 0:
             retire = len(view.old)
         for rec in self._oldest_old(view, retire):
-            rec.state, rec.since = ReplicaState.DRAINING, now
+            self._drain(rec, now)
             events.append(StateEvent("replica_draining", rec.replica_id, "replaced by new version"))
         return events
+
+    def _drain(self, rec: ReplicaRecord, now: float) -> None:
+        """Stop `rec`: it drains, unless it was never placed on an agent (it waits for room):
+        no process runs it, so none will report its exit, and it goes at once."""
+        if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
+            self._remove(rec.replica_id)
+        else:
+            rec.state, rec.since = ReplicaState.DRAINING, now
 
     def _oldest_old(self, view: RecordSets, n: int) -> list[ReplicaRecord]:
         """The `n` old-version live replicas first in start order."""

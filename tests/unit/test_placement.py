@@ -289,3 +289,21 @@ def test_ledger_releases_exactly_what_it_assigned() -> None:
         ledger.release(f"r{i}")
     assert ledger.epoch > epoch and not ledger.used.any()
     assert ledger.choose(req, ("x", "y"), None, 1.0) is not None
+
+
+def test_a_waiting_replica_that_is_no_longer_wanted_goes_at_once() -> None:
+    f = Fleet(app(dep("Model", 2, {"gpus": 1})), [agent("b", gpus=1)])
+    f.tick()
+    f.start_all()
+    f.core.set_apps({}, f.t)  # deleted: the running one drains, the waiting one has no process
+    f.tick()
+    (m,) = f.core.deleting.values()
+    assert [r.agent_id for r in m.state.replicas.values()] == ["b"]
+    assert not f.unplaced("Model")
+    (running,) = m.state.replicas
+    ev = Lifecycle(running, "b", "exited", 1.7e9 + f.t, S.rpc("ml", "Model", running), "v1", 0,
+                   "ml", "Model")  # fmt: skip
+    f.core.ingest(S.report("lifecycle", "ml", "Model"), encode(ev), f.t)
+    f.tick()
+    assert not f.core.deleting  # the delete finished
+    assert not f.core.placement.ledger.used.any()
