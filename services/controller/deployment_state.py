@@ -7,7 +7,10 @@ How it works: the controller decides *how many* replicas (the policy) and this m
        \\________________________\\_________________ exited / startup timeout ______________/
 
 PENDING means "in fp_targets, not yet heard from"; lifecycle events from the replica (or its agent)
-drive the rest. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
+drive the rest. While agents place replicas (`placing`), a PENDING replica without an agent is
+waiting for room, not starting: no start timeout runs for it, it goes at once when no longer
+wanted (no process will report its exit), and `unplaced` (why, from placement.py) shows in the
+status message. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
 live count meets the target, drains the surplus (pending first, then the newest running), replaces
 replicas with an unhealthy verdict, and rolls a new version one replica at a time (surge of one:
 an old replica drains only when a new one is running). Membership (what routers may call) is the
