@@ -122,15 +122,21 @@ def test_a_resource_no_agent_offers_is_named_with_what_to_do() -> None:
     assert "no live agent offers 'tpu'" in message and "--resource tpu=AMOUNT" in message
 
 
-def test_a_waiting_replica_never_times_out_fails_or_costs_writes() -> None:
+def test_a_waiting_replica_never_times_out_fails_or_costs_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     f = Fleet(app(dep("Model", 2, {"gpus": 1})), [agent("b", gpus=1)])
     f.tick()
     f.start_all()
     f.writes.clear()
+    tries: list[object] = []
+    choose = Ledger.choose
+    monkeypatch.setattr(Ledger, "choose", lambda *a: tries.append(a) or choose(*a))
     f.tick(int((STARTUP_TIMEOUT_S * 3) / TICK))  # longer than three start timeouts
     assert f.status["Model"][0] == "UPDATING"  # not DEPLOY_FAILED: waiting is no crash loop
     assert len(f.placed("Model")) == 1 and len(f.unplaced("Model")) == 1
     assert sum(f.writes) == 0  # the same unplaced key, never rewritten
+    assert tries == []  # nothing changed on the agents: not tried again, tick after tick
 
 
 def test_fractional_gpus_pack_onto_one_device_until_it_is_full() -> None:
