@@ -33,6 +33,7 @@ from shared.kv.targets import ReplicaTarget
 from shared.replicaspec import ReplicaSpec
 
 T0 = 1_712_345_678.5
+LOGS = {"log_level": "INFO", "encoding": "JSON", "enable_access_log": True, "logs_dir": None}
 RPC = "fp.v1.rpc.shop.ranker.replica-0007"
 SHOP = AppConfig(
     "shop",
@@ -51,12 +52,7 @@ SHOP = AppConfig(
             num_replicas=2,
             push_metrics=True,
             resources={"cpus": 1.0, "gpus": 0.5},
-            logging_config={
-                "log_level": "INFO",
-                "encoding": "JSON",
-                "enable_access_log": True,
-                "logs_dir": None,
-            },
+            logging_config=LOGS,
             max_replicas_per_node=1,
             max_queued_requests=100,
         ),
@@ -73,12 +69,7 @@ SPEC = ReplicaSpec(
     metrics_interval_s=2.0,
     env={"MODEL_DIR": "/models"},
     resources={"cpus": 1.0, "gpus": 0.5},
-    logging_config={
-        "log_level": "INFO",
-        "encoding": "JSON",
-        "enable_access_log": True,
-        "logs_dir": None,
-    },
+    logging_config=LOGS,
 )
 TARGET = ReplicaTarget(
     "shop",

@@ -6,10 +6,7 @@ processes that report the `CUDA_VISIBLE_DEVICES` their agent gave them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
-
-import pytest
 
 from services.router.handle import connect_handle
 from shared.appconfig import AppConfig, DeploymentConfig
@@ -17,27 +14,14 @@ from shared.bus import Bus
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
-from shared.natsbus import NatsBus
 from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
-from tests.integration.test_controller_service import start_controller, stop_controller
-from tests.procs import ServiceProcesses, service_processes
+from tests.integration.test_controller_service import bus, procs, start_controller, stop_controller
+from tests.procs import ServiceProcesses
 from tests.waiting import eventually
 
 WAIT_S = 40.0
 MODEL = "tests.integration.devices_app:Devices"
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    b = await NatsBus.connect(nats_url, name="test")
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-def procs() -> Iterator[ServiceProcesses]:
-    with service_processes() as p:
-        yield p
+__all__ = ["bus", "procs"]  # fixtures, used by name
 
 
 def gpu_app(name: str, replicas: int, gpus: float) -> AppConfig:
