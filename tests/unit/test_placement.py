@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.agent.core import replica_env
 from services.agent.info import AGENT_TTL_S, AgentInfo
@@ -313,3 +315,49 @@ def test_a_waiting_replica_that_is_no_longer_wanted_goes_at_once() -> None:
     f.tick()
     assert not f.core.deleting  # the delete finished
     assert not f.core.placement.ledger.used.any()
+
+
+_REQUESTS = st.sampled_from(
+    [{}, {"gpus": 0.25}, {"gpus": 0.5}, {"gpus": 1.0}, {"gpus": 2.0}, {"cpus": 1.5}, {"nvme": 1.0}]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    offers=st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 4), st.sampled_from([0.0, 2.0, 8.0])),
+        min_size=1, max_size=4,
+    ),
+    steps=st.lists(st.tuples(st.booleans(), _REQUESTS, st.integers(0, 30)), max_size=60),
+)  # fmt: skip
+def test_the_ledger_never_overcommits_and_devices_stay_distinct(
+    offers: list[tuple[int, int, float]], steps: list[tuple[bool, dict[str, float], int]]
+) -> None:
+    ledger = Ledger()
+    for i, (slots, gpus, cpus) in enumerate(offers):
+        ledger.offer_from(f"a{i}", slots, {"gpus": float(gpus), "cpus": cpus}, 0.0)
+    live: dict[str, tuple[str, Request, tuple[int, ...]]] = {}
+    for n, (add, asked, pick) in enumerate(steps):
+        if add:
+            req = Request.of(asked)
+            spot = ledger.choose(req, ("x", "y"), 2, 1.0)
+            if spot is not None:
+                ledger.assign(f"r{n}", ("x", "y"), req, spot)
+                live[f"r{n}"] = (spot.agent_id, req, spot.devices)
+        elif live:
+            rid = sorted(live)[pick % len(live)]
+            ledger.release(rid)
+            del live[rid]
+        assert (ledger.used <= ledger.offer).all() and (ledger.used >= 0).all()
+        for agent_id, row in ledger.rows.items():
+            mine = [v for v in live.values() if v[0] == agent_id]
+            assert ledger.used[row, 0] == len(mine) * res.UNIT
+            assert len(mine) <= 2  # max_replicas_per_node
+            whole = [d for _, r, devs in mine if r.gpu_units >= res.UNIT for d in devs]
+            shared = {d for _, r, devs in mine if 0 < r.gpu_units < res.UNIT for d in devs}
+            assert len(whole) == len(set(whole)) and not set(whole) & shared
+            free = ledger._devices[row]
+            assert ((free >= 0) & (free <= res.UNIT)).all()
+    for rid in list(live):
+        ledger.release(rid)
+    assert not ledger.used.any()
