@@ -225,8 +225,10 @@ class Ledger:
         for name, units in zip(a.request.names, a.request.units, strict=True):
             self.used[a.row, self.cols[name]] -= units
         share = a.request.gpu_units if a.request.gpu_units < res.UNIT else res.UNIT
+        devices = self._devices[a.row]
         for d in a.devices:
-            self._devices[a.row][d] += share
+            if d < devices.size:  # (the agent may have come back offering fewer)
+                devices[d] = min(devices[d] + share, res.UNIT)
         counts = self._per_dep[a.dep]
         counts[a.row] -= 1
         if not counts.any():
