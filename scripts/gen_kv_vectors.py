@@ -33,6 +33,7 @@ from shared.kv.targets import ReplicaTarget
 from shared.replicaspec import ReplicaSpec
 
 T0 = 1_712_345_678.5
+LOGS = {"log_level": "INFO", "encoding": "JSON", "enable_access_log": True, "logs_dir": None}
 RPC = "fp.v1.rpc.shop.ranker.replica-0007"
 SHOP = AppConfig(
     "shop",
@@ -45,7 +46,16 @@ SHOP = AppConfig(
             max_ongoing_requests=8,
             autoscaling=AutoscalingConfig(min_replicas=0, max_replicas=16, upscale_delay_s=5.0),
         ),
-        DeploymentConfig("ranker", "shop.rank:Ranker", num_replicas=2, push_metrics=True),
+        DeploymentConfig(
+            "ranker",
+            "shop.rank:Ranker",
+            num_replicas=2,
+            push_metrics=True,
+            resources={"cpus": 1.0, "gpus": 0.5},
+            logging_config=LOGS,
+            max_replicas_per_node=1,
+            max_queued_requests=100,
+        ),
     ),
     route_prefix="/shop",
     ingress="api",
@@ -58,12 +68,33 @@ SPEC = ReplicaSpec(
     max_ongoing_requests=8,
     metrics_interval_s=2.0,
     env={"MODEL_DIR": "/models"},
+    resources={"cpus": 1.0, "gpus": 0.5},
+    logging_config=LOGS,
 )
 TARGET = ReplicaTarget(
-    "shop", "ranker", "replica-0007", "agent-a", 3, 11, SPEC.version(), RPC, SPEC, owner_epoch=4
+    "shop",
+    "ranker",
+    "replica-0007",
+    "agent-a",
+    3,
+    11,
+    SPEC.version(),
+    RPC,
+    SPEC,
+    owner_epoch=4,
+    devices=(1,),
 )
 MEMBER = Member(
-    "shop", "ranker", 3, "replica-0007", RPC, 11, 42, owner_epoch=4, report_interval_s=2.5
+    "shop",
+    "ranker",
+    3,
+    "replica-0007",
+    RPC,
+    11,
+    42,
+    owner_epoch=4,
+    report_interval_s=2.5,
+    max_queued_requests=100,
 )
 STATUS = AppStatusView(
     "shop",
@@ -79,7 +110,15 @@ STATUS = AppStatusView(
         ),
     },
 )
-AGENT = AgentInfo("agent-a", 16, 3, "node-a.example", 4242, T0, {"gpus": 2.0})
+AGENT = AgentInfo(
+    "agent-a",
+    16,
+    3,
+    "node-a.example",
+    4242,
+    T0,
+    {"cpus": 32.0, "gpus": 2.0, "memory": 137438953472.0, "nvme": 4.0},
+)
 ROUTE = RouteDoc(
     "shop",
     "/shop",
@@ -142,9 +181,12 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
     }
     target = _as_doc(TARGET)
     del target["owner_epoch"]
+    del target["devices"]
     target["spec"] = {"import_path": SPEC.import_path, "new_setting": True}
     member = {
-        k: v for k, v in _as_doc(MEMBER).items() if k not in ("owner_epoch", "report_interval_s")
+        k: v
+        for k, v in _as_doc(MEMBER).items()
+        if k not in ("owner_epoch", "report_interval_s", "max_queued_requests")
     }
     agent = {k: v for k, v in _as_doc(AGENT).items() if k != "resources"}
     status = _as_doc(STATUS)
@@ -165,14 +207,15 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
             "replica_target",
             TARGET.key,
             {**target, **extra},
-            "owner_epoch absent (0); spec with only import_path and an unknown setting",
+            "owner_epoch (0) and devices ([]) absent; spec with only import_path and an "
+            "unknown setting (no resources, no logging_config)",
         ),
         (
             "member_unknown_fields",
             "member",
             MEMBER.key,
             {**member, **extra},
-            "owner_epoch and report_interval_s absent",
+            "owner_epoch, report_interval_s and max_queued_requests absent",
         ),
         (
             "app_status_lenient",
@@ -227,6 +270,28 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
         ("member_zero_interval", "member", with_(member, report_interval_s=0), "bad_value", ""),
         ("member_interval_text", "member", with_(member, report_interval_s="1"), "wrong_type", ""),
         ("member_dotted_replica", "member", with_(member, replica_id="a.b"), "bad_value", ""),
+        ("member_zero_queue", "member", with_(member, max_queued_requests=0), "bad_value", ""),
+        (
+            "replica_target_device_twice",
+            "replica_target",
+            with_(target, devices=[1, 1]),
+            "bad_value",
+            "two replicas' worth of one device",
+        ),
+        (
+            "replica_target_negative_device",
+            "replica_target",
+            with_(target, devices=[-1]),
+            "bad_value",
+            "",
+        ),
+        (
+            "replica_target_gpus_1_5",
+            "replica_target",
+            with_(target, spec={**target["spec"], "resources": {"gpus": 1.5}}),
+            "bad_value",
+            "above 1, GPUs are whole devices",
+        ),
         (
             "replica_target_no_import_path",
             "replica_target",

@@ -30,7 +30,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from services.agent.config import AgentConfig, replica_auth
+from services.agent.config import AgentConfig, parse_resources, replica_auth
 from services.agent.service import AgentService
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
@@ -123,6 +123,7 @@ class Stack:
                 nats_url=self.url,
                 agent_id="local",
                 max_replicas=self.args.max_replicas,
+                resources=parse_resources(self.args.resource),
                 workdir=str(Path.cwd()),
                 log_dir=str(self.workdir / "replicas"),
                 replica_auth=replica_auth(

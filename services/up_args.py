@@ -23,6 +23,13 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a shorter demo (about a minute; used by the tests)"
     )
     p.add_argument("--max-replicas", type=int, default=8, help="this machine's replica capacity")
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="NAME=AMOUNT",
+        help="a resource the local agent offers, e.g. gpus=1 (repeatable; as `fleetpulse agent`)",
+    )
     p.add_argument("--http-port", type=int, default=8000, help="HTTP ingress port (0: a free port)")
     p.add_argument(
         "--no-live", action="store_true", help="print status lines instead of a live table"

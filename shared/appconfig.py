@@ -95,6 +95,8 @@ REPLICA_FIELDS = (
     "health_check_timeout_s",
     "graceful_shutdown_timeout_s",
     "push_metrics",
+    "resources",
+    "logging_config",
 )
 """The deployment settings that are replica settings (shared.replicaspec declares them)."""
 _DEFAULT: Mapping[str, Any] = {p.name: p.default for p in replicaspec.PARAMS}
@@ -112,6 +114,14 @@ class DeploymentConfig:
     health_check_timeout_s: float = _DEFAULT["health_check_timeout_s"]
     graceful_shutdown_timeout_s: float = _DEFAULT["graceful_shutdown_timeout_s"]
     push_metrics: bool = _DEFAULT["push_metrics"]
+    resources: Mapping[str, float] = field(default_factory=dict)
+    """What one replica asks of its agent (YAML: `ray_actor_options`; shared.resources)."""
+    logging_config: Mapping[str, Any] = field(default_factory=dict)
+    """Canonical `logging_config` (shared.logconfig); empty: not given."""
+    max_replicas_per_node: int | None = None
+    """At most this many of its replicas on one agent (None: no limit)."""
+    max_queued_requests: int = -1
+    """Requests each router may queue for it (-1: the router's own bound; see docs/deploy.md)."""
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None
@@ -126,6 +136,13 @@ class DeploymentConfig:
             raise ConfigError("must be >= 0", field="num_replicas")
         for name in REPLICA_FIELDS:
             replicaspec.check(name, getattr(self, name))
+        per_node = self.max_replicas_per_node
+        if per_node is not None and per_node < 1:
+            raise ConfigError("must be >= 1 (or left out: no limit)", field="max_replicas_per_node")
+        if self.max_queued_requests != -1 and self.max_queued_requests < 1:
+            raise ConfigError(
+                "must be -1 (no bound of its own) or >= 1", field="max_queued_requests"
+            )
 
     def replica_spec(self) -> ReplicaSpec:
         """What this deployment's replicas are started with (its metrics interval included)."""

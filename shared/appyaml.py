@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import replicaspec
+from shared import logconfig, replicaspec, resources
 from shared.appconfig import (
     IMPORT_PATH_RE,
     REPLICA_FIELDS,
@@ -251,6 +251,34 @@ def _route_prefix(value: Any) -> str | None:
     return s
 
 
+def _max_queued(value: Any) -> int:
+    n: int = _Number(integer=True, low=-1)(value)
+    if n == 0:
+        raise _Bad("must be -1 (no bound of its own) or >= 1, got 0")
+    return n
+
+
+def _refused(reason: str) -> Conv:
+    def conv(value: Any) -> Any:
+        raise _Bad(reason)
+
+    return conv
+
+
+def _log_value(key: str) -> Conv:
+    def conv(value: Any) -> Any:
+        try:
+            return logconfig.check_value(key, value)
+        except ConfigError as exc:
+            raise _Bad(str(exc).removeprefix(f"{key}: ")) from None
+
+    return conv
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag.endswith(":null")
+
+
 # -- key tables: YAML key -> conversion (None: checked by its own method) ----------------------
 
 _TOP_KEYS: dict[str, Conv | None] = {"applications": None}
@@ -274,6 +302,22 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "push_metrics": _boolean,
     "num_replicas": _COUNT,
     "autoscaling_config": None,
+    "ray_actor_options": None,
+    "max_replicas_per_node": _Number(integer=True, low=1, nullable=True),
+    "max_queued_requests": _max_queued,
+    "logging_config": None,
+}
+_DEPLOYMENT_LEVEL = frozenset({"ray_actor_options", "max_replicas_per_node", "logging_config"})
+_ACTOR_KEYS: dict[str, Conv | None] = {
+    "num_cpus": _DELAY,
+    "num_gpus": _DELAY,
+    "memory": _DELAY,
+    "resources": None,
+    **{key: _refused(reason) for key, reason in resources.RAY_ACTOR_REFUSED.items()},
+}
+_LOGGING_KEYS: dict[str, Conv | None] = {
+    **{key: _log_value(key) for key in logconfig.KEYS},
+    **{key: _refused(reason) for key, reason in logconfig.REFUSED.items()},
 }
 _AUTOSCALING_KEYS: dict[str, Conv | None] = {
     "min_replicas": _COUNT,
@@ -520,6 +564,12 @@ class _Checker:
                 )
         elif "num_replicas" not in d.nodes:
             kwargs["num_replicas"] = DEFAULT_NUM_REPLICAS
+        if "ray_actor_options" in d.nodes:
+            request = self.actor_options(d.nodes["ray_actor_options"], f"{path}.ray_actor_options")
+            kwargs["resources"] = request or {}
+        if "logging_config" in d.nodes:
+            logs = self.logging_config(d.nodes["logging_config"], f"{path}.logging_config")
+            kwargs["logging_config"] = logs or {}
         if len(self.problems) != before or not {"name", "import_path"} <= d.values.keys():
             return None  # (a bad name or import_path was reported by mapping())
         return self.build(path, d, lambda: DeploymentConfig(**kwargs, autoscaling=scaling))
@@ -551,6 +601,49 @@ class _Checker:
         if len(self.problems) != before:
             return None
         return self.build(path, a, lambda: AutoscalingConfig(**v))
+
+    def actor_options(self, node: Node, path: str) -> dict[str, float] | None:
+        """Ray's `ray_actor_options`: num_cpus, num_gpus, memory and custom `resources`, the
+        replica's placement request (shared.resources); the rest refused by name."""
+        if _is_null(node):
+            return {}
+        before = len(self.problems)
+        m = self.mapping(node, path, _ACTOR_KEYS)
+        if m is None:
+            return None
+        custom: dict[str, Any] = {}
+        if "resources" in m.nodes and not _is_null(m.nodes["resources"]):
+            rnode = m.nodes["resources"]
+            try:
+                value = self.construct(rnode)
+            except _Bad as exc:
+                self.add(f"{path}.resources", rnode, exc.message)
+                return None
+            if not isinstance(value, dict):
+                self.add(f"{path}.resources", rnode, f"expected a mapping, got {_show(value)}")
+                return None
+            custom = value
+        if len(self.problems) != before:
+            return None
+        try:
+            return resources.build_request(
+                m.values.get("num_cpus"), m.values.get("num_gpus"), m.values.get("memory"), custom
+            )
+        except ConfigError as exc:
+            key = exc.field.split(".", 1)[0]
+            message = str(exc).removeprefix(f"{exc.field}: ")
+            self.add(f"{path}.{exc.field}", m.nodes.get(key, m.node), message)
+            return None
+
+    def logging_config(self, node: Node, path: str) -> dict[str, Any] | None:
+        """Ray's `logging_config` (shared.logconfig), canonical with its defaults."""
+        if _is_null(node):
+            return {}
+        before = len(self.problems)
+        m = self.mapping(node, path, _LOGGING_KEYS)
+        if m is None or len(self.problems) != before:
+            return None
+        return logconfig.normalise(m.values)
 
     def policy(self, node: Node, path: str) -> str | None:
         """Ray Serve's `policy: {policy_function: 'package.module:function'}`."""
@@ -607,6 +700,8 @@ class _Checker:
 def _unknown_key(key: str, known: Mapping[str, object]) -> str:
     if key in _AUTOSCALING_KEYS and "autoscaling_config" in known:
         return f"unknown key {key!r} here (it belongs under autoscaling_config)"
+    if key in _DEPLOYMENT_LEVEL and key not in known:
+        return f"unknown key {key!r} here (set it per deployment, under deployments[])"
     if key in _RENAMED and _RENAMED[key] in known:
         return f"unknown key {key!r} (Ray Serve's older name; use {_RENAMED[key]!r})"
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=SUGGESTION_CUTOFF)

@@ -21,10 +21,12 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
+from shared import logconfig, resources
 from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
-Kind = Literal["str", "int", "float", "bool", "list", "map", "env"]
+Kind = Literal["str", "int", "float", "bool", "list", "map", "env", "resources", "logging"]
+_JSON_KINDS = ("list", "map", "env", "resources", "logging")
 MAX_ENV_VARS = 256
 
 
@@ -39,6 +41,10 @@ class Param:
     strict: bool = False
     restarts: bool = True
     """Part of the version: a change rolls the deployment's replicas onto new processes."""
+    omit_default: bool = False
+    """Left out of the JSON form and the version hash while at its default: a setting added
+    later, so that values and versions written before it stay byte for byte the same (an
+    upgraded controller must not roll every deployment)."""
 
     @property
     def flag(self) -> str:
@@ -55,12 +61,17 @@ class Param:
             if isinstance(value, bool) or not isinstance(value, kinds):
                 return "must be an integer" if self.kind == "int" else "must be a number"
             return None
-        expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping}
+        expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping,
+                    "resources": Mapping, "logging": Mapping}  # fmt: skip
         return None if isinstance(value, expected[self.kind]) else f"must be a {self.kind}"
 
     def _value_problem(self, value: Any) -> str | None:
         if self.kind == "env":
             return _env_problem(value)
+        if self.kind == "resources":
+            return resources.request_problem(value)
+        if self.kind == "logging":
+            return logconfig.problem(value)
         if self.kind in ("int", "float"):
             if not math.isfinite(value):
                 return "must be a finite number"
@@ -110,6 +121,20 @@ PARAMS: tuple[Param, ...] = (
         restarts=False,
     ),
     Param("env", "env", {}, "environment variables of the replica process (JSON object)"),
+    Param(
+        "resources",
+        "resources",
+        {},
+        "what one replica needs from its agent: cpus, gpus, memory (bytes), custom (JSON object)",
+        omit_default=True,
+    ),
+    Param(
+        "logging_config",
+        "logging",
+        {},
+        "log level, TEXT/JSON encoding, access log, logs dir (JSON object; {}: the defaults)",
+        omit_default=True,
+    ),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}
 
@@ -135,6 +160,8 @@ class ReplicaSpec:
     metrics_interval_s: float = 10.0
     push_metrics: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    resources: Mapping[str, float] = field(default_factory=dict)
+    logging_config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for p in PARAMS:
@@ -143,12 +170,20 @@ class ReplicaSpec:
 
     def version(self) -> str:
         """A short hash of the settings that need a new process (`Param.restarts`)."""
-        doc = {p.name: _jsonable(getattr(self, p.name)) for p in PARAMS if p.restarts}
+        doc = {p.name: v for p, v in self._written() if p.restarts}
         data = json.dumps(doc, sort_keys=True, default=str).encode()
         return hashlib.sha256(data).hexdigest()[:10]
 
     def to_doc(self) -> dict[str, Any]:
-        return {p.name: _jsonable(getattr(self, p.name)) for p in PARAMS}
+        return {p.name: v for p, v in self._written()}
+
+    def _written(self) -> list[tuple[Param, Any]]:
+        out = []
+        for p in PARAMS:
+            value = getattr(self, p.name)
+            if not (p.omit_default and value == p.default):
+                out.append((p, _jsonable(value)))
+        return out
 
     @staticmethod
     def from_doc(doc: Mapping[str, Any]) -> ReplicaSpec:
@@ -171,9 +206,11 @@ class ReplicaSpec:
         out: list[str] = []
         for p in PARAMS:
             value = getattr(self, p.name)
+            if p.omit_default and value == p.default:
+                continue  # its flag's default is the same; an older replica knows no such flag
             if p.kind == "bool":
                 out += [p.flag] if value else []
-            elif p.kind in ("list", "map", "env"):
+            elif p.kind in _JSON_KINDS:
                 out += [p.flag, json.dumps(_jsonable(value), sort_keys=True)]
             else:
                 out += [p.flag, repr(value) if p.kind == "float" else str(value)]
@@ -185,7 +222,7 @@ class ReplicaSpec:
         values: dict[str, Any] = {}
         for p in PARAMS:
             raw = getattr(args, p.name)
-            if p.kind in ("list", "map", "env"):
+            if p.kind in _JSON_KINDS:
                 raw = _json_flag(raw, p)
             values[p.name] = raw
         return ReplicaSpec(**values)
@@ -207,7 +244,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{p.help} (default: {_show(p.default)})"
         if p.kind == "bool":
             parser.add_argument(p.flag, action="store_true", help=p.help)
-        elif p.kind in ("list", "map", "env"):
+        elif p.kind in _JSON_KINDS:
             parser.add_argument(p.flag, default=json.dumps(_jsonable(p.default)), help=help_text)
         elif p.name == "import_path":
             parser.add_argument(p.flag, required=True, help=p.help)

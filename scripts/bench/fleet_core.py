@@ -23,6 +23,7 @@ import argparse
 import cProfile
 import dataclasses
 import gc
+import math
 import pstats
 import sys
 import time
@@ -35,6 +36,7 @@ import numpy as np
 from scripts.bench.common import result_line, write_json
 from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
+from services.agent.info import AGENT_TTL_S, AgentInfo
 from services.controller.collector import Collector
 from services.controller.core import Action, ControllerCore, Probe
 from services.controller.kv_delta import DeleteDoc, PutDoc
@@ -87,7 +89,7 @@ def apps_config(n: int, apps: int, interval: float) -> dict[str, AppConfig]:
 class Offline:
     def __init__(
         self, n: int, deployments: int, interval: float, seed: int, *, apps: int = 0,
-        visit_all: bool = False, routers: int = 4,
+        visit_all: bool = False, routers: int = 4, agents: int = 0,
     ) -> None:  # fmt: skip
         self.core = ControllerCore(visit_all=visit_all)
         rng = np.random.default_rng(seed)
@@ -98,6 +100,24 @@ class Offline:
             configs = apps_config(n, apps, interval)
         else:
             configs = {"bench": app_config(n, deployments, interval)}
+        slots = -(-n * 5 // 4 // agents) if agents else 0
+        offer = {"cpus": float(slots), "gpus": float(-(-slots // 10))}
+        self.agents = [
+            AgentInfo(f"agent-{i:05d}", slots, 0, "host", 1, 0.0, offer) for i in range(agents)
+        ]
+        """With agents, placement is on and every replica asks for a CPU and a tenth of a GPU:
+        the fleet fills them to 80%."""
+        if agents:
+            ask = {"cpus": 1.0, "gpus": 0.1}
+            configs = {
+                name: dataclasses.replace(
+                    c, deployments=tuple(
+                        dataclasses.replace(d, resources=ask) for d in c.deployments
+                    ),
+                )
+                for name, c in configs.items()
+            }  # fmt: skip
+        self._announced = -math.inf
         self.sims: dict[tuple[str, str], DeploymentSim] = {}
         for app, acfg in configs.items():
             cfg = SimConfig(
@@ -115,6 +135,13 @@ class Offline:
         self.replaced = 0
         self.probes = 0
         """Probes the core sent: every replica here is healthy, so each one is a miss."""
+
+    def announce(self) -> None:
+        """Agents re-put their fp_agents entry every few seconds (AGENT_TTL_S / 3)."""
+        if self.now - self._announced >= AGENT_TTL_S / 3:
+            self._announced = self.now
+            for a in self.agents:
+                self.core.on_agent(a, self.now)
 
     def members(self) -> int:
         return sum(int(s.member_slots.size) for s in self.sims.values())
@@ -159,6 +186,7 @@ class Offline:
 
     def start(self, n: int) -> None:
         while self.members() < n:
+            self.announce()
             self._apply(self.core.tick(self.now, WALL0 + self.now))
             for s in self.sims.values():
                 self._feed(s.tick(self.now, WALL0 + self.now, TICK_S))
@@ -171,6 +199,7 @@ class Offline:
         rows = []
         every = round(SIM_TICK_S / TICK_S)
         for i in range(round(seconds / TICK_S)):
+            self.announce()
             if i % every == 0:
                 for s in self.sims.values():
                     self._feed(s.tick(self.now, WALL0 + self.now, SIM_TICK_S))
@@ -218,6 +247,7 @@ class Offline:
         every = round(SIM_TICK_S / TICK_S)
         i = 0
         while self.now - started < limit_s:
+            self.announce()
             if i % every == 0:
                 for s in self.sims.values():
                     self._feed(s.tick(self.now, WALL0 + self.now, SIM_TICK_S))
@@ -297,7 +327,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     built = time.perf_counter()
     off = Offline(
         args.replicas, args.deployments, args.interval, args.seed, apps=args.apps,
-        visit_all=visit_all, routers=args.routers,
+        visit_all=visit_all, routers=args.routers, agents=args.agents,
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
@@ -389,6 +419,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--measure-s", type=float, default=60.0, help="virtual seconds")
     ap.add_argument("--churn", type=float, default=0.0, help="%% of replicas replaced per minute")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--agents", type=int, default=0,
+        help="N agents: placement on, each replica asks for 1 cpu and 0.1 gpu (default 0: off)",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true", help="cProfile the measured ticks")
     ap.add_argument("--visit-all", action="store_true", help="visit every deployment every tick")
     ap.add_argument("--compare", action="store_true", help="visit all, then visit due")
@@ -414,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result_line(
             "fleet_core", mode=row["mode"].replace(" ", "_"), replicas=row["replicas"],
             deployments=row["deployments"], interval_s=args.interval, churn=args.churn,
+            agents=args.agents,
             p50_ms=row["p50_ms"], p99_ms=row["p99_ms"], core_share=row["core_share"],
             gc2_in_ticks=row["gc_in_ticks"]["2"],
         )  # fmt: skip

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-import math
 import os
 import re
 import socket
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.metrics_catalog import add_metrics_port_argument
+from shared import resources
 from shared.errors import ConfigError
 from shared.kv.targets import UNPLACED
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
@@ -43,7 +44,8 @@ class AgentConfig:
     agent_id: str = field(default_factory=default_agent_id)
     max_replicas: int = DEFAULT_MAX_REPLICAS
     resources: Mapping[str, float] = field(default_factory=dict)
-    """Named resources this machine offers (`gpus`), carried in fp_agents for placement."""
+    """Resources given with `--resource` (`gpus`, `cpus`, `memory`, custom); what the agent
+    offers placement is `offer` (the machine's cpus and memory filled in)."""
     workdir: str = "."
     """The replicas' working directory (user code there imports: `python -m` puts it on sys.path)."""
     pythonpath: tuple[str, ...] = ()
@@ -72,8 +74,33 @@ class AgentConfig:
             raise ConfigError(f"{self.workdir!r} is not a directory", field="workdir")
         for name, amount in self.resources.items():
             validate_name(name, "resource name")
-            if not (math.isfinite(amount) and amount >= 0):
-                raise ConfigError("must be a finite number >= 0", field=f"resources.{name}")
+            problem = resources.amount_problem(amount)
+            if problem is not None:
+                raise ConfigError(problem, field=f"--resource {name}")
+        gpus = self.resources.get(resources.GPUS, 0.0)
+        if gpus != int(gpus):
+            raise ConfigError(
+                f"must be a whole number of GPU devices, got {gpus:g}", field="--resource gpus"
+            )
+
+    @property
+    def offer(self) -> dict[str, float]:
+        """What this agent offers placement: `--resource` amounts, and for `cpus` and `memory`
+        (bytes) the machine's own unless given; `gpus` only when given."""
+        return dict(sorted({**machine_resources(), **self.resources}.items()))
+
+
+def machine_resources() -> dict[str, float]:
+    """This machine's CPUs (those this process may run on) and physical memory in bytes."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    out = {resources.CPUS: float(cpus)}
+    # not knowable everywhere: a memory request then needs --resource memory=BYTES
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        out[resources.MEMORY] = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return out
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,7 +120,8 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=AMOUNT",
-        help="a named resource this machine offers, e.g. gpus=2 (repeatable)",
+        help="a resource this machine offers, e.g. gpus=2 (whole devices), cpus=8, "
+        "memory=BYTES or any name (repeatable; default: the machine's cpus and memory)",
     )
     p.add_argument("--workdir", default=".", help="replicas' working directory (default: .)")
     p.add_argument(

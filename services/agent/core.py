@@ -26,6 +26,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from shared import resources
 from shared.kv.targets import ReplicaTarget, TargetKey
 from shared.subjects import Subjects
 
@@ -212,3 +213,13 @@ def replica_argv(
         "--version",
         target.version,
     ]
+
+
+def replica_env(target: ReplicaTarget, own_devices: str | None) -> dict[str, str]:
+    """The variables the replica gets over the agent's environment: its spec's `env`, and for a
+    replica given GPUs, `CUDA_VISIBLE_DEVICES` naming its devices (shared.resources; `own_devices`
+    is the agent's own CUDA_VISIBLE_DEVICES, whose entries the indices then refer to)."""
+    env = dict(target.spec.env)
+    if target.devices:
+        env[resources.GPU_ENV] = resources.visible_devices(target.devices, own_devices)
+    return env

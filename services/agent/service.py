@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from shared import resources
 from shared.badinput import BadInput
 from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
@@ -51,6 +52,7 @@ from .core import (
     merge_wanted,
     plan,
     replica_argv,
+    replica_env,
     wanted_target,
 )
 from .info import AGENT_TTL_S, AgentInfo
@@ -118,7 +120,7 @@ class AgentService:
             hostname=self._hostname,
             pid=os.getpid(),
             started_at=self.started_at,
-            resources=dict(self.cfg.resources),
+            resources=self.cfg.offer,
         )
 
     def stop(self) -> None:
@@ -247,7 +249,8 @@ class AgentService:
         name = f"{spec.app}.{spec.deployment}.{spec.replica_id}"
         self._children[spec.replica_id] = ChildState(spec)
         try:
-            pid = self.procs.start(spec.replica_id, argv, name, spec.spec.env)
+            env = replica_env(spec, os.environ.get(resources.GPU_ENV))
+            pid = self.procs.start(spec.replica_id, argv, name, env)
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
             log.error("replica %s could not be started: %s", spec.replica_id, exc)
             START_FAILURES.inc()

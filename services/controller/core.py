@@ -44,7 +44,7 @@ from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
 from .managed import ManagedDeployment
 from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
-from .placement import Placement
+from .placement import Placed, Placement
 from .policy import PolicyState
 from .replica_index import NO_SLOT
 from .schedule import Schedule, TickLog
@@ -130,6 +130,8 @@ class ControllerCore:
                 m = ManagedDeployment(
                     key[0], dcfg, version, now, id_prefix=_id_prefix(*key), subjects=self.subjects
                 )
+                m.state.on_remove = self.placement.release
+                m.state.placing = self.placement.ever_seen
             elif m.cfg != dcfg or m.state.version != version:
                 m.reconfigure(dcfg, version, now)
             self.deployments[key] = m
@@ -160,6 +162,10 @@ class ControllerCore:
             if m is None:
                 continue
             m.restore(ts, ms, now)
+            for t in ts:
+                if t.agent_id and t.replica_id in m.state.replicas:
+                    where = Placed(t.agent_id, t.devices)
+                    self.placement.restore(t.replica_id, key, t.spec.resources, where)
             m.state.target = max(m.state.target, len(m.state.live()))
             m.policy = PolicyState(target=m.state.target, watch_start=now)
             self.schedule.touch(key)
@@ -306,6 +312,8 @@ class ControllerCore:
         """Another member owns these apps now: forget them without deciding or writing."""
         for table in (self.deployments, self.deleting):
             for key in [k for k in table if k[0] in apps]:
+                for rid in table[key].state.replicas:
+                    self.placement.release(rid)  # its new owner accounts for them
                 del table[key]
                 self._forget(key)
         self._layout = None
@@ -452,26 +460,29 @@ class ControllerCore:
         self._count_health(key, None)
 
     def _place(self, managed: list[tuple[DepKey, ManagedDeployment]], now: float) -> None:
-        waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
-        if not waiting:
-            return  # the usual tick: nothing to place, and no pass over every replica for load
-        load: Counter[str] = Counter(
-            r.agent_id
-            for table in (self.deployments, self.deleting)
-            for (app, _), m in table.items()
-            if app not in self.held
-            for r in m.state.replicas.values()
-            if r.agent_id
-        )
-        chosen = self.placement.assign([rid for _, rid in waiting], load, now)
-        for m, rid in waiting:
-            agent = chosen.get(rid)
-            if agent is not None:
-                m.state.replicas[rid].agent_id = agent
+        """Agents for the visited deployments' waiting replicas; what is assigned is in the
+        placement's ledger already, so this looks at the waiting replicas only."""
+        waiting = [w for _, m in managed for w in m.waiting_for_agent()]
+        if not waiting and not any(m.state.unplaced for _, m in managed):
+            return  # the usual tick: nothing to place
+        placed, why = self.placement.place(waiting, now)
+        for w in waiting:
+            spot = placed.get(w.replica_id)
+            if spot is not None:
+                rec = self._get(w.dep).state.replicas[w.replica_id]
+                # its start timeout runs from now: the time it waited for room is not a start
+                rec.agent_id, rec.devices, rec.since = spot.agent_id, spot.devices, now
+        for key, m in managed:
+            m.state.unplaced = why.get(key, "")
 
     def on_agent(self, info: AgentInfo, recv: float) -> None:
         """An agent announced itself (KV fp_agents put)."""
+        first = not self.placement.ever_seen
         self.placement.heard(info, recv)
+        if first:  # placement is on from now: replicas without an agent wait for room
+            for table in (self.deployments, self.deleting):
+                for m in table.values():
+                    m.state.placing = True
 
     def agent_gone(self, agent_id: str) -> None:
         """An agent removed its entry (clean shutdown)."""

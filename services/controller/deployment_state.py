@@ -7,7 +7,10 @@ How it works: the controller decides *how many* replicas (the policy) and this m
        \\________________________\\_________________ exited / startup timeout ______________/
 
 PENDING means "in fp_targets, not yet heard from"; lifecycle events from the replica (or its agent)
-drive the rest. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
+drive the rest. While agents place replicas (`placing`), a PENDING replica without an agent is
+waiting for room, not starting: no start timeout runs for it, it goes at once when no longer
+wanted (no process will report its exit), and `unplaced` (why, from placement.py) shows in the
+status message. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
 live count meets the target, drains the surplus (pending first, then the newest running), replaces
 replicas with an unhealthy verdict, and rolls a new version one replica at a time (surge of one:
 an old replica drains only when a new one is running). Membership (what routers may call) is the
@@ -29,7 +32,7 @@ at all, and one changed replica costs O(1) (a rollout re-sorts old from new once
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .records import RecordSets, ReplicaRecord, ReplicaState, Revision, take
@@ -73,6 +76,13 @@ class DeploymentState:
     last_trouble: float | None = None
     status: DeploymentStatus = DeploymentStatus.UPDATING
     message: str = ""
+    placing: bool = False
+    """Agents place replicas (placement is on): a PENDING replica without an agent is waiting
+    for room, not starting, so no start timeout runs for it."""
+    unplaced: str = ""
+    """Why some replica fits on no agent (placement.py), or "" (the status message says it)."""
+    on_remove: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    """Called with the id of every record removed (what it held on its agent is released)."""
     _next_id: int = 0
     _next_order: int = 0
     _rev: Revision = field(default_factory=Revision, repr=False, compare=False)
@@ -198,6 +208,8 @@ class DeploymentState:
     def _remove(self, replica_id: str) -> None:
         del self.replicas[replica_id]
         self._rev.touched(replica_id)
+        if self.on_remove is not None:
+            self.on_remove(replica_id)
 
     def take_dirty(self) -> list[str]:
         """The ids of records changed, added or removed since the last call (the KV delta's
@@ -232,6 +244,8 @@ class DeploymentState:
     def _time_out_starts(self, now: float) -> list[StateEvent]:
         events: list[StateEvent] = []
         for rec in list(self.view().waiting.values()):
+            if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
+                continue  # waiting for room on an agent: its start clock runs from placement
             if now - rec.since >= STARTUP_TIMEOUT_S:
                 self._remove(rec.replica_id)
                 self.start_failures += 1
@@ -252,7 +266,7 @@ class DeploymentState:
             rank = {ReplicaState.PENDING: 0, ReplicaState.STARTING: 1, ReplicaState.RUNNING: 2}
             victims = sorted(view.new(), key=lambda r: (rank[r.state], -r.order))[:surplus]
             for rec in victims:
-                rec.state, rec.since = ReplicaState.DRAINING, now
+                self._drain(rec, now)
                 events.append(StateEvent("replica_draining", rec.replica_id, "scale down"))
         return events
 
@@ -271,9 +285,17 @@ class DeploymentState:
         if self.target == 0:
             retire = len(view.old)
         for rec in self._oldest_old(view, retire):
-            rec.state, rec.since = ReplicaState.DRAINING, now
+            self._drain(rec, now)
             events.append(StateEvent("replica_draining", rec.replica_id, "replaced by new version"))
         return events
+
+    def _drain(self, rec: ReplicaRecord, now: float) -> None:
+        """Stop `rec`: it drains, unless it was never placed on an agent (it waits for room):
+        no process runs it, so none will report its exit, and it goes at once."""
+        if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
+            self._remove(rec.replica_id)
+        else:
+            rec.state, rec.since = ReplicaState.DRAINING, now
 
     def _oldest_old(self, view: RecordSets, n: int) -> list[ReplicaRecord]:
         """The `n` old-version live replicas first in start order."""
@@ -314,17 +336,21 @@ class DeploymentState:
         running = len(view.running) - view.running_condemned
         current = view.running_current
         rolling = bool(view.old)
+        waiting = f"; a replica cannot be placed: {self.unplaced}" if self.unplaced else ""
         if rolling or (not self.settled and current < self.target):
             return DeploymentStatus.UPDATING, "starting replicas of version " + (
                 self.version or "-"
-            )
+            ) + waiting
         recent_trouble = (
             self.last_trouble is not None and now - self.last_trouble < UNHEALTHY_HOLD_S
         )
         if recent_trouble and current < self.target:
-            return DeploymentStatus.UNHEALTHY, "replicas failing health checks or crashing"
+            return (
+                DeploymentStatus.UNHEALTHY,
+                "replicas failing health checks or crashing" + waiting,
+            )
         if current < self.target:
-            return DeploymentStatus.UPSCALING, f"{current}/{self.target} replicas running"
+            return DeploymentStatus.UPSCALING, f"{current}/{self.target} replicas running{waiting}"
         if running > self.target or view.draining_clean > 0:
             return DeploymentStatus.DOWNSCALING, f"draining to {self.target}"
         return DeploymentStatus.HEALTHY, f"{current}/{self.target} replicas running"

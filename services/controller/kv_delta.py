@@ -55,8 +55,8 @@ RpcFor = Callable[[str], str]
 
 class KVDelta:
     __slots__ = (
-        "_free", "_next_slot", "_restamp", "_specs", "app", "deployment", "members",
-        "report_interval_s", "slots", "targets",
+        "_free", "_next_slot", "_restamp", "_specs", "app", "deployment", "max_queued_requests",
+        "members", "report_interval_s", "slots", "targets",
     )  # fmt: skip
 
     def __init__(self, app: str, deployment: str) -> None:
@@ -66,13 +66,15 @@ class KVDelta:
         """Replica id -> its slot, while it needs a key."""
         self.targets: dict[str, str] = {}
         """Replica id -> the fp_targets key written for it."""
-        self.members: dict[str, tuple[int, str, float | None]] = {}
-        """Replica id -> (slot, rpc subject, report interval) written to fp_membership."""
+        self.members: dict[str, tuple[int, str, float | None, int | None]] = {}
+        """Replica id -> (slot, rpc subject, report interval, queue bound) written to
+        fp_membership."""
         self._free: list[int] = []
         self._next_slot = 0
         self._specs: dict[str, ReplicaSpec] = {}
         """Version -> spec: a replica is started with its own version's settings."""
         self.report_interval_s: float | None = None
+        self.max_queued_requests: int | None = None
         self._restamp = False
 
     def set_spec(self, version: str, spec: ReplicaSpec) -> None:
@@ -80,6 +82,12 @@ class KVDelta:
         self._specs[version] = spec
         if spec.metrics_interval_s != self.report_interval_s:
             self.report_interval_s = spec.metrics_interval_s
+            self._restamp = True
+
+    def set_queue_bound(self, bound: int | None) -> None:
+        """The deployment's `max_queued_requests` for its routers (None: theirs)."""
+        if bound != self.max_queued_requests:
+            self.max_queued_requests = bound
             self._restamp = True
 
     def take_restamp(self) -> list[str]:
@@ -117,7 +125,7 @@ class KVDelta:
             if not target and rid in self.targets:
                 out.append(DeleteDoc(buckets.TARGETS.name, self.targets.pop(rid)))
             if not member and rid in self.members:
-                slot, _, _ = self.members.pop(rid)
+                slot, _, _, _ = self.members.pop(rid)
                 out.append(
                     DeleteDoc(buckets.MEMBERSHIP.name, member_key(self.app, self.deployment, slot))
                 )
@@ -137,12 +145,13 @@ class KVDelta:
                         out.append(DeleteDoc(buckets.TARGETS.name, old))
                     self.targets[rid] = doc.key
                     out.append(PutDoc(buckets.TARGETS.name, doc.key, doc))
-            written = (slot, rpc, self.report_interval_s)
+            written = (slot, rpc, self.report_interval_s, self.max_queued_requests)
             if member and self.members.get(rid) != written:
                 self.members[rid] = written
                 m = Member(
                     self.app, self.deployment, slot, rid, rpc, rec.order, epoch,
                     report_interval_s=self.report_interval_s,
+                    max_queued_requests=self.max_queued_requests,
                 )  # fmt: skip
                 out.append(PutDoc(buckets.MEMBERSHIP.name, m.key, m))
                 members_changed = True
@@ -162,8 +171,12 @@ class KVDelta:
         spec = self._specs[rec.version]
         return ReplicaTarget(
             self.app, self.deployment, rec.replica_id, rec.agent_id, slot, rec.order,
-            rec.version, rpc, spec,
+            rec.version, rpc, spec, devices=rec.devices,
         )  # fmt: skip
+
+    def spec_of(self, version: str) -> ReplicaSpec | None:
+        """The settings replicas of `version` are started with (None: a version not known)."""
+        return self._specs.get(version)
 
     # -- takeover ----------------------------------------------------------------------------
 
@@ -175,7 +188,9 @@ class KVDelta:
             self._specs.setdefault(t.version, t.spec)
         for m in members:
             if self.slots.setdefault(m.replica_id, m.slot) == m.slot:
-                self.members[m.replica_id] = (m.slot, m.rpc_subject, m.report_interval_s)
+                self.members[m.replica_id] = (
+                    m.slot, m.rpc_subject, m.report_interval_s, m.max_queued_requests
+                )  # fmt: skip
         used = set(self.slots.values())
         self._next_slot = max(used, default=-1) + 1
         self._free = sorted(set(range(self._next_slot)) - used)
@@ -183,7 +198,7 @@ class KVDelta:
     def stray_members(self, members: Iterable[Member]) -> list[KVChange]:
         """Member keys found in KV that no replica we know holds: deletes (a slot's key must
         never name a replica the owner does not run)."""
-        mine = {slot for slot, _, _ in self.members.values()}
+        mine = {written[0] for written in self.members.values()}
         return [DeleteDoc(buckets.MEMBERSHIP.name, m.key) for m in members if m.slot not in mine]
 
 

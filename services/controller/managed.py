@@ -38,6 +38,7 @@ from .deployment_state import UNHEALTHY_HOLD_S, DeploymentState, ReplicaState, S
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
 from .kv_delta import KVChange, KVDelta
 from .metrics_store import DeploymentMetrics
+from .placement import Waiting
 from .policy import NONE, Decision, PolicyInputs, PolicyState, decide, initial_state
 from .records import take
 from .replica_index import ReplicaIndex
@@ -86,6 +87,7 @@ class ManagedDeployment:
         self.kv = KVDelta(app, cfg.name)
         self._stray: list[KVChange] = []
         self.kv.set_spec(version, cfg.replica_spec())
+        self.kv.set_queue_bound(_queue_bound(cfg))
         self._changes = self.state.channel()
         """Records changed since the index, registry and metrics last followed them."""
         self._follow_in_full = True
@@ -122,6 +124,7 @@ class ManagedDeployment:
         self.health = self._registry()
         self._follow_in_full = True
         self.kv.set_spec(version, cfg.replica_spec())
+        self.kv.set_queue_bound(_queue_bound(cfg))
         self.state.set_version(version)
 
     def _registry(self) -> HealthRegistry:
@@ -341,14 +344,18 @@ class ManagedDeployment:
     def _rpc_for(self, replica_id: str) -> str:
         return self.subjects.rpc(self.app, self.name, replica_id)
 
-    def waiting_for_agent(self) -> list[str]:
-        """PENDING replicas without an agent, in start order (a look at the waiting ones only)."""
+    def waiting_for_agent(self) -> list[Waiting]:
+        """PENDING replicas without an agent, in start order, with what each asks for (its
+        version's resources): a look at the waiting ones only."""
         waiting = self.state.view().waiting.values()
-        return [
-            r.replica_id
-            for r in sorted(waiting, key=lambda r: r.order)
-            if r.state is ReplicaState.PENDING and not r.agent_id
-        ]
+        per_node = self.cfg.max_replicas_per_node
+        out = []
+        for r in sorted(waiting, key=lambda r: r.order):
+            if r.state is ReplicaState.PENDING and not r.agent_id:
+                spec = self.kv.spec_of(r.version)
+                asked = spec.resources if spec is not None else self.cfg.resources
+                out.append(Waiting(r.replica_id, (self.app, self.name), asked, per_node))
+        return out
 
     def lose_agent(self, agent_id: str, now: float) -> list[StateEvent]:
         """The agent is gone and its replicas with it: replace them."""
@@ -428,7 +435,7 @@ class ManagedDeployment:
                 number = 0
             self.state.adopt(t.replica_id, t.version, now, id_number=number, order=t.order)
             rec = self.state.replicas[t.replica_id]
-            rec.agent_id, rec.rpc_subject = t.agent_id, t.rpc_subject
+            rec.agent_id, rec.rpc_subject, rec.devices = t.agent_id, t.rpc_subject, t.devices
             if t.replica_id in running:
                 rec.state = ReplicaState.RUNNING
         known = [m for m in members if m.replica_id in by_id]
@@ -444,3 +451,8 @@ class ManagedDeployment:
         """Member keys found on takeover that name no replica we run (deleted once)."""
         stray, self._stray = self._stray, []
         return stray
+
+
+def _queue_bound(cfg: DeploymentConfig) -> int | None:
+    """What the members tell routers: the deployment's bound, or None (-1: theirs applies)."""
+    return cfg.max_queued_requests if cfg.max_queued_requests > 0 else None

@@ -65,6 +65,8 @@ class ReplicaRecord:
     order: int
     rpc_subject: str = ""
     agent_id: str = ""
+    devices: tuple[int, ...] = ()
+    """GPU device indices on its agent (placement.py); written into its target."""
     verdict: str = ""
     rev: Revision | None = field(default=None, repr=False, compare=False)
 

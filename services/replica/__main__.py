@@ -11,6 +11,7 @@ from services.metrics_catalog import serve_metrics
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
 
+from . import logsetup
 from .config import ReplicaConfig, add_replica_arguments, config_from_args
 from .runtime import ReplicaRuntime
 from .usercode import UserDeployment
@@ -20,6 +21,15 @@ log = logging.getLogger(__name__)
 
 async def serve(cfg: ReplicaConfig) -> int:
     spec = cfg.spec
+    try:
+        extra = logsetup.apply(
+            spec.logging_config, app=cfg.app, deployment=cfg.deployment, replica_id=cfg.replica_id
+        )
+    except OSError as exc:  # a log file must not stop a replica from serving
+        log.warning("replica %s: logging_config.logs_dir not usable: %s", cfg.replica_id, exc)
+    else:
+        if extra is not None:
+            log.info("replica %s: also logging to %s", cfg.replica_id, extra)
     user = await UserDeployment.create(spec.import_path, spec.init_args, dict(spec.init_kwargs))
     bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
     runtime = ReplicaRuntime(cfg, bus, user)

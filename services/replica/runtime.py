@@ -44,6 +44,7 @@ from .config import ReplicaConfig
 from .custom_stats import TIMEOUT_S as STATS_TIMEOUT_S
 from .custom_stats import CustomStats
 from .health import HealthTracker, next_check_delay
+from .logsetup import ACCESS_LOGGER, access_enabled
 from .metrics import OK, ReplicaMetrics
 from .suppression import HealthCarriage, Via, freshness_window
 from .usercode import (
@@ -135,6 +136,10 @@ class ReplicaRuntime:
         self._subs: list[Subscription] = []
         self._report_seq = 0
         self._stopping = asyncio.Event()
+        self.access = (
+            logging.getLogger(ACCESS_LOGGER) if access_enabled(cfg.spec.logging_config) else None
+        )
+        """The access log (logging_config.enable_access_log): one line per request."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -384,6 +389,13 @@ class ReplicaRuntime:
             self.running.set(self.admission.ongoing, now)
             self.prom.ongoing.dec()
             self.prom.observe(outcome, now - started)
+            if self.access is not None:
+                ms = round((now - started) * 1000.0, 3)
+                self.access.info(
+                    "%s %s %.1f ms", req.method, outcome, ms,
+                    extra={"method": req.method, "outcome": outcome, "duration_ms": ms,
+                           "request_id": req.request_id},
+                )  # fmt: skip
 
     async def _execute(self, req: Request, reply: str) -> None:
         try:

@@ -17,14 +17,22 @@ class RouterError(FleetpulseError):
 
 
 class BackPressureError(RouterError):
-    """The handle's queue of waiting requests is full; the request was not sent anywhere."""
+    """The router's queue of waiting requests is full; the request was not sent anywhere.
+    `setting` names the bound: the deployment's `max_queued_requests`, or the router's own
+    (`--max-queued`) when the deployment sets none."""
 
     retryable = True
 
-    def __init__(self, queued: int, limit: int) -> None:
+    def __init__(self, queued: int, limit: int, *, deployment: str = "", setting: str = "") -> None:
         self.queued = queued
         self.limit = limit
-        super().__init__(f"{queued} requests already queued at this handle (limit {limit})")
+        self.deployment = deployment
+        self.setting = setting or "limit"
+        where = f"{deployment}: " if deployment else ""
+        super().__init__(
+            f"{where}{queued} requests already queued at this router ({self.setting} {limit}); "
+            "every replica is at max_ongoing_requests: retry later, or raise the bound"
+        )
 
 
 class DeadlineExceeded(RouterError):

@@ -9,7 +9,8 @@ How it works: one `Router` per (bus, namespace, app, deployment) owns
 - the replica chooser (choice.py), the carried-health map (carried_health.py) and the
   time-weighted windows (window.py) that feed the handle reports;
 - the queue: a request that finds no available replica (none at all, or all backing off after
-  rejections) waits here, bounded by `max_queued_requests` (BackPressureError) and by its deadline
+  rejections) waits here, bounded by the deployment's `max_queued_requests` (its members carry
+  it; else the router config's) (BackPressureError) and by its deadline
   (DeadlineExceeded). Waiters wake on membership changes, on a request finishing, on the earliest
   backoff expiry, and at least every `queue_poll_max_s`. A request queued while the deployment
   has zero replicas triggers an immediate handle report (cold start), at most once per
@@ -322,8 +323,11 @@ class Router:
                         f"({len(self.members)} replicas)"
                     )
                 if not queued:
-                    if self.queued_now >= cfg.max_queued_requests:
-                        raise BackPressureError(self.queued_now, cfg.max_queued_requests)
+                    limit, setting = self.queue_bound
+                    if self.queued_now >= limit:
+                        raise BackPressureError(
+                            self.queued_now, limit, deployment=self.key, setting=setting
+                        )
                     queued = True
                     self.queued_now += 1
                     self.queued.add(1.0, now)
@@ -368,6 +372,15 @@ class Router:
         if not self.closed and self.rise.settled(load, self.clock.monotonic()):
             self._early_report = True
             self._report_wake.set()
+
+    @property
+    def queue_bound(self) -> tuple[int, str]:
+        """How many requests may wait here, and which setting says so: the deployment's
+        `max_queued_requests` (its members carry it), else this router's own bound."""
+        carried = self.view.max_queued_requests
+        if carried is not None:
+            return carried, "the deployment's max_queued_requests"
+        return self.config.max_queued_requests, "the router's --max-queued"
 
     # -- reports --------------------------------------------------------------------------------
     @property

@@ -183,22 +183,40 @@ class Seat:
     rpc_subject: str
 
 
-def members_of(app: str, deployment: str, epoch: int, seats: Sequence[Seat]) -> list[Member]:
-    """The membership documents of `seats`, in slots 0.. and start order as given."""
+def members_of(
+    app: str, deployment: str, epoch: int, seats: Sequence[Seat], max_queued: int | None = None
+) -> list[Member]:
+    """The membership documents of `seats`, in slots 0.. and start order as given (carrying the
+    deployment's `max_queued_requests` when given)."""
     return [
-        Member(app, deployment, slot, s.replica_id, s.rpc_subject, slot + 1, epoch)
+        Member(
+            app,
+            deployment,
+            slot,
+            s.replica_id,
+            s.rpc_subject,
+            slot + 1,
+            epoch,
+            max_queued_requests=max_queued,
+        )
         for slot, s in enumerate(seats)
     ]
 
 
 async def put_membership(
-    bus: Bus, app: str, deployment: str, epoch: int, seats: Sequence[Seat]
+    bus: Bus,
+    app: str,
+    deployment: str,
+    epoch: int,
+    seats: Sequence[Seat],
+    *,
+    max_queued: int | None = None,
 ) -> None:
     """Make `seats` the whole membership of the deployment (what the controller's writes add up
     to): slot keys 0.. are written, any further slot keys deleted; creates the bucket if needed."""
     kv = await buckets.open_bucket(bus, buckets.MEMBERSHIP)
     docs = DocKV(kv, Member)
-    for m in members_of(app, deployment, epoch, seats):
+    for m in members_of(app, deployment, epoch, seats, max_queued):
         await docs.put(m.key, m)
     for change in await docs.snapshot(deployment_pattern(app, deployment)):
         if change.doc is not None and change.doc.slot >= len(seats):

@@ -65,27 +65,42 @@ class Member:
     report_interval_s: float | None = None
     """The deployment's `metrics_interval_s`: how often routers send its handle reports (absent:
     the router's own default)."""
+    max_queued_requests: int | None = None
+    """The deployment's `max_queued_requests`: how many requests each router may queue for it
+    (absent: the router's own bound)."""
 
     def __post_init__(self) -> None:
         if self.report_interval_s is not None and not self.report_interval_s > 0:
             raise UsageError(f"report_interval_s must be > 0, got {self.report_interval_s}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise UsageError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
 
     @property
     def key(self) -> str:
         return member_key(self.app, self.deployment, self.slot)
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "app": self.app,
-            "deployment": self.deployment,
-            "slot": self.slot,
-            "replica_id": self.replica_id,
-            "rpc_subject": self.rpc_subject,
-            "order": self.order,
-            "epoch": self.epoch,
-            "owner_epoch": self.owner_epoch,
-        } | (
-            {} if self.report_interval_s is None else {"report_interval_s": self.report_interval_s}
+        return (
+            {
+                "app": self.app,
+                "deployment": self.deployment,
+                "slot": self.slot,
+                "replica_id": self.replica_id,
+                "rpc_subject": self.rpc_subject,
+                "order": self.order,
+                "epoch": self.epoch,
+                "owner_epoch": self.owner_epoch,
+            }
+            | (
+                {}
+                if self.report_interval_s is None
+                else {"report_interval_s": self.report_interval_s}
+            )
+            | (
+                {}
+                if self.max_queued_requests is None
+                else {"max_queued_requests": self.max_queued_requests}
+            )
         )
 
     @classmethod
@@ -100,6 +115,7 @@ class Member:
             epoch=e.count(doc, "epoch"),
             owner_epoch=e.count(doc, "owner_epoch", 0),
             report_interval_s=e.optional_positive(doc, "report_interval_s"),
+            max_queued_requests=_queue_bound(doc),
         )
 
     def check_key(self, key: str) -> None:
@@ -115,7 +131,8 @@ class MembershipView:
     `report_interval_s` is the one carried by the newest value (highest epoch) that had one: all
     members of a deployment carry the same, and a change rewrites them all at a new epoch."""
 
-    __slots__ = ("_by_slot", "_interval_epoch", "app", "deployment", "epoch", "report_interval_s")
+    __slots__ = ("_by_slot", "_interval_epoch", "_queue_epoch", "app", "deployment", "epoch",
+                 "max_queued_requests", "report_interval_s")  # fmt: skip
 
     def __init__(self, app: str, deployment: str) -> None:
         self.app = app
@@ -123,6 +140,9 @@ class MembershipView:
         self.epoch = 0
         self.report_interval_s: float | None = None
         self._interval_epoch = -1
+        self.max_queued_requests: int | None = None
+        """The newest value's (absent there: None, the router's own bound applies)."""
+        self._queue_epoch = -1
         self._by_slot: dict[int, Member] = {}
 
     def put(self, key: str, member: Member) -> bool:
@@ -135,6 +155,8 @@ class MembershipView:
         self.epoch = max(self.epoch, member.epoch)
         if member.report_interval_s is not None and member.epoch >= self._interval_epoch:
             self.report_interval_s, self._interval_epoch = member.report_interval_s, member.epoch
+        if member.epoch >= self._queue_epoch:
+            self.max_queued_requests, self._queue_epoch = member.max_queued_requests, member.epoch
         old = self._by_slot.get(member.slot)
         self._by_slot[member.slot] = member
         return old is None or (old.replica_id, old.rpc_subject) != (
@@ -163,3 +185,12 @@ class MembershipView:
 
 def _by_order(m: Member) -> tuple[int, int]:
     return m.order, m.slot
+
+
+def _queue_bound(doc: dict[str, Any]) -> int | None:
+    if doc.get("max_queued_requests") is None:
+        return None
+    n = e.count(doc, "max_queued_requests")
+    if n < 1:
+        raise WireError(reasons.BAD_VALUE, "member.max_queued_requests must be >= 1")
+    return n

@@ -77,6 +77,9 @@ class ReplicaTarget:
     rpc_subject: str
     spec: ReplicaSpec
     owner_epoch: int = 0
+    devices: tuple[int, ...] = ()
+    """GPU device indices on its agent assigned to it (its `CUDA_VISIBLE_DEVICES`); written only
+    when not empty, so values without GPUs are what older writers wrote."""
 
     @property
     def key(self) -> str:
@@ -94,7 +97,7 @@ class ReplicaTarget:
             "rpc_subject": self.rpc_subject,
             "spec": self.spec.to_doc(),
             "owner_epoch": self.owner_epoch,
-        }
+        } | ({"devices": list(self.devices)} if self.devices else {})
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> ReplicaTarget:
@@ -109,8 +112,22 @@ class ReplicaTarget:
             rpc_subject=e.string(doc, "rpc_subject"),
             spec=e.nested("replica_target.spec", e.required(doc, "spec"), ReplicaSpec.from_doc),
             owner_epoch=e.count(doc, "owner_epoch", 0),
+            devices=_devices(doc),
         )
 
     def check_key(self, key: str) -> None:
         """A value must sit under its own key (WireError otherwise)."""
         e.check_key(key, self.key, "target")
+
+
+MAX_DEVICES = 1024
+
+
+def _devices(doc: dict[str, Any]) -> tuple[int, ...]:
+    raw = e.listing(doc, "devices", default_empty=True)
+    if len(raw) > MAX_DEVICES:
+        raise WireError(reasons.BAD_VALUE, f"replica_target.devices has over {MAX_DEVICES}")
+    devices = tuple(e.whole(d, "replica_target.devices[]") for d in raw)
+    if len(set(devices)) != len(devices):
+        raise WireError(reasons.BAD_VALUE, "replica_target.devices repeats a device")
+    return devices

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from services.agent.config import AgentConfig
+from services.agent.config import AgentConfig, machine_resources
 from services.agent.info import AgentInfo
 from services.agent.service import AgentService
 from shared.appconfig import DeploymentConfig
@@ -237,7 +237,8 @@ async def test_agent_process_drains_and_unregisters_on_sigterm(
 ) -> None:
     proc, child = await start_agent_process(procs, bus, nats_url, tmp_path, "ag-term", "r-t")
     info = await eventually(lambda: registered(bus, running=1, agent_id="ag-term"))
-    assert info.capacity == 1 and info.resources == {"gpus": 2.0} and info.pid == proc.pid
+    assert info.capacity == 1 and info.pid == proc.pid
+    assert info.resources == {**machine_resources(), "gpus": 2.0}  # the machine's cpus, memory
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(proc.wait, WAIT_S) == 0
     assert not alive(child)

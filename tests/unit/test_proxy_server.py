@@ -326,6 +326,26 @@ async def test_queued_requests_also_get_the_reason_when_the_app_goes_down(stack:
     resp.release()
 
 
+async def test_a_full_router_queue_is_503_naming_max_queued_requests(stack: Stack) -> None:
+    replica = await FakeReplica(stack.fake.connect("r1"), "shop", "Api", "r1").start()
+    stack.replicas.append(replica)
+    replica.reject = True  # at max_ongoing_requests: requests queue at the proxy's router
+    await put_membership(stack.ctl, "shop", "Api", 1, [replica.member], max_queued=1)
+    await stack.status("shop", {"Api": ("HEALTHY", 1)})
+    await stack.registered("shop")
+    first = asyncio.ensure_future(stack.http.get("/shop"))
+    await stack.until(lambda: stack.proxy.holds.waiting("shop") == 1, "one queued")
+    async with stack.http.get("/shop") as resp:
+        assert resp.status == 503 and "Retry-After" in resp.headers
+        assert resp.headers["Fp-Error"] == "backpressure"
+        body = await resp.json()
+        assert "max_queued_requests 1" in body["message"], body
+    replica.reject = False
+    resp = await asyncio.wait_for(first, 5)
+    assert resp.status == 200
+    resp.release()
+
+
 async def test_replica_errors_map_to_statuses(stack: Stack) -> None:
     replica = await stack.replica()
     await stack.status("shop", {"Api": ("HEALTHY", 1)})

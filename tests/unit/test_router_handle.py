@@ -289,6 +289,44 @@ async def test_back_pressure_and_deadline_while_queued(
         await h.close()
 
 
+async def test_the_deployments_max_queued_requests_bounds_the_queue(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.reject = True  # at max_ongoing_requests: requests wait in the router's queue
+    await put_membership(rbus, APP, DEP, 2, [r1.member], max_queued=1)
+    cfg = RouterConfig(queue_poll_max_s=0.01, max_queued_requests=1000, metrics_interval_s=60.0)
+    h = await handle(bus, clock, config=cfg, deadline_s=5.0)
+    try:
+        await until(lambda: h.router.queue_bound[0] == 1)
+        waiting = asyncio.create_task(h.remote())
+        await until(lambda: h.router.queued_now == 1)
+        with pytest.raises(BackPressureError) as bp:
+            await h.remote()
+        assert bp.value.limit == 1 and bp.value.retryable
+        assert "shop.cart" in str(bp.value) and "the deployment's max_queued_requests 1" in str(
+            bp.value
+        )
+        # the deployment drops its bound (-1): the router's own applies again
+        await put_membership(rbus, APP, DEP, 3, [r1.member])
+        await until(lambda: h.router.queue_bound == (1000, "the router's --max-queued"))
+        more = asyncio.create_task(h.remote())
+        await until(lambda: h.router.queued_now == 2)
+        r1.reject = False
+        clock.advance(1.0)  # past the rejection backoff
+        assert (await asyncio.wait_for(waiting, 5))["rid"] == "r1"
+        assert (await asyncio.wait_for(more, 5))["rid"] == "r1"
+    finally:
+        await h.close()
+
+
+async def until(cond: Callable[[], bool], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 async def test_deadline_while_admitted(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
     (r1,) = await replicas(rbus, clock, "r1")
     r1.hang = True
