@@ -41,8 +41,10 @@ SHOP = AppConfig(
             "api",
             "shop.api:Api",
             init_args=("small",),
-            init_kwargs={"threshold": 0.5},
+            init_kwargs={"threshold": 0.5, "ranker": {"$fleetpulse_handle": "ranker"}},
             max_ongoing_requests=8,
+            env={"MODEL_ID": "small-v2"},
+            user_config={"temperature": 0.7},
             autoscaling=AutoscalingConfig(min_replicas=0, max_replicas=16, upscale_delay_s=5.0),
         ),
         DeploymentConfig("ranker", "shop.rank:Ranker", num_replicas=2, push_metrics=True),
@@ -58,6 +60,7 @@ SPEC = ReplicaSpec(
     max_ongoing_requests=8,
     metrics_interval_s=2.0,
     env={"MODEL_DIR": "/models"},
+    user_config={"top_k": 5},
 )
 TARGET = ReplicaTarget(
     "shop", "ranker", "replica-0007", "agent-a", 3, 11, SPEC.version(), RPC, SPEC, owner_epoch=4

@@ -95,6 +95,8 @@ REPLICA_FIELDS = (
     "health_check_timeout_s",
     "graceful_shutdown_timeout_s",
     "push_metrics",
+    "env",
+    "user_config",
 )
 """The deployment settings that are replica settings (shared.replicaspec declares them)."""
 _DEFAULT: Mapping[str, Any] = {p.name: p.default for p in replicaspec.PARAMS}
@@ -112,6 +114,10 @@ class DeploymentConfig:
     health_check_timeout_s: float = _DEFAULT["health_check_timeout_s"]
     graceful_shutdown_timeout_s: float = _DEFAULT["graceful_shutdown_timeout_s"]
     push_metrics: bool = _DEFAULT["push_metrics"]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The replicas' environment variables (the app file's runtime_env.env_vars)."""
+    user_config: Mapping[str, Any] | None = None
+    """Given to the class's reconfigure() at start and whenever only it changes (no restart)."""
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
-Kind = Literal["str", "int", "float", "bool", "list", "map", "env"]
+Kind = Literal["str", "int", "float", "bool", "list", "map", "env", "config"]
 MAX_ENV_VARS = 256
 
 
@@ -55,6 +55,8 @@ class Param:
             if isinstance(value, bool) or not isinstance(value, kinds):
                 return "must be an integer" if self.kind == "int" else "must be a number"
             return None
+        if self.kind == "config":
+            return None if value is None or isinstance(value, Mapping) else "must be a map or null"
         expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping}
         return None if isinstance(value, expected[self.kind]) else f"must be a {self.kind}"
 
@@ -110,6 +112,13 @@ PARAMS: tuple[Param, ...] = (
         restarts=False,
     ),
     Param("env", "env", {}, "environment variables of the replica process (JSON object)"),
+    Param(
+        "user_config",
+        "config",
+        None,
+        "passed to the user class's reconfigure() at start and on change (JSON object or null)",
+        restarts=False,
+    ),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}
 
@@ -135,6 +144,7 @@ class ReplicaSpec:
     metrics_interval_s: float = 10.0
     push_metrics: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    user_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for p in PARAMS:
@@ -173,7 +183,7 @@ class ReplicaSpec:
             value = getattr(self, p.name)
             if p.kind == "bool":
                 out += [p.flag] if value else []
-            elif p.kind in ("list", "map", "env"):
+            elif p.kind in ("list", "map", "env", "config"):
                 out += [p.flag, json.dumps(_jsonable(value), sort_keys=True)]
             else:
                 out += [p.flag, repr(value) if p.kind == "float" else str(value)]
@@ -185,7 +195,7 @@ class ReplicaSpec:
         values: dict[str, Any] = {}
         for p in PARAMS:
             raw = getattr(args, p.name)
-            if p.kind in ("list", "map", "env"):
+            if p.kind in ("list", "map", "env", "config"):
                 raw = _json_flag(raw, p)
             values[p.name] = raw
         return ReplicaSpec(**values)
@@ -207,7 +217,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{p.help} (default: {_show(p.default)})"
         if p.kind == "bool":
             parser.add_argument(p.flag, action="store_true", help=p.help)
-        elif p.kind in ("list", "map", "env"):
+        elif p.kind in ("list", "map", "env", "config"):
             parser.add_argument(p.flag, default=json.dumps(_jsonable(p.default)), help=help_text)
         elif p.name == "import_path":
             parser.add_argument(p.flag, required=True, help=p.help)
@@ -221,6 +231,8 @@ def _json_flag(raw: str, p: Param) -> Any:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON: {exc}", field=p.flag) from None
+    if p.kind == "config" and value is None:
+        return None
     if not isinstance(value, list if p.kind == "list" else dict):
         raise ConfigError(
             f"must be a JSON {'list' if p.kind == 'list' else 'object'}", field=p.flag
