@@ -169,6 +169,11 @@ class AppConfig:
         if self.route_prefix is not None and not self.route_prefix.startswith("/"):
             raise ConfigError("must start with '/'", field="route_prefix")
 
+    def version_of(self, d: DeploymentConfig) -> str:
+        """The version `d`'s replicas run: the app's own label, else the hash of the settings
+        that need a new process (so a change of user_config alone keeps it)."""
+        return self.version or d.replica_spec().version()
+
     def deployment(self, name: str) -> DeploymentConfig:
         for d in self.deployments:
             if d.name == name:

@@ -587,7 +587,9 @@ class _Checker:
         auto = kwargs.get("num_replicas") == "auto"
         if auto:
             del kwargs["num_replicas"]
-            scaling = self.autoscaling(d.nodes.get("autoscaling_config"), path, AUTO_SCALING_DEFAULTS)
+            scaling = self.autoscaling(
+                d.nodes.get("autoscaling_config"), path, AUTO_SCALING_DEFAULTS
+            )
         elif "autoscaling_config" in d.nodes:
             scaling = self.autoscaling(d.nodes["autoscaling_config"], f"{path}.autoscaling_config")
             if "num_replicas" in d.nodes:

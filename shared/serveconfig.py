@@ -148,7 +148,7 @@ class ServeChecker(_Checker):
 
     app_keys: Mapping[str, Conv | None] = {
         **appyaml._APP_KEYS,
-        "import_path": appyaml._import_path,
+        "import_path": lambda value: appyaml._import_path(_colon_form(value)),
         "args": None,
         "runtime_env": None,
     }
@@ -257,7 +257,9 @@ class ServeChecker(_Checker):
             if not isinstance(k, str) or not k or "=" in k:
                 self.add(path, node, f"{k!r} is not an environment variable name")
             elif not isinstance(v, str):
-                self.add(f"{path}.{k}", node, f"expected a string (quote it: \"{v}\"), got {_show(v)}")
+                self.add(
+                    f"{path}.{k}", node, f'expected a string (quote it: "{v}"), got {_show(v)}'
+                )
             else:
                 env[k] = v
         return env
@@ -329,6 +331,14 @@ class ServeChecker(_Checker):
             self.deployment(d, dpath, env, import_path="code.defined:Deployment")
             out[d.values["name"]] = (dpath, item)  # type: ignore[assignment]
         return out
+
+
+def _colon_form(value: Any) -> Any:
+    """Ray Serve also reads `module.attribute` (older configs: `fruit.deployment_graph`)."""
+    if isinstance(value, str) and ":" not in value and "." in value:
+        module, _, attr = value.rpartition(".")
+        return f"{module}:{attr}"
+    return value
 
 
 def complete(
@@ -424,7 +434,9 @@ def _merge(code: MappingNode, override: MappingNode | None) -> MappingNode:
         return code
     given: dict[str, Node] = {}
     for k, v in override.value:
-        key = _RENAMED.get(k.value, k.value) if isinstance(k, ScalarNode) else None
+        key = k.value if isinstance(k, ScalarNode) else None
+        if _RENAMED.get(key or "") in appyaml._DEPLOYMENT_KEYS:
+            key = _RENAMED[str(key)]
         if key is not None and not appyaml._is_null(v):
             given[str(key)] = v
     drop = set(given)
@@ -452,7 +464,11 @@ def _unwrap_manifest(text: str) -> tuple[str | None, int, str | None, list[Probl
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError:
         return text, 0, None, []  # the single-document parse reports it with its line
-    kube = [d for d in docs if isinstance(d, MappingNode) and {"apiVersion", "kind"} <= appyaml.node_keys(d)]
+    kube = [
+        d
+        for d in docs
+        if isinstance(d, MappingNode) and {"apiVersion", "kind"} <= appyaml.node_keys(d)
+    ]
     if not kube:
         return text, 0, None, []
     for doc in kube:
@@ -467,15 +483,42 @@ def _unwrap_manifest(text: str) -> tuple[str | None, int, str | None, list[Probl
             old = spec is not None and _child(spec, "serveConfig") is not None
             why = ("has only spec.serveConfig, KubeRay's older form; move it to serveConfigV2 "
                    "(the Ray Serve config file as a string)") if old else "has no spec.serveConfigV2"  # fmt: skip
-            return None, 0, which, [Problem("spec.serveConfigV2", appyaml._line(doc), f"this RayService {why}")]
+            return (
+                None,
+                0,
+                which,
+                [Problem("spec.serveConfigV2", appyaml._line(doc), f"this RayService {why}")],
+            )
         if not (isinstance(v2, ScalarNode) and v2.tag == _STR):
             got = appyaml._kind(v2)
-            return None, 0, which, [Problem("spec.serveConfigV2", appyaml._line(v2), f"expected the config file as a string (`serveConfigV2: |`), got {got}")]
+            return (
+                None,
+                0,
+                which,
+                [
+                    Problem(
+                        "spec.serveConfigV2",
+                        appyaml._line(v2),
+                        f"expected the config file as a string (`serveConfigV2: |`), got {got}",
+                    )
+                ],
+            )
         # a block scalar's text starts on the line after its indicator; other styles keep no lines
         offset = (v2.start_mark.line + 1) if v2.style in ("|", ">") and v2.start_mark else -1
         return str(v2.value), offset, which, []
     kinds = ", ".join(sorted({str(_scalars(d).get("kind")) for d in kube}))
-    return None, 0, None, [Problem("kind", 1, f"a Kubernetes manifest ({kinds}) without a RayService; give a RayService or the Serve config file itself")]
+    return (
+        None,
+        0,
+        None,
+        [
+            Problem(
+                "kind",
+                1,
+                f"a Kubernetes manifest ({kinds}) without a RayService; give a RayService or the Serve config file itself",
+            )
+        ],
+    )
 
 
 def _child(node: MappingNode, key: str) -> Any:

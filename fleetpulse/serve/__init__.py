@@ -43,11 +43,27 @@ from .context import (
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 OPTION_NAMES = frozenset(
-    """num_replicas max_ongoing_requests autoscaling_config user_config health_check_period_s
-    health_check_timeout_s graceful_shutdown_timeout_s push_metrics ray_actor_options
-    max_queued_requests max_replicas_per_node logging_config placement_group_bundles
-    placement_group_strategy graceful_shutdown_wait_loop_s request_router_config version
-    route_prefix max_concurrent_queries""".split()
+    [
+        "num_replicas",
+        "max_ongoing_requests",
+        "autoscaling_config",
+        "user_config",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "graceful_shutdown_timeout_s",
+        "push_metrics",
+        "ray_actor_options",
+        "max_queued_requests",
+        "max_replicas_per_node",
+        "logging_config",
+        "placement_group_bundles",
+        "placement_group_strategy",
+        "graceful_shutdown_wait_loop_s",
+        "request_router_config",
+        "version",
+        "route_prefix",
+        "max_concurrent_queries",
+    ]
 )
 """What `@serve.deployment(...)` and `.options(...)` take: the deployment keys of an app file
 and Ray Serve's others. Whether fleetpulse supports a value is decided at deploy, by the same
@@ -67,7 +83,9 @@ class Deployment:
         """A copy with these options changed (and perhaps another name)."""
         _check_options(options)
         return Deployment(
-            self.func_or_class, self.name if name is None else name, {**self.options_given, **options}
+            self.func_or_class,
+            self.name if name is None else name,
+            {**self.options_given, **options},
         )
 
     def bind(self, *args: Any, **kwargs: Any) -> Application:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shared.bus import Bus
+    from shared.subjects import Subjects
 
     from .handle import DeploymentHandle
 
@@ -38,14 +39,17 @@ class _Host:
     context: ReplicaContext
     bus: Bus
     loop: asyncio.AbstractEventLoop
+    subjects: Subjects
 
 
 _host: _Host | None = None
 
 
-def _enter(context: ReplicaContext, bus: Bus, loop: asyncio.AbstractEventLoop) -> None:
+def _enter(
+    context: ReplicaContext, bus: Bus, loop: asyncio.AbstractEventLoop, subjects: Subjects
+) -> None:
     global _host
-    _host = _Host(context, bus, loop)
+    _host = _Host(context, bus, loop, subjects)
 
 
 def _set_servable(instance: Any) -> None:
@@ -79,7 +83,7 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
 
     host = _need_host("serve.get_deployment_handle()")
     app = host.context.app_name if app_name is None else app_name
-    return DeploymentHandle._connect(app, deployment_name, host.bus, host.loop)
+    return DeploymentHandle._connect(app, deployment_name, host.bus, host.loop, host.subjects)
 
 
 def get_app_handle(name: str) -> DeploymentHandle:

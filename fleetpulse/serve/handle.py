@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from services.router.handle import DeploymentHandle as RouterHandle
     from shared.bus import Bus
+    from shared.subjects import Subjects
 
 DEFAULT_METHOD = "__call__"
 
@@ -41,11 +42,18 @@ class DeploymentHandle:
 
     @classmethod
     def _connect(
-        cls, app: str, deployment: str, bus: Bus, loop: asyncio.AbstractEventLoop
+        cls,
+        app: str,
+        deployment: str,
+        bus: Bus,
+        loop: asyncio.AbstractEventLoop,
+        subjects: Subjects | None = None,
     ) -> DeploymentHandle:
         from services.router.handle import DeploymentHandle as RouterHandle
+        from shared.subjects import DEFAULT_SUBJECTS
 
-        return cls._make(RouterHandle(app, deployment, bus=bus), loop, DEFAULT_METHOD, False)
+        inner = RouterHandle(app, deployment, bus=bus, subjects=subjects or DEFAULT_SUBJECTS)
+        return cls._make(inner, loop, DEFAULT_METHOD, False)
 
     @classmethod
     def _make(
