@@ -329,7 +329,7 @@ class ServeChecker(_Checker):
                 continue
             self.unique(d, dpath, names, "deployment")
             self.deployment(d, dpath, env, import_path="code.defined:Deployment")
-            out[d.values["name"]] = (dpath, item)  # type: ignore[assignment]
+            out[d.values["name"]] = (dpath, item)
         return out
 
 

@@ -141,7 +141,7 @@ def deployment(
     def wrap(target: Callable[..., Any]) -> Deployment:
         if isinstance(target, Deployment):
             raise TypeError(f"{target.name!r} is a deployment already")
-        return Deployment(target, name or getattr(target, "__name__", "Deployment"), options)
+        return Deployment(target, name or str(getattr(target, "__name__", "Deployment")), options)
 
     return wrap if _func_or_class is None else wrap(_func_or_class)
 

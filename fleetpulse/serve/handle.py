@@ -33,6 +33,12 @@ class DeploymentHandle:
     `serve.get_deployment_handle`)."""
 
     __slots__ = ("_inner", "_loop", "_method", "_stream", "app_name", "deployment_name")
+    _inner: RouterHandle
+    _loop: asyncio.AbstractEventLoop
+    _method: str
+    _stream: bool
+    app_name: str
+    deployment_name: str
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -139,7 +145,7 @@ class DeploymentResponse:
             if done.cancelled():
                 waiter.cancel()
             elif done.exception() is not None:
-                waiter.set_exception(done.exception())  # type: ignore[arg-type]
+                waiter.set_exception(done.exception())
             else:
                 waiter.set_result(done.result())
 

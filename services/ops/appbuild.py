@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fleetpulse.serve import Application, Deployment
-from fleetpulse.serve.graph import BuiltApp, GraphError, build
+from fleetpulse.serve.graph import GraphError, build
+from shared.appgraph import BuiltApp
 
 
 class BuildError(Exception):
