@@ -94,7 +94,7 @@ class DeploymentHandle:
             return DeploymentResponseGenerator(self, args, kwargs)
         return DeploymentResponse(self._start(self._call(args, kwargs)))
 
-    def _start(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    def _start(self, coro: Coroutine[Any, Any, Any]) -> _Future:
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -102,7 +102,7 @@ class DeploymentHandle:
         if running is self._loop:
             return asyncio.ensure_future(coro)
         # synchronous user code runs in a worker thread: the call runs on the replica's loop
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args, kwargs = await _resolve(args, kwargs)
@@ -119,41 +119,32 @@ class DeploymentHandle:
         return f"DeploymentHandle({self.app_name!r}, {self.deployment_name!r}, {self._method!r})"
 
 
+_Future = asyncio.Future[Any] | concurrent.futures.Future[Any]
+
+
 class DeploymentResponse:
     """The result of a call in flight: `await` it (or `result()` from synchronous code)."""
 
     __slots__ = ("_future",)
 
-    def __init__(self, future: asyncio.Future[Any]) -> None:
+    def __init__(self, future: _Future) -> None:
         self._future = future
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._future.__await__()
+        future = self._future
+        if isinstance(future, concurrent.futures.Future):
+            return asyncio.wrap_future(future).__await__()
+        return future.__await__()
 
     def result(self, timeout_s: float | None = None) -> Any:
         """Block until the result is there (only from synchronous code: a worker thread)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        future = self._future
+        if not isinstance(future, concurrent.futures.Future):
             raise RuntimeError("result() would block the event loop; use `await response`")
-        waiter: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        loop = self._future.get_loop()
-
-        def copy(done: asyncio.Future[Any]) -> None:
-            if done.cancelled():
-                waiter.cancel()
-            elif done.exception() is not None:
-                waiter.set_exception(done.exception())
-            else:
-                waiter.set_result(done.result())
-
-        loop.call_soon_threadsafe(self._future.add_done_callback, copy)
-        return waiter.result(timeout_s)
+        return future.result(timeout_s)
 
     def cancel(self) -> None:
-        self._future.get_loop().call_soon_threadsafe(self._future.cancel)
+        self._future.cancel()
 
 
 class DeploymentResponseGenerator:

@@ -186,9 +186,7 @@ applications:
 async def test_user_config_reconfigures_without_a_restart(
     stack: ServeStack, http: aiohttp.ClientSession, bus: Bus
 ) -> None:
-    res = stack.deploy_yaml(
-        "classify", CLASSIFY.format(threshold=0.8, max_ongoing=5, fast=FAST)
-    )
+    res = stack.deploy_yaml("classify", CLASSIFY.format(threshold=0.8, max_ongoing=5, fast=FAST))
     assert "older name of 'max_ongoing_requests'" in res.stderr  # accepted, with a warning
     await until(lambda: running(bus, "classify"), 60, "classify RUNNING")
     first = await get_json(http, "/classify?x=0.6")

@@ -61,7 +61,9 @@ CLASSIFIER = BuiltApp(
         ),
     ),
 )
-TRANSLATOR = BuiltApp("Translator", (dep("Translator", "text_translator:Translator", reconfigure=True),))
+TRANSLATOR = BuiltApp(
+    "Translator", (dep("Translator", "text_translator:Translator", reconfigure=True),)
+)
 
 
 def test_ray_docs_multi_app_config() -> None:
@@ -191,7 +193,9 @@ def test_app_level_refusals(line: str, path: str, message: str) -> None:
     ],
 )
 def test_override_refusals(line: str, key: str, message: str) -> None:
-    c = checked(f"applications:\n  - import_path: m:app\n    deployments:\n      - name: A\n        {line}\n")
+    c = checked(
+        f"applications:\n  - import_path: m:app\n    deployments:\n      - name: A\n        {line}\n"
+    )
     (p,) = c.problems
     assert p.path == f"applications[0].deployments[0].{key}" and message in p.message
     assert p.line == 5
@@ -266,7 +270,10 @@ def test_older_names_are_read_with_a_warning_and_not_twice() -> None:
     )
     assert c.problems == []
     scaling = c.apps[0].deployments[0].autoscaling
-    assert scaling is not None and (scaling.target_ongoing_requests, scaling.upscaling_factor) == (3, 2)
+    assert scaling is not None and (scaling.target_ongoing_requests, scaling.upscaling_factor) == (
+        3,
+        2,
+    )
     assert len(c.warnings) == 2
     both = checked(
         "applications:\n  - name: a\n    deployments:\n      - {name: A, import_path: 'm:A', "
