@@ -20,6 +20,7 @@ from shared.bus import FakeBus, FakeServer
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_SUBJECTS
 from tests.unit.serve_apps import replica_apps
+from tests.waiting import eventually as until
 
 MOD = "tests.unit.serve_apps.replica_apps"
 
@@ -122,9 +123,7 @@ async def test_the_follower_watches_fp_apps(host: FakeBus) -> None:
     task = asyncio.create_task(follower.run())
     try:
         await kv.put("shop", app_json({"k": 5}))
-        async with asyncio.timeout(10):
-            while follower.applied_count < 1:
-                await asyncio.sleep(0.01)
+        await until(lambda: follower.applied_count == 1, 10, "the new user_config applied")
         assert user.instance.configs == [{"k": 1}, {"k": 5}]
     finally:
         task.cancel()
