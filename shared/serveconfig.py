@@ -359,6 +359,11 @@ def complete(
     deployments: list[DeploymentConfig] = []
     for built in graph.deployments:
         dpath, override = app.overrides.get(built.name, (f"{where}[{built.name}]", None))
+        for key in sorted({"version", "route_prefix"} & built.options.keys()):
+            checker.warn(
+                f"{where}[{built.name}].{key}", app.import_node, f"ignored: Ray Serve's "
+                f"deprecated per-deployment {key}; set the application's {key} in the file",
+            )  # fmt: skip
         try:
             code_node = _code_node(built, mark)
         except _Bad as exc:

@@ -141,6 +141,17 @@ def check_file(path: str, *, dry_run: bool, app_dir: str = ".") -> Checked:
     return check_config(text, check_policy=policy_problem, build=build)
 
 
+def build_apps(path: str, app_dir: str = ".") -> list[AppConfig]:
+    """Every app of the file, those defined in code built (for `fleetpulse up --config`);
+    ConfigError listing every problem. Warnings go to stderr."""
+    checked = check_file(path, dry_run=False, app_dir=app_dir)
+    for warning in checked.warnings:
+        print(f"warning: {warning.render(path)}", file=sys.stderr)
+    if checked.problems:
+        raise problems_error(checked.problems, path)
+    return checked.apps
+
+
 def _unreadable(exc: ConfigError) -> Problem:
     return Problem("", None, str(exc).split(": ", 1)[-1])
 

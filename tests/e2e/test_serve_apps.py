@@ -227,3 +227,33 @@ async def test_a_rayservice_manifest_deploys(
     await until(lambda: running(bus, "hello"), 60, "hello RUNNING")
     out = await get_json(http, "/hello", "Kube")
     assert out["message"] == "Hi, Kube!" and out["model_id"] == "from-rayservice"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "code", "expected"),
+    [
+        ("ray_docs_multi_app.yaml", 0, "valid as far as checked without importing: app1"),
+        ("ray_legacy_single_app.yaml", 0, "valid as far as checked without importing: default"),
+        ("ray_builder_args.yaml", 0, "(VLLMDeployment) exist in it"),
+        ("rayservice_image_baked.yaml", 0, "from the RayService 'hello-service'"),
+        ("rayservice_sample.yaml", 2, "spec.serveConfigV2.applications[0].runtime_env.working_dir"),
+    ],
+)
+def test_dry_run_of_ray_serve_configs_through_the_cli(
+    fixture: str, code: int, expected: str
+) -> None:
+    path = Path(__file__).parents[1] / "fixtures" / fixture
+    res = cli("deploy", "--dry-run", str(path), "--nats", "nats://127.0.0.1:1")
+    assert res.returncode == code, res.stdout + res.stderr
+    assert expected in (res.stdout if code == 0 else res.stderr)
+
+
+def test_deploy_names_the_module_that_does_not_import(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("applications:\n  - name: x\n    import_path: no_such_module.app:app\n")
+    res = cli("deploy", str(path), "--nats", "nats://127.0.0.1:1")
+    assert res.returncode == 2
+    assert (
+        f"{path}:3: applications[0].import_path: cannot import 'no_such_module.app': " in res.stderr
+    )
+    assert "ModuleNotFoundError" in res.stderr

@@ -236,6 +236,16 @@ def test_options_set_in_code_are_checked_like_the_file() -> None:
     assert p.line == 2 and "must be >= 1" in p.message  # the line of the import_path
 
 
+def test_deprecated_per_deployment_options_in_code_are_ignored_with_a_warning() -> None:
+    code = dep("A", "m:A", options={"version": "3", "route_prefix": "/a"})
+    c = checked("applications:\n  - import_path: m:app\n", {"m:app": BuiltApp("A", (code,))})
+    assert c.problems == [] and c.apps[0].route_prefix == "/"
+    assert [w.path for w in c.warnings] == [
+        "applications[0].import_path[A].route_prefix",
+        "applications[0].import_path[A].version",
+    ]
+
+
 def test_the_file_sizing_replaces_the_codes() -> None:
     code = dep("A", "m:A", options={"autoscaling_config": {"max_replicas": 5}})
     c = checked(
