@@ -662,9 +662,15 @@ class _Checker:
         self.json_value(value, path, node)
         return value
 
-    def json_arg(self, node: Node, path: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
-        """init_args (a list) or init_kwargs (a mapping of argument names): any YAML value
-        that JSON (the fp_apps format) can carry."""
+    def json_arg(
+        self,
+        node: Node,
+        path: str,
+        kind: type[list[Any]] | type[dict[str, Any]],
+        argument_names: bool = True,
+    ) -> Any:
+        """init_args (a list) or init_kwargs (a mapping of argument names; any string keys
+        unless `argument_names`): any YAML value that JSON (the fp_apps format) can carry."""
         try:
             value = self.construct(node)
         except _Bad as exc:
@@ -674,7 +680,7 @@ class _Checker:
             want = "a list" if kind is list else "a mapping"
             self.add(path, node, f"expected {want}, got {_show(value)}")
             return None
-        for key in value if isinstance(value, dict) else ():
+        for key in value if isinstance(value, dict) and argument_names else ():
             if not isinstance(key, str) or not _IDENTIFIER_RE.fullmatch(key):
                 self.add(path, node, f"key {key!r} is not a Python argument name")
         self.json_value(value, path, node)

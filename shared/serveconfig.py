@@ -292,18 +292,8 @@ class ServeChecker(_Checker):
         )
 
     def _args(self, node: Node | None, path: str) -> dict[str, Any] | None:
-        if node is None:
-            return None
-        try:
-            value = self.construct(node)
-        except _Bad as exc:
-            self.add(path, node, exc.message)
-            return None
-        if not isinstance(value, dict):
-            self.add(path, node, f"expected a mapping (the builder's args), got {_show(value)}")
-            return None
-        self.json_value(value, path, node)
-        return value
+        """The builder's args: a mapping of any JSON values."""
+        return None if node is None else self.json_arg(node, path, dict, argument_names=False)
 
     def _overrides(
         self, node: Node | None, path: str, env: Mapping[str, str]

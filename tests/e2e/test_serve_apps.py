@@ -21,6 +21,7 @@ from shared.errors import BusError
 from shared.kv.status import AppStatusView
 from shared.natsbus import NatsBus
 from shared.subjects import KV_STATUS
+from tests.e2e import test_proxy as proxy_e2e
 from tests.e2e.test_closed_loop import cli
 from tests.e2e.test_proxy import Stack
 from tests.waiting import eventually as until
@@ -50,6 +51,9 @@ class ServeStack(Stack):
         return res
 
 
+http = proxy_e2e.http  # the HTTP client fixture, here on this module's stack
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack]:
     s = ServeStack(tmp_path_factory.mktemp("serve-e2e"))
@@ -58,13 +62,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeStack]:
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture
-async def http(stack: ServeStack) -> AsyncIterator[aiohttp.ClientSession]:
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(stack.proxy_url, timeout=timeout) as s:
-        yield s
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ def test_rayservice_manifest_with_the_code_in_the_image() -> None:
         ("runtime_env: {nsight: default}", "runtime_env.nsight", "only env_vars is"),
         ("runtime_env: {env_vars: {N: 1}}", "runtime_env.env_vars.N", 'quote it: "1"'),
         ("runtime_env: {env_vars: [A]}", "runtime_env.env_vars", "expected a mapping"),
-        ("args: [1, 2]", "args", "expected a mapping (the builder's args)"),
+        ("args: [1, 2]", "args", "expected a mapping, got a list"),
         ("ingress: A", "ingress", "the ingress is the deployment it binds at the root"),
         ("import_path: nocolon", "import_path", "must look like 'package.module:Attribute'"),
     ],
