@@ -68,13 +68,21 @@ class UserConfigFollower:
         self.failed_count = 0
 
     async def run(self) -> None:
+        failing = False
         while True:
             try:
                 await self._follow()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("user_config watch of %s failed (%s); retrying", self.app, exc)
+                # once per failing streak: a missing bucket must not flood the replica's log
+                (log.debug if failing else log.warning)(
+                    "user_config watch of %s failed (%s); retrying every %g s",
+                    self.app,
+                    exc,
+                    RETRY_S,
+                )
+                failing = True
             await asyncio.sleep(RETRY_S)
 
     async def _follow(self) -> None:
