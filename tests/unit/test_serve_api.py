@@ -3,6 +3,7 @@ deploy step that imports an app (services/ops/appbuild.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -100,3 +101,37 @@ def test_the_replica_context_exists_only_in_a_replica() -> None:
         serve.get_deployment_handle("Model")
     with pytest.raises(NotImplementedError, match="get_deployment_handle"):
         serve.get_app_handle("shop")
+
+
+class Embedder:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    @serve.batch(max_batch_size=3, batch_wait_timeout_s=0.05)
+    async def embed(self, texts: list[str]) -> list[int]:
+        self.batches.append(texts)
+        if "boom" in texts:
+            raise ValueError("boom")
+        return [len(t) for t in texts]
+
+    @serve.batch
+    async def wrong(self, texts: list[str]) -> list[int]:
+        return []
+
+
+async def test_batch_groups_calls_and_answers_each_caller() -> None:
+    e = Embedder()
+    results = await asyncio.gather(*(e.embed("x" * n) for n in range(1, 6)))
+    assert results == [1, 2, 3, 4, 5]
+    assert e.batches == [["x", "xx", "xxx"], ["xxxx", "xxxxx"]]  # at most 3, in arrival order
+    with pytest.raises(ValueError, match="boom"):
+        await asyncio.gather(e.embed("ok"), e.embed("boom"))
+    with pytest.raises(TypeError, match="returned 0 results for 1 inputs"):
+        await e.wrong("a")
+    with pytest.raises(TypeError, match="needs an async function"):
+        serve.batch(lambda items: items)
+
+
+def test_driver_calls_point_at_the_cli() -> None:
+    with pytest.raises(NotImplementedError, match="fleetpulse deploy"):
+        serve.run(graphs.app)
