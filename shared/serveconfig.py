@@ -160,7 +160,10 @@ class ServeChecker(_Checker):
 
     def file(self, root: Node | None) -> list[AppConfig]:
         if isinstance(root, MappingNode):
-            self.loader.flatten_mapping(root)
+            try:
+                self.loader.flatten_mapping(root)
+            except yaml.YAMLError:
+                return super().file(root)  # its mapping check reports the bad merge key
             root = self._infrastructure(root)
             keys = appyaml.node_keys(root)
             if "import_path" in keys and "applications" not in keys:
