@@ -42,8 +42,10 @@ SHOP = AppConfig(
             "api",
             "shop.api:Api",
             init_args=("small",),
-            init_kwargs={"threshold": 0.5},
+            init_kwargs={"threshold": 0.5, "ranker": {"$fleetpulse_handle": "ranker"}},
             max_ongoing_requests=8,
+            env={"MODEL_ID": "small-v2"},
+            user_config={"temperature": 0.7},
             autoscaling=AutoscalingConfig(min_replicas=0, max_replicas=16, upscale_delay_s=5.0),
         ),
         DeploymentConfig(
@@ -70,6 +72,7 @@ SPEC = ReplicaSpec(
     env={"MODEL_DIR": "/models"},
     resources={"cpus": 1.0, "gpus": 0.5},
     logging_config=LOGS,
+    user_config={"top_k": 5},
 )
 TARGET = ReplicaTarget(
     "shop",

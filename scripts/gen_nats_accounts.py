@@ -98,13 +98,14 @@ ROLES = [
     ),
     Role(
         "replica",
-        "a replica: its reports and its answers; never a request on an rpc subject, never KV",
+        "a replica: its reports and its answers; never a request on an rpc subject, never a KV write",
         publish=[
             "fp.v1.report.replica.>",
             "fp.v1.report.heartbeat.>",
             "fp.v1.report.lifecycle.>",
             "_INBOX.>",  # admissions, results, probe replies: to the caller's inbox
             *kv_read("fp_membership"),
+            *kv_read("fp_apps"),  # a class with reconfigure() follows its user_config
         ],
         subscribe=["fp.v1.rpc.>", "fp.v1.probe.>", "_INBOX.>"],
         deny_publish=["fp.v1.rpc.>", "fp.v1.call.>", "fp.v1.probe.>", "$KV.>"],

@@ -34,6 +34,7 @@ from services.agent.config import AgentConfig, parse_resources, replica_auth
 from services.agent.service import AgentService
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
+from services.ops.deploy import build_apps
 from services.ops.status import Mirror, follow, render_table
 from services.proxy.config import ProxyConfig
 from services.proxy.server import ProxyServer
@@ -42,7 +43,6 @@ from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.up_args import add_up_arguments
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.appyaml import load_apps
 from shared.kv.status import AppStatusView
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.natsbus import NatsBus
@@ -325,7 +325,7 @@ def print_report(console: Console, report: DemoReport) -> None:
 async def run_up_async(args: argparse.Namespace, console: Console) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fleetpulse-up-"))
     _log_to_file(workdir / "fleetpulse.log")
-    apps = load_apps(args.config) if args.config else [demo_app(args.quick)]
+    apps = build_apps(args.config) if args.config else [demo_app(args.quick)]
     stack = Stack(args, workdir)
     view = StatusView()
     stop = asyncio.Event()

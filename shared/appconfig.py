@@ -97,6 +97,8 @@ REPLICA_FIELDS = (
     "push_metrics",
     "resources",
     "logging_config",
+    "env",
+    "user_config",
 )
 """The deployment settings that are replica settings (shared.replicaspec declares them)."""
 _DEFAULT: Mapping[str, Any] = {p.name: p.default for p in replicaspec.PARAMS}
@@ -122,6 +124,10 @@ class DeploymentConfig:
     """At most this many of its replicas on one agent (None: no limit)."""
     max_queued_requests: int = -1
     """Requests each router may queue for it (-1: the router's own bound; see docs/deploy.md)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The replicas' environment variables (the app file's runtime_env.env_vars)."""
+    user_config: Mapping[str, Any] | None = None
+    """Given to the class's reconfigure() at start and whenever only it changes (no restart)."""
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None
@@ -179,6 +185,11 @@ class AppConfig:
             raise ConfigError(f"{self.ingress!r} is not one of {names}", field="ingress")
         if self.route_prefix is not None and not self.route_prefix.startswith("/"):
             raise ConfigError("must start with '/'", field="route_prefix")
+
+    def version_of(self, d: DeploymentConfig) -> str:
+        """The version `d`'s replicas run: the app's own label, else the hash of the settings
+        that need a new process (so a change of user_config alone keeps it)."""
+        return self.version or d.replica_spec().version()
 
     def deployment(self, name: str) -> DeploymentConfig:
         for d in self.deployments:

@@ -40,6 +40,8 @@ MAX_FILE_BYTES = 1024 * 1024
 DEFAULT_ROUTE_PREFIX = "/"
 """Ray Serve's default; `route_prefix: null` means the app is not served over HTTP."""
 DEFAULT_NUM_REPLICAS = 1
+DEFAULT_APP_NAME = "default"
+"""Ray Serve's name of an application defined in code whose entry has no `name`."""
 SUGGESTION_CUTOFF = 0.6
 MAX_ARG_VALUES = 100_000
 """init_args / init_kwargs hold at most this many values (lists and mappings included)."""
@@ -51,7 +53,7 @@ _IDENTIFIER_RE = re.compile(r"[A-Za-z_]\w*")
 # Ray Serve keys fleetpulse has no equivalent for: say so instead of guessing a typo.
 _RAY_ONLY_KEYS = (
     "proxy_location http_options grpc_options logging_config target_capacity import_path "
-    "runtime_env args external_scaler_enabled ray_actor_options user_config "
+    "runtime_env args external_scaler_enabled ray_actor_options "
     "placement_group_bundles placement_group_strategy max_replicas_per_node max_queued_requests "
     "graceful_shutdown_wait_loop_s request_router_config smoothing_factor autoscaling_policy"
 )
@@ -64,6 +66,15 @@ _RENAMED = {
     "downscale_smoothing_factor": "downscaling_factor",
     "name": "policy_function",  # AutoscalingPolicy's key before Ray Serve 2.51
 }
+# Keys whose null is a value of its own; any other optional key given as null takes its default
+# (Ray Serve writes `key: null` for "not set", e.g. in `serve build` output).
+_NULL_IS_A_VALUE = frozenset({"route_prefix", "initial_replicas", "downscale_to_zero_delay_s"})
+AUTO_SCALING_DEFAULTS: Mapping[str, Any] = {
+    "min_replicas": 1,
+    "max_replicas": 100,
+    "target_ongoing_requests": 2.0,
+}
+"""What Ray Serve's `num_replicas: auto` means, under any autoscaling_config values given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +100,11 @@ def load_apps(
 ) -> list[AppConfig]:
     """Read and validate an app file; ConfigError (naming file, line and field) if anything is
     wrong, listing every problem found."""
+    return parse_apps(read_app_file(path), os.fspath(path), check_policy)
+
+
+def read_app_file(path: str | os.PathLike[str]) -> str:
+    """The file's text; ConfigError when it cannot be read or is not a (small, UTF-8) text."""
     source = os.fspath(path)
     try:
         with open(source, "rb") as f:
@@ -103,7 +119,7 @@ def load_apps(
         raise ConfigError(
             f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=source
         ) from None
-    return parse_apps(text, source, check_policy)
+    return text
 
 
 def parse_apps(
@@ -130,20 +146,21 @@ def check_apps(
     text: str, check_policy: PolicyCheck | None = None
 ) -> tuple[list[AppConfig], list[Problem]]:
     """The pure core: the valid apps, and every problem found (apps are complete only when there
-    are no problems)."""
-    loader = yaml.SafeLoader(text)
-    try:
-        try:
-            root = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            return [], [_syntax_problem(exc)]
-        except yaml.YAMLError as exc:
-            return [], [Problem("", None, f"YAML syntax error: {exc}")]
-        checker = _Checker(loader, check_policy)
-        apps = checker.file(root)
-        return apps, sorted(checker.problems, key=lambda p: p.line or 0)
-    finally:
-        loader.dispose()
+    are no problems). Ray Serve's forms are read too (shared/serveconfig.py); an app defined in
+    code is a problem here, since only `fleetpulse deploy` builds it (`check_config`)."""
+    from shared.serveconfig import check_config  # it builds on this module
+
+    checked = check_config(text, check_policy)
+    problems = checked.problems + [
+        Problem(
+            f"{code.path}.import_path",
+            _line(code.import_node),
+            "defined in code: `fleetpulse deploy` imports and builds it "
+            "(shared.serveconfig.check_config with a build function)",
+        )
+        for code in checked.code_apps
+    ]
+    return checked.apps, sorted(problems, key=lambda p: p.line or 0)
 
 
 def _syntax_problem(exc: yaml.MarkedYAMLError) -> Problem:
@@ -223,6 +240,22 @@ def _name(what: str) -> Conv:
     return check
 
 
+def _replica_count(value: Any) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        count: int = _COUNT(value)
+    except _Bad as exc:
+        raise _Bad(f"{exc.message} or 'auto'") from None
+    return count
+
+
+def _user_config(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise _Bad(f"expected a mapping (given to reconfigure()), got {_show(value)}")
+    return value
+
+
 def _import_path(value: Any) -> str:
     s = _string(value)
     if not IMPORT_PATH_RE.fullmatch(s):
@@ -300,8 +333,9 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
         if p.kind in ("int", "float") and p.name in REPLICA_FIELDS
     },
     "push_metrics": _boolean,
-    "num_replicas": _COUNT,
+    "num_replicas": _replica_count,
     "autoscaling_config": None,
+    "user_config": None,
     "ray_actor_options": None,
     "max_replicas_per_node": _Number(integer=True, low=1, nullable=True),
     "max_queued_requests": _max_queued,
@@ -372,6 +406,13 @@ class _Checker:
         self.loader = loader
         self.check_policy = check_policy
         self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
+
+    app_keys: Mapping[str, Conv | None] = _APP_KEYS
+    deployment_keys: Mapping[str, Conv | None] = _DEPLOYMENT_KEYS
+
+    def warn(self, path: str, node: Node | None, message: str) -> None:
+        self.warnings.append(Problem(path, None if node is None else _line(node), message))
 
     def add(self, path: str, node: Node | None, message: str) -> None:
         self.problems.append(Problem(path, None if node is None else _line(node), message))
@@ -413,9 +454,18 @@ class _Checker:
             from_merge.discard(key)
             if index < merged:
                 from_merge.add(key)
+            if key not in keys and _RENAMED.get(key) in keys:
+                new = _RENAMED[key]
+                self.warn(sub, key_node, f"Ray Serve's older name of {new!r}; read as {new!r}")
+                if new in node_keys(node):
+                    self.add(sub, key_node, f"give {new!r} or its older name {key!r}, not both")
+                    continue
+                key, sub = new, f"{path}.{new}" if path else new
             if key not in keys:
                 self.add(sub, key_node, _unknown_key(key, keys))
                 continue
+            if _is_null(value_node) and key not in _NULL_IS_A_VALUE:
+                continue  # null: not set, the default applies
             out.nodes[key] = value_node
             conv = keys[key]
             if conv is not None:
@@ -462,9 +512,11 @@ class _Checker:
         for i, item in enumerate(items):
             path = f"applications[{i}]"
             before = len(self.problems)
-            m = self.mapping(item, path, _APP_KEYS)
+            m = self.mapping(item, path, self.app_keys)
             if m is None:
                 continue
+            if "name" not in m.nodes and "import_path" in m.nodes:
+                m.values["name"], m.nodes["name"] = DEFAULT_APP_NAME, m.node  # Ray Serve's
             if self.required(m, path, "name", "a name like 'echo'"):
                 self.unique(m, path, names, "application")
             prefix = m.values.get("route_prefix", DEFAULT_ROUTE_PREFIX)
@@ -499,6 +551,10 @@ class _Checker:
             seen[prefix] = str(owner)
 
     def app(self, m: _Map, path: str) -> AppConfig | None:
+        if "import_path" in m.nodes:  # defined in code: shared/serveconfig.py
+            self.code_app(m, path)
+            return None
+        env = self.app_env(m, path)
         before = len(self.problems)
         deployments: list[DeploymentConfig] = []
         dep_names: dict[str, int | None] = {}
@@ -510,13 +566,13 @@ class _Checker:
             self.add(f"{path}.deployments", m.node, "required (a list of deployments)")
         for j, item in enumerate(items or ()):
             dpath = f"{path}.deployments[{j}]"
-            d = self.mapping(item, dpath, _DEPLOYMENT_KEYS)
+            d = self.mapping(item, dpath, self.deployment_keys)
             if d is None:
                 continue
             all_named = all_named and "name" in d.values
             if "name" in d.values:
                 self.unique(d, dpath, dep_names, "deployment")
-            dep = self.deployment(d, dpath)
+            dep = self.deployment(d, dpath, env=env)
             if dep is not None:
                 deployments.append(dep)
         ingress = m.values.get("ingress")
@@ -541,11 +597,29 @@ class _Checker:
             ),
         )
 
-    def deployment(self, d: _Map, path: str) -> DeploymentConfig | None:
+    def code_app(self, m: _Map, path: str) -> None:
+        """An app whose deployments are defined in code (shared/serveconfig.py checks it)."""
+        self.add(f"{path}.import_path", m.nodes["import_path"], "needs the code-first checker")
+
+    def app_env(self, m: _Map, path: str) -> Mapping[str, str]:
+        """The app's environment variables for its replicas (shared/serveconfig.py)."""
+        return {}
+
+    def deployment(
+        self, d: _Map, path: str, env: Mapping[str, str] | None = None, import_path: str = ""
+    ) -> DeploymentConfig | None:
+        """`import_path` given: the deployment is defined in code (the file may not set it)."""
         before = len(self.problems)
         self.required(d, path, "name", "a name like 'Echo'")
-        self.required(d, path, "import_path", "like 'package.module:Class'")
+        if not import_path:
+            self.required(d, path, "import_path", "like 'package.module:Class'")
         kwargs: dict[str, Any] = dict(d.values)  # only keys with a scalar conversion
+        if import_path:
+            kwargs["import_path"] = import_path
+        if env:
+            kwargs["env"] = dict(env)
+        if "user_config" in d.nodes:
+            kwargs["user_config"] = self.user_config(d.nodes["user_config"], f"{path}.user_config")
         if "init_args" in d.nodes:
             args = self.json_arg(d.nodes["init_args"], f"{path}.init_args", list)
             kwargs["init_args"] = tuple(args or ())
@@ -554,7 +628,13 @@ class _Checker:
                 d.nodes["init_kwargs"], f"{path}.init_kwargs", dict
             )
         scaling = None
-        if "autoscaling_config" in d.nodes:
+        auto = kwargs.get("num_replicas") == "auto"
+        if auto:
+            del kwargs["num_replicas"]
+            scaling = self.autoscaling(
+                d.nodes.get("autoscaling_config"), path, AUTO_SCALING_DEFAULTS
+            )
+        elif "autoscaling_config" in d.nodes:
             scaling = self.autoscaling(d.nodes["autoscaling_config"], f"{path}.autoscaling_config")
             if "num_replicas" in d.nodes:
                 self.add(
@@ -570,18 +650,25 @@ class _Checker:
         if "logging_config" in d.nodes:
             logs = self.logging_config(d.nodes["logging_config"], f"{path}.logging_config")
             kwargs["logging_config"] = logs or {}
-        if len(self.problems) != before or not {"name", "import_path"} <= d.values.keys():
+        if len(self.problems) != before or not {"name", "import_path"} <= kwargs.keys():
             return None  # (a bad name or import_path was reported by mapping())
         return self.build(path, d, lambda: DeploymentConfig(**kwargs, autoscaling=scaling))
 
-    def autoscaling(self, node: Node, path: str) -> AutoscalingConfig | None:
+    def autoscaling(
+        self, node: Node | None, path: str, defaults: Mapping[str, Any] | None = None
+    ) -> AutoscalingConfig | None:
+        """`node` None: `defaults` alone (`num_replicas: auto` without an autoscaling_config)."""
         before = len(self.problems)
-        a = self.mapping(node, path, _AUTOSCALING_KEYS)
+        if node is None:
+            a: _Map | None = _Map(MappingNode("tag:yaml.org,2002:map", []), {}, {})
+        else:
+            path = path if defaults is None else f"{path}.autoscaling_config"
+            a = self.mapping(node, path, _AUTOSCALING_KEYS)
         if a is not None and "policy" in a.nodes:
             a.values["policy"] = self.policy(a.nodes["policy"], f"{path}.policy")
         if a is None or len(self.problems) != before:
             return None
-        v = a.values
+        v = {**(defaults or {}), **a.values}
         low, high = v.get("min_replicas", 1), v.get("max_replicas", 1)
         if high < low:
             where = "max_replicas" if "max_replicas" in a.nodes else "min_replicas"
@@ -659,9 +746,24 @@ class _Checker:
             self.add(f"{path}.policy_function", m.nodes["policy_function"], problem)
         return function
 
-    def json_arg(self, node: Node, path: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
-        """init_args (a list) or init_kwargs (a mapping of argument names): any YAML value
-        that JSON (the fp_apps format) can carry."""
+    def user_config(self, node: Node, path: str) -> Any:
+        try:
+            value = _user_config(self.construct(node))
+        except _Bad as exc:
+            self.add(path, node, exc.message)
+            return None
+        self.json_value(value, path, node)
+        return value
+
+    def json_arg(
+        self,
+        node: Node,
+        path: str,
+        kind: type[list[Any]] | type[dict[str, Any]],
+        argument_names: bool = True,
+    ) -> Any:
+        """init_args (a list) or init_kwargs (a mapping of argument names; any string keys
+        unless `argument_names`): any YAML value that JSON (the fp_apps format) can carry."""
         try:
             value = self.construct(node)
         except _Bad as exc:
@@ -671,7 +773,7 @@ class _Checker:
             want = "a list" if kind is list else "a mapping"
             self.add(path, node, f"expected {want}, got {_show(value)}")
             return None
-        for key in value if isinstance(value, dict) else ():
+        for key in value if isinstance(value, dict) and argument_names else ():
             if not isinstance(key, str) or not _IDENTIFIER_RE.fullmatch(key):
                 self.add(path, node, f"key {key!r} is not a Python argument name")
         self.json_value(value, path, node)
@@ -695,6 +797,14 @@ class _Checker:
                 f"{path}.{yaml_key}" if yaml_key else path, m.nodes.get(yaml_key, m.node), message
             )
             return None
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+
+def node_keys(node: MappingNode) -> set[str]:
+    return {k.value for k, _ in node.value if isinstance(k, ScalarNode)}
 
 
 def _unknown_key(key: str, known: Mapping[str, object]) -> str:

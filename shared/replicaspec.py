@@ -25,8 +25,10 @@ from shared import logconfig, resources
 from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
-Kind = Literal["str", "int", "float", "bool", "list", "map", "env", "resources", "logging"]
-_JSON_KINDS = ("list", "map", "env", "resources", "logging")
+Kind = Literal[
+    "str", "int", "float", "bool", "list", "map", "env", "resources", "logging", "config"
+]
+_JSON_KINDS = ("list", "map", "env", "resources", "logging", "config")
 MAX_ENV_VARS = 256
 
 
@@ -61,6 +63,8 @@ class Param:
             if isinstance(value, bool) or not isinstance(value, kinds):
                 return "must be an integer" if self.kind == "int" else "must be a number"
             return None
+        if self.kind == "config":
+            return None if value is None or isinstance(value, Mapping) else "must be a map or null"
         expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping,
                     "resources": Mapping, "logging": Mapping}  # fmt: skip
         return None if isinstance(value, expected[self.kind]) else f"must be a {self.kind}"
@@ -135,6 +139,14 @@ PARAMS: tuple[Param, ...] = (
         "log level, TEXT/JSON encoding, access log, logs dir (JSON object; {}: the defaults)",
         omit_default=True,
     ),
+    Param(
+        "user_config",
+        "config",
+        None,
+        "passed to the user class's reconfigure() at start and on change (JSON object or null)",
+        restarts=False,
+        omit_default=True,
+    ),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}
 
@@ -162,6 +174,7 @@ class ReplicaSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, float] = field(default_factory=dict)
     logging_config: Mapping[str, Any] = field(default_factory=dict)
+    user_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for p in PARAMS:
@@ -258,6 +271,8 @@ def _json_flag(raw: str, p: Param) -> Any:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON: {exc}", field=p.flag) from None
+    if p.kind == "config" and value is None:
+        return None
     if not isinstance(value, list if p.kind == "list" else dict):
         raise ConfigError(
             f"must be a JSON {'list' if p.kind == 'list' else 'object'}", field=p.flag

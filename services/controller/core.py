@@ -123,7 +123,7 @@ class ControllerCore:
         wanted: dict[DepKey, tuple[DeploymentConfig, str]] = {}
         for app in apps.values():
             for d in app.deployments:
-                wanted[(app.name, d.name)] = (d, app.version or d.replica_spec().version())
+                wanted[(app.name, d.name)] = (d, app.version_of(d))
         for key, (dcfg, version) in wanted.items():
             m = self.deployments.get(key) or self.deleting.pop(key, None)
             if m is None:

@@ -1,7 +1,12 @@
 """`fleetpulse deploy FILE` and `fleetpulse delete APP`: the desired apps in KV `fp_apps`.
 
-How it works: deploy validates the whole file (shared.appyaml; a custom autoscaling policy must
-import here, as the controller will import it) and every cross-app rule it can
+How it works: deploy validates the whole file (shared.serveconfig over shared.appyaml; a custom
+autoscaling policy must import here, as the controller will import it). An app defined in code
+(an app-level `import_path`) is built here, where the code is (services/ops/appbuild.py): its
+module is imported, the graph walked, and the deployments it yields are checked with the file's
+overrides like deployments written out in the file; the controller never imports user code.
+`--dry-run` imports nothing and says what it left unchecked. Then deploy checks every cross-app
+rule it can
 check against what is deployed already (one route_prefix per app, values under the server's
 max_payload) before it writes anything; then it writes one key per app, value
 `AppConfig.to_json()`. Each write is revision-checked (create a new key, update the revision just
@@ -16,6 +21,7 @@ unchanged app is not rewritten, which would only wake every watcher for nothing)
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 from services.controller.custom_policy import policy_problem
@@ -29,11 +35,14 @@ from services.ops import (
     plural,
     run_command,
 )
+from services.ops.appbuild import add_app_dir, build_app
 from shared.appconfig import AppConfig
-from shared.appyaml import load_apps
+from shared.appgraph import BuiltApp
+from shared.appyaml import Problem, problems_error, read_app_file
 from shared.bus import KV
 from shared.errors import ConfigError, KVConflict, UsageError
 from shared.kv import envelope
+from shared.serveconfig import Checked, CodeApp, check_config
 from shared.subjects import KV_APPS, validate_name
 
 
@@ -42,7 +51,14 @@ def add_deploy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the file and print what would be deployed; connect to nothing",
+        help="validate the file without importing any code and print what would be deployed "
+        "and what was not checked; connect to nothing",
+    )
+    p.add_argument(
+        "--app-dir",
+        default=".",
+        help="import apps defined in code (an app-level import_path) from this directory first "
+        "(default: the current directory)",
     )
     add_connect_timeout(p)
 
@@ -53,13 +69,15 @@ def add_delete_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_deploy(args: argparse.Namespace) -> int:
-    try:
-        apps = load_apps(args.file, check_policy=policy_problem)
-    except ConfigError as exc:
-        return fail("deploy", str(exc), EXIT_INVALID)
+    checked = check_file(args.file, dry_run=args.dry_run, app_dir=getattr(args, "app_dir", "."))
+    for warning in checked.warnings:
+        print(f"fleetpulse deploy: warning: {warning.render(args.file)}", file=sys.stderr)
+    if checked.problems:
+        message = str(problems_error(checked.problems, args.file))
+        return fail("deploy", message, EXIT_INVALID)
+    apps = checked.apps
     if args.dry_run:
-        for app in apps:
-            print(f"valid: {describe(app)} (dry run: nothing written)", flush=True)
+        print_dry_run(checked)
         return EXIT_OK
 
     async def main() -> int:
@@ -104,6 +122,58 @@ def run_delete(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return run_command("delete", main)
+
+
+def check_file(path: str, *, dry_run: bool, app_dir: str = ".") -> Checked:
+    """The checked file: apps defined in code built (unless a dry run), policies imported
+    (unless a dry run). A file that cannot be read is one problem."""
+    try:
+        text = read_app_file(path)
+    except ConfigError as exc:
+        return Checked(problems=[_unreadable(exc)])
+    if dry_run:
+        return check_config(text)
+    add_app_dir(app_dir)
+
+    def build(code: CodeApp) -> BuiltApp:
+        return build_app(code.import_path, code.args, code.env)
+
+    return check_config(text, check_policy=policy_problem, build=build)
+
+
+def build_apps(path: str, app_dir: str = ".") -> list[AppConfig]:
+    """Every app of the file, those defined in code built (for `fleetpulse up --config`);
+    ConfigError listing every problem. Warnings go to stderr."""
+    checked = check_file(path, dry_run=False, app_dir=app_dir)
+    for warning in checked.warnings:
+        print(f"warning: {warning.render(path)}", file=sys.stderr)
+    if checked.problems:
+        raise problems_error(checked.problems, path)
+    return checked.apps
+
+
+def _unreadable(exc: ConfigError) -> Problem:
+    return Problem("", None, str(exc).split(": ", 1)[-1])
+
+
+def print_dry_run(checked: Checked) -> None:
+    where = f" (from the {checked.manifest})" if checked.manifest else ""
+    for app in checked.apps:
+        policies = sorted({d.policy.policy for d in app.deployments if d.policy.policy})
+        unchecked = f"; not checked: that {', '.join(policies)} imports" if policies else ""
+        print(f"valid: {describe(app)}{where} (dry run: nothing written{unchecked})", flush=True)
+    for code in checked.code_apps:
+        route = f", route {code.route_prefix}" if code.route_prefix else ", no HTTP route"
+        named = ", ".join(code.overrides) or "none"
+        print(
+            f"valid as far as checked without importing: {code.name} (import_path "
+            f"{code.import_path}{route}){where} (dry run: nothing written; not checked: that "
+            f"{code.import_path} imports and builds an application{' with these args' if code.args else ''}, "
+            f"the deployments it defines and the options set in code, and that the overridden "
+            f"deployments ({named}) exist in it; `fleetpulse deploy` checks these where the "
+            "code is)",
+            flush=True,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,13 +221,13 @@ def load_report_rows(
 
 
 def load_app_configs(path: str | Path) -> list[AppConfig]:
-    """An app file: YAML as for `fleetpulse deploy`, or JSON (one `AppConfig.to_json()`
+    """An app file: YAML as for `fleetpulse deploy` (apps defined in code are built), or JSON (one `AppConfig.to_json()`
     document, a list of them, or {"applications": [...]})."""
     p = Path(path)
     if p.suffix.lower() != ".json":
-        from shared.appyaml import load_apps
+        from services.ops.deploy import build_apps  # apps defined in code are built here
 
-        return load_apps(p)
+        return build_apps(str(p))
     try:
         doc = json.loads(p.read_bytes())
     except OSError as exc:

@@ -7,14 +7,19 @@ import asyncio
 import logging
 import sys
 
+from fleetpulse.serve import context as serve_context
+from fleetpulse.serve.handle import DeploymentHandle
 from services.metrics_catalog import serve_metrics
+from shared.bus import Bus
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
+from shared.subjects import Subjects
 
 from . import logsetup
 from .config import ReplicaConfig, add_replica_arguments, config_from_args
 from .runtime import ReplicaRuntime
-from .usercode import UserDeployment
+from .user_config import UserConfigFollower
+from .usercode import UserDeployment, load_target
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +35,60 @@ async def serve(cfg: ReplicaConfig) -> int:
     else:
         if extra is not None:
             log.info("replica %s: also logging to %s", cfg.replica_id, extra)
-    user = await UserDeployment.create(spec.import_path, spec.init_args, dict(spec.init_kwargs))
+    target = load_target(spec.import_path)  # a bad import path fails before anything connects
     bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
-    runtime = ReplicaRuntime(cfg, bus, user)
+    follower: asyncio.Task[None] | None = None
     try:
-        serve_metrics(cfg.metrics_port, f"replica {cfg.replica_id}")
-    except OSError as exc:  # serving requests matters more than being scraped
-        log.warning("replica %s: no metrics on port %d: %s", cfg.replica_id, cfg.metrics_port, exc)
-    stop = asyncio.Event()
-    try:
+        user = await create_user(cfg, bus, target)
+        runtime = ReplicaRuntime(cfg, bus, user)
+        try:
+            serve_metrics(cfg.metrics_port, f"replica {cfg.replica_id}")
+        except OSError as exc:  # serving requests matters more than being scraped
+            log.warning(
+                "replica %s: no metrics on port %d: %s", cfg.replica_id, cfg.metrics_port, exc
+            )
+        stop = asyncio.Event()
         with on_stop_signals(stop.set):  # also while draining: a second signal waits for it
             await runtime.start()
+            if user.has_reconfigure:
+                follow = UserConfigFollower(
+                    bus, user, cfg.app, cfg.deployment, cfg.version, spec.user_config
+                )
+                follower = asyncio.create_task(follow.run(), name="user_config")
             await stop.wait()
             log.info("replica %s: signal received, draining", cfg.replica_id)
             await runtime.drain()
     finally:
+        if follower is not None:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+        serve_context._leave()
         await bus.close()
     return 0
+
+
+async def create_user(cfg: ReplicaConfig, bus: Bus, target: object) -> UserDeployment:
+    """The user's object, constructed inside the replica context (fleetpulse.serve): handles
+    for the bound deployments among its arguments, its user_config given to reconfigure()."""
+    loop = asyncio.get_running_loop()
+    subjects = Subjects(cfg.namespace)
+    context = serve_context.ReplicaContext(cfg.app, cfg.deployment, cfg.replica_id)
+    serve_context._enter(context, bus, loop, subjects)
+
+    def handle(name: str) -> DeploymentHandle:
+        return DeploymentHandle._connect(cfg.app, name, bus, loop, subjects)
+
+    spec = cfg.spec
+    user = await UserDeployment.create(
+        spec.import_path,
+        spec.init_args,
+        dict(spec.init_kwargs),
+        target=target,
+        handles=handle,
+        user_config=spec.user_config,
+    )
+    serve_context._set_servable(user.instance)
+    return user
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -1,6 +1,9 @@
 """Loading and invoking user code given as `module:attribute`.
 
 A class is instantiated once with the init args; a plain function is the deployment's `__call__`.
+A deployment declared with `fleetpulse.serve.deployment` is unwrapped to its class or function;
+handle markers among the init args (shared/appgraph.py) become handles to those deployments, and
+a class's `reconfigure(user_config)` is called once constructed, when a user_config is given.
 Sync callables run in a thread pool so they cannot stall the event loop (and with it admissions
 and health); async ones run on the loop. Generators (sync or async) stream their items.
 """
@@ -11,9 +14,10 @@ import asyncio
 import importlib
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from shared.appgraph import referenced, replace_refs
 from shared.errors import ConfigError
 from shared.wire.messages import HttpRequest, HttpResponse
 
@@ -47,7 +51,7 @@ def load_target(import_path: str) -> Any:
         raise ConfigError(
             f"module {module_name!r} has no attribute {attr!r}", field="import_path"
         ) from None
-    return obj
+    return getattr(obj, "__fleetpulse_target__", obj)  # a fleetpulse.serve Deployment
 
 
 class UserDeployment:
@@ -60,16 +64,55 @@ class UserDeployment:
         self._check_health: Callable[[], Any] | None = check if callable(check) else None
         self.autoscaling_stats = None if is_function else stats_method(instance)
         """The class's `record_autoscaling_stats` (custom_stats.py), or None."""
+        found = None if is_function else getattr(instance, "reconfigure", None)
+        self._reconfigure: Callable[[Any], Any] | None = found if callable(found) else None
+        self.reconfigure_error: str | None = None
+        """Why the last reconfigure() failed (health checks fail meanwhile), or None."""
+
+    @property
+    def instance(self) -> Any:
+        return self._instance
 
     @classmethod
     async def create(
-        cls, import_path: str, init_args: tuple[Any, ...], init_kwargs: dict[str, Any]
+        cls,
+        import_path: str,
+        init_args: tuple[Any, ...],
+        init_kwargs: dict[str, Any],
+        *,
+        target: Any = None,
+        handles: Callable[[str], Any] | None = None,
+        user_config: Mapping[str, Any] | None = None,
     ) -> UserDeployment:
-        target = load_target(import_path)
+        """`target`: the object `import_path` names, when already imported; `handles` makes the
+        handle a marker names (needed when the init args hold one)."""
+        target = load_target(import_path) if target is None else target
+        names = referenced([init_args, init_kwargs])
+        if names:
+            if handles is None:
+                raise ConfigError(
+                    f"init args hold handles to {sorted(names)}, and no bus to reach them",
+                    field="init_kwargs",
+                )
+            init_args = tuple(replace_refs(list(init_args), handles))
+            init_kwargs = replace_refs(dict(init_kwargs), handles)
         if inspect.isclass(target):
             instance = await asyncio.to_thread(target, *init_args, **init_kwargs)
-            return cls(instance, is_function=False)
+            user = cls(instance, is_function=False)
+            if user_config is not None:
+                if not user.has_reconfigure:
+                    raise ConfigError(
+                        f"{import_path} has no reconfigure(config) method for its user_config",
+                        field="user_config",
+                    )
+                await user.reconfigure(user_config)
+            return user
         if callable(target):
+            if user_config is not None:
+                raise ConfigError(
+                    f"{import_path} is a function; user_config needs a class with reconfigure()",
+                    field="user_config",
+                )
             if init_args or init_kwargs:
                 raise ConfigError(
                     f"{import_path} is a function; init_args/init_kwargs need a class",
@@ -82,8 +125,30 @@ class UserDeployment:
     def has_health_check(self) -> bool:
         return self._check_health is not None
 
+    @property
+    def has_reconfigure(self) -> bool:
+        return self._reconfigure is not None
+
+    async def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Hand the class its user_config (sync methods run in a worker thread); raises what
+        the method raised, after noting it in `reconfigure_error`."""
+        fn = self._reconfigure
+        assert fn is not None
+        try:
+            if inspect.iscoroutinefunction(fn):
+                await fn(dict(user_config))
+            else:
+                await asyncio.to_thread(fn, dict(user_config))
+        except Exception as exc:
+            self.reconfigure_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.reconfigure_error = None
+
     async def check_health(self, timeout_s: float) -> bool:
-        """True when the user check returned in time; False when it raised or timed out."""
+        """True when the user check returned in time; False when it raised or timed out, or
+        while the last user_config was refused by reconfigure()."""
+        if self.reconfigure_error is not None:
+            return False
         fn = self._check_health
         if fn is None:
             return True

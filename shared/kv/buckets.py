@@ -27,7 +27,10 @@ class Bucket:
     history: int = 1
 
 
-APPS = Bucket("fp_apps", "{app}", ("app",), "fleetpulse deploy", "controller, proxy, status")
+APPS = Bucket(
+    "fp_apps", "{app}", ("app",), "fleetpulse deploy",
+    "controller, proxy, status; replicas with reconfigure() (their app's key)",
+)  # fmt: skip
 TARGETS = Bucket(
     "fp_targets", "{agent}.{app}.{deployment}.{slot}", ("replica_target",),
     "controller (owner)", "agents; controller on takeover",

@@ -175,7 +175,9 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
     )
 
 
-def test_operator_deploys_and_a_wrong_password_is_refused_clearly(server: NatsServer) -> None:
+def test_operator_deploys_and_a_wrong_password_is_refused_clearly(
+    server: NatsServer, tmp_path: Path
+) -> None:
     app = str(ROOT / "compose" / "apps" / "app.yaml")
     ok = _cli(["deploy", app, "--nats", server.url], role_env("operator"))
     assert ok.returncode == 0, ok.stderr
@@ -185,7 +187,10 @@ def test_operator_deploys_and_a_wrong_password_is_refused_clearly(server: NatsSe
         {},
     )  # fmt: skip
     assert by_flag.returncode == 0, by_flag.stderr
-    denied = _cli(["deploy", app, "--nats", server.url], role_env("replica"))
+    # a replica may read fp_apps (it follows its user_config) but never write it
+    changed = tmp_path / "app.yaml"
+    changed.write_text(Path(app).read_text().replace("greeting: hello", "greeting: hijacked"))
+    denied = _cli(["deploy", str(changed), "--nats", server.url], role_env("replica"))
     assert denied.returncode != 0
     started = time.monotonic()
     wrong = _cli(

@@ -257,6 +257,8 @@ def test_autoscaling_value_problems(line: str, path: str, message: str) -> None:
         ("max_replicas_per_node: 0", "max_replicas_per_node", "must be >= 1"),
         ("logging_config: {encoding: XML}", "logging_config.encoding", "must be TEXT or JSON"),
         ("logging_config: {log_level: LOUD}", "logging_config.log_level", "must be one of DEBUG"),
+        ("placement_group_strategy: PACK", "placement_group_strategy", "Ray Serve option"),
+        ("ray_actor_options: {num_cpus: 1}", "ray_actor_options", "Ray Serve option"),
         ("colour: red", "colour", "unknown key 'colour' (known keys: name, import_path"),
     ],
 )
@@ -388,7 +390,7 @@ def test_duplicate_yaml_key_is_a_problem_not_a_silent_override() -> None:
         ("", "", "the file is empty"),
         ("- a\n", "", "expected a mapping, got a list"),
         ("application: []\n", "application", "(did you mean 'applications'?)"),
-        ("http_options: {}\napplications: [{}]\n", "http_options", "Ray Serve option"),
+        ("target_capacity: 50\napplications: [{}]\n", "target_capacity", "Ray Serve option"),
         ("applications: []\n", "applications", "must not be empty"),
         ("applications: {name: a}\n", "applications", "expected a list, got a mapping"),
         (
@@ -554,7 +556,6 @@ def test_a_custom_policy_is_rays_policy_function_key() -> None:
     [
         ("policy_function: kv_policy", "policy.policy_function", "'package.module:Attribute'"),
         ("policy_function: 3", "policy.policy_function", "expected a string"),
-        ("name: pkg.mod:fn", "policy.name", "Ray Serve's older name; use 'policy_function'"),
         ("{}", "policy.policy_function", "required"),
         ("pkg.mod:fn", "policy", "expected a mapping"),
     ],

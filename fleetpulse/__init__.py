@@ -1,0 +1,1 @@
+"""fleetpulse's Python API for application code: `from fleetpulse import serve`."""

@@ -1,0 +1,549 @@
+"""Ray Serve's config files: apps defined in code, the legacy single-app form, RayService manifests.
+
+How it works: `check_config` extends the app-file checker (shared/appyaml.py) with what Ray Serve
+users write today, and imports nothing:
+- an app-level `import_path` (a bound application or a builder taking `args`) makes a `CodeApp`:
+  its `deployments` entries are optional overrides matched by name, checked key by key as far as
+  they can be without the code;
+- `runtime_env.env_vars` become the replicas' environment (any other runtime_env field is refused
+  by name, with the reason); `proxy_location`, `http_options`, `grpc_options` and the legacy
+  form's `host`/`port` configure services `deploy` does not run: each is a warning naming the
+  fleetpulse equivalent, never silently dropped;
+- the legacy single-app form (`import_path` at the top) is read as one application, and a
+  RayService manifest (Kubernetes YAML) by its `spec.serveConfigV2` string, lines mapped back.
+Given a `build` function (the deploy step that imports the code, services/ops/appbuild.py),
+each CodeApp's `BuiltApp` is merged with its overrides (a key set in the file replaces the one
+set in code) and checked like a deployment written out in the file: one set of messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from shared import appyaml
+from shared.appconfig import AppConfig, DeploymentConfig
+from shared.appgraph import BuiltApp, BuiltDeployment
+from shared.appyaml import _RENAMED, Conv, PolicyCheck, Problem, _Bad, _Checker, _Map
+
+_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_CODE_ONLY = {"import_path", "init_args", "init_kwargs"}
+"""Keys of a deployment written out in full that an override of a code deployment cannot set."""
+
+_RUNTIME_ENV_REFUSED = {
+    "working_dir": "fleetpulse does not ship code: install it where the agents run (replicas "
+    "import from the agent's working directory and PYTHONPATH), then remove working_dir",
+    "py_modules": "fleetpulse does not ship code: install the modules where the agents run",
+    "excludes": "belongs to working_dir, which fleetpulse does not ship",
+    "pip": "fleetpulse does not install packages: install them in the agents' environment",
+    "uv": "fleetpulse does not install packages: install them in the agents' environment",
+    "conda": "fleetpulse does not install environments: run the agents in one that has them",
+    "container": "replicas are processes of the agent: run the agent in an image with the code",
+    "image_uri": "replicas are processes of the agent: run the agent in an image with the code",
+    "config": "nothing to configure: fleetpulse sets up no runtime environment",
+}
+_PROXY_FLAGS = {
+    "host": "`fleetpulse proxy --host` (FLEETPULSE_PROXY_HOST)",
+    "port": "`fleetpulse proxy --port` (or `fleetpulse up --http-port`)",
+    "request_timeout_s": "`fleetpulse proxy --request-timeout`",
+}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CodeApp:
+    """An application whose deployments are defined in code: built by `fleetpulse deploy`."""
+
+    name: str
+    path: str
+    """Its field path in the file (`applications[0]`), for messages."""
+    import_path: str
+    args: Mapping[str, Any] | None
+    env: Mapping[str, str]
+    route_prefix: str | None
+    version: str
+    overrides: Mapping[str, tuple[str, MappingNode]]
+    """Deployment name -> (field path, its entry) from the file's `deployments`."""
+    import_node: Node
+    index: int
+    """Its place among the file's applications."""
+
+
+@dataclass(slots=True)
+class Checked:
+    """What `check_config` found: apps ready to deploy, apps still to build (none once a build
+    function was given), every problem and every warning."""
+
+    apps: list[AppConfig] = field(default_factory=list)
+    code_apps: list[CodeApp] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    manifest: str | None = None
+    """Set when the file was a RayService manifest: which one."""
+
+
+Build = Callable[[CodeApp], BuiltApp]
+"""Imports and builds a CodeApp; raises an Exception whose message says why it cannot."""
+
+
+def check_config(
+    text: str, check_policy: PolicyCheck | None = None, build: Build | None = None
+) -> Checked:
+    """The whole check of a config file's text (see the module docstring)."""
+    inner, offset, manifest, early = _unwrap_manifest(text)
+    out = Checked(manifest=manifest, problems=early)
+    if inner is None:
+        return out
+    loader = yaml.SafeLoader(inner)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            out.problems.append(appyaml._syntax_problem(exc))
+            return _relocate(out, offset, manifest)
+        except yaml.YAMLError as exc:
+            out.problems.append(Problem("", None, f"YAML syntax error: {exc}"))
+            return _relocate(out, offset, manifest)
+        checker = ServeChecker(loader, check_policy)
+        built = checker.file(root)
+        order = {id(a): i for i, a in enumerate(built)}
+        out.apps, out.code_apps = built, checker.code_apps
+        out.problems += checker.problems
+        out.warnings += checker.warnings
+    finally:
+        loader.dispose()
+    if build is not None and not out.problems:
+        _build_all(out, build, check_policy, order)
+    out.problems.sort(key=lambda p: p.line or 0)
+    out.warnings = sorted(set(out.warnings), key=lambda p: (p.line or 0, p.path))
+    return _relocate(out, offset, manifest)
+
+
+def _build_all(
+    out: Checked, build: Build, check_policy: PolicyCheck | None, order: dict[int, int]
+) -> None:
+    ranked: list[tuple[float, AppConfig]] = [(order[id(a)], a) for a in out.apps]
+    for code in out.code_apps:
+        try:
+            graph = build(code)
+        except Exception as exc:
+            line = appyaml._line(code.import_node)
+            out.problems.append(Problem(f"{code.path}.import_path", line, str(exc)))
+            continue
+        app, problems, warnings = complete(code, graph, check_policy)
+        out.problems += problems
+        out.warnings += warnings
+        if app is not None:
+            ranked.append((code.index - 0.5, app))
+    out.apps = [a for _, a in sorted(ranked, key=lambda r: r[0])]
+    out.code_apps = []
+
+
+class ServeChecker(_Checker):
+    """appyaml's checker, plus the Ray Serve forms (see the module docstring)."""
+
+    app_keys: Mapping[str, Conv | None] = {
+        **appyaml._APP_KEYS,
+        "import_path": lambda value: appyaml._import_path(_colon_form(value)),
+        "args": None,
+        "runtime_env": None,
+    }
+
+    def __init__(self, loader: yaml.SafeLoader, check_policy: PolicyCheck | None = None) -> None:
+        super().__init__(loader, check_policy)
+        self.code_apps: list[CodeApp] = []
+        self._legacy = False
+
+    def file(self, root: Node | None) -> list[AppConfig]:
+        if isinstance(root, MappingNode):
+            try:
+                self.loader.flatten_mapping(root)
+            except yaml.YAMLError:
+                return super().file(root)  # its mapping check reports the bad merge key
+            root = self._infrastructure(root)
+            keys = appyaml.node_keys(root)
+            if "import_path" in keys and "applications" not in keys:
+                root = self._legacy_form(root)
+        return super().file(root)
+
+    def _infrastructure(self, root: MappingNode) -> MappingNode:
+        """Take out the keys about Ray's own services, with a warning each."""
+        kept = []
+        for key_node, value in root.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            if key == "proxy_location":
+                self.warn(
+                    key, key_node, "ignored: fleetpulse's HTTP proxies run where you start "
+                    "`fleetpulse proxy` (or `fleetpulse up`), as many as you like; the app "
+                    "stays reachable through every one, and through the NATS gateway",
+                )  # fmt: skip
+            elif key == "http_options":
+                self._options(key, value, _PROXY_FLAGS, "the HTTP proxy is its own service")
+            elif key == "grpc_options":
+                self.warn(
+                    key, key_node, "ignored: fleetpulse has no gRPC ingress; callers in any "
+                    "language use the router gateway on NATS (fp.v1.call.{app}.{deployment})",
+                )  # fmt: skip
+            else:
+                kept.append((key_node, value))
+        return MappingNode(root.tag, kept, root.start_mark, root.end_mark)
+
+    def _options(self, path: str, node: Node, flags: Mapping[str, str], why: str) -> None:
+        if not isinstance(node, MappingNode):
+            self.warn(path, node, f"ignored ({why})")
+            return
+        for key_node, _ in node.value:
+            key = str(key_node.value)
+            if key in flags:
+                message = f"not applied by deploy ({why}): set it with {flags[key]}; ignored"
+            else:
+                message = f"ignored: no fleetpulse equivalent ({why})"
+            self.warn(f"{path}.{key}", key_node, message)
+
+    def _legacy_form(self, root: MappingNode) -> MappingNode:
+        """Ray Serve's single-app file (before multi-app configs): one app, `host`/`port` of
+        its proxy at the top."""
+        self._legacy = True
+        kept = []
+        for key_node, value in root.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            if key in ("host", "port"):
+                flag = _PROXY_FLAGS[key]
+                self.warn(key, key_node, f"not applied by deploy: set it with {flag}; ignored")
+            else:
+                kept.append((key_node, value))
+        self.warn("", root, "the single-application form (Ray Serve before 2.4): read as "
+                  "`applications: [...]` with one app, named 'default' unless it has a name")  # fmt: skip
+        app = MappingNode(root.tag, kept, root.start_mark, root.end_mark)
+        seq = SequenceNode(_SEQ, [app], root.start_mark, root.end_mark)
+        return MappingNode(_MAP, [(ScalarNode(_STR, "applications"), seq)], root.start_mark)
+
+    def app_env(self, m: _Map, path: str) -> Mapping[str, str]:
+        node = m.nodes.get("runtime_env")
+        if node is None:
+            return {}
+        path = f"{path}.runtime_env"
+        if not isinstance(node, MappingNode):
+            self.add(path, node, f"expected a mapping, got {appyaml._kind(node)}")
+            return {}
+        env: dict[str, str] = {}
+        for key_node, value in node.value:
+            key = str(key_node.value)
+            if key == "env_vars":
+                env = self._env_vars(value, f"{path}.env_vars")
+            elif key in _RUNTIME_ENV_REFUSED:
+                self.add(f"{path}.{key}", key_node, f"not supported: {_RUNTIME_ENV_REFUSED[key]}")
+            else:
+                self.add(
+                    f"{path}.{key}", key_node, "not supported: a Ray runtime_env field with no "
+                    "fleetpulse equivalent; only env_vars is (remove the field)",
+                )  # fmt: skip
+        return env
+
+    def _env_vars(self, node: Node, path: str) -> dict[str, str]:
+        try:
+            value = self.construct(node)
+        except _Bad as exc:
+            self.add(path, node, exc.message)
+            return {}
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.add(path, node, f"expected a mapping of names to strings, got {_show(value)}")
+            return {}
+        env: dict[str, str] = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not k or "=" in k:
+                self.add(path, node, f"{k!r} is not an environment variable name")
+            elif not isinstance(v, str):
+                self.add(
+                    f"{path}.{k}", node, f'expected a string (quote it: "{v}"), got {_show(v)}'
+                )
+            else:
+                env[k] = v
+        return env
+
+    def code_app(self, m: _Map, path: str) -> None:
+        before = len(self.problems)
+        if "ingress" in m.nodes:
+            self.add(
+                f"{path}.ingress", m.nodes["ingress"], "not used with an app-level import_path: "
+                "the ingress is the deployment it binds at the root; remove ingress",
+            )  # fmt: skip
+        args = self._args(m.nodes.get("args"), f"{path}.args")
+        env = self.app_env(m, path)
+        overrides = self._overrides(m.nodes.get("deployments"), path, env)
+        if len(self.problems) != before or "import_path" not in m.values:
+            return
+        self.code_apps.append(
+            CodeApp(
+                name=m.values["name"],
+                path=path,
+                import_path=m.values["import_path"],
+                args=args,
+                env=env,
+                route_prefix=m.values.get("route_prefix", appyaml.DEFAULT_ROUTE_PREFIX),
+                version=m.values.get("version", ""),
+                overrides=overrides,
+                import_node=m.nodes["import_path"],
+                index=int(path.rpartition("[")[2].rstrip("]") or 0),
+            )
+        )
+
+    def _args(self, node: Node | None, path: str) -> dict[str, Any] | None:
+        """The builder's args: a mapping of any JSON values."""
+        return None if node is None else self.json_arg(node, path, dict, argument_names=False)
+
+    def _overrides(
+        self, node: Node | None, path: str, env: Mapping[str, str]
+    ) -> dict[str, tuple[str, MappingNode]]:
+        out: dict[str, tuple[str, MappingNode]] = {}
+        if node is None:
+            return out
+        if not isinstance(node, SequenceNode):
+            self.add(f"{path}.deployments", node, f"expected a list, got {appyaml._kind(node)}")
+            return out
+        names: dict[str, int | None] = {}
+        for j, item in enumerate(node.value):
+            dpath = f"{path}.deployments[{j}]"
+            d = self.mapping(item, dpath, self.deployment_keys)
+            if d is None:
+                continue
+            for key in sorted(_CODE_ONLY & d.nodes.keys()):
+                self.add(
+                    f"{dpath}.{key}", d.nodes[key], "set in code when the app has an import_path "
+                    f"(a deployments entry overrides options by name); remove {key}",
+                )  # fmt: skip
+            if not self.required(d, dpath, "name", "the name of a deployment in the code"):
+                continue
+            self.unique(d, dpath, names, "deployment")
+            self.deployment(d, dpath, env, import_path="code.defined:Deployment")
+            out[d.values["name"]] = (dpath, item)
+        return out
+
+
+def _colon_form(value: Any) -> Any:
+    """Ray Serve also reads `module.attribute` (older configs: `fruit.deployment_graph`)."""
+    if isinstance(value, str) and ":" not in value and "." in value:
+        module, _, attr = value.rpartition(".")
+        return f"{module}:{attr}"
+    return value
+
+
+def complete(
+    app: CodeApp, graph: BuiltApp, check_policy: PolicyCheck | None = None
+) -> tuple[AppConfig | None, list[Problem], list[Problem]]:
+    """The AppConfig of a built CodeApp: code options under the file's overrides, checked as a
+    deployment of the file; or None with the problems."""
+    checker = ServeChecker(yaml.SafeLoader(""), check_policy)
+    mark = app.import_node.start_mark
+    where = f"{app.path}.import_path"
+    names = [d.name for d in graph.deployments]
+    for name, (dpath, node) in app.overrides.items():
+        if name not in names:
+            checker.add(
+                f"{dpath}.name", node, f"no deployment {name!r} in the application "
+                f"{app.import_path} builds (it has: {', '.join(names)})",
+            )  # fmt: skip
+    deployments: list[DeploymentConfig] = []
+    for built in graph.deployments:
+        dpath, override = app.overrides.get(built.name, (f"{where}[{built.name}]", None))
+        for key in sorted({"version", "route_prefix"} & built.options.keys()):
+            checker.warn(
+                f"{where}[{built.name}].{key}", app.import_node, f"ignored: Ray Serve's "
+                f"deprecated per-deployment {key}; set the application's {key} in the file",
+            )  # fmt: skip
+        try:
+            code_node = _code_node(built, mark)
+        except _Bad as exc:
+            checker.add(f"{where}[{built.name}]", app.import_node, exc.message)
+            continue
+        merged = _merge(code_node, override)
+        d = checker.mapping(merged, dpath, checker.deployment_keys)
+        if d is None:
+            continue
+        dep = checker.deployment(d, dpath, app.env, import_path=built.import_path)
+        if dep is not None and dep.user_config is not None and not built.has_reconfigure:
+            checker.add(
+                f"{dpath}.user_config", d.nodes.get("user_config"), f"{built.import_path} has no "
+                "reconfigure(config) method to receive it; add one or remove user_config",
+            )  # fmt: skip
+        elif dep is not None:
+            deployments.append(dep)
+    if checker.problems:
+        return None, checker.problems, checker.warnings
+    try:
+        config = AppConfig(
+            name=app.name,
+            deployments=tuple(deployments),
+            route_prefix=app.route_prefix,
+            ingress=graph.ingress,
+            version=app.version,
+        )
+    except Exception as exc:
+        return None, [Problem(where, appyaml._line(app.import_node), str(exc))], checker.warnings
+    return config, [], checker.warnings
+
+
+def _code_node(built: BuiltDeployment, mark: Any) -> MappingNode:
+    """The deployment as the code defines it, as YAML nodes that point at the import_path."""
+    values: dict[str, Any] = {"name": built.name}
+    for key, value in built.options.items():
+        if key in ("version", "route_prefix"):
+            continue  # Ray's deprecated per-deployment options; the app's own apply
+        values[key] = value
+    if built.init_args:
+        values["init_args"] = list(built.init_args)
+    if built.init_kwargs:
+        values["init_kwargs"] = dict(built.init_kwargs)
+    try:
+        plain = json.loads(json.dumps(values))
+    except (TypeError, ValueError) as exc:
+        raise _Bad(
+            f"deployment {built.name!r}: an option set in code is not a plain value ({exc}); "
+            "give options as in an app file (numbers, strings, mappings)"
+        ) from None
+    node = yaml.representer.SafeRepresenter().represent_data(plain)
+    _stamp(node, mark)
+    assert isinstance(node, MappingNode)
+    return node
+
+
+def _stamp(node: Node, mark: Any) -> None:
+    node.start_mark = node.end_mark = mark
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            _stamp(k, mark)
+            _stamp(v, mark)
+    elif isinstance(node, SequenceNode):
+        for v in node.value:
+            _stamp(v, mark)
+
+
+def _merge(code: MappingNode, override: MappingNode | None) -> MappingNode:
+    """Keys set in the file replace those set in code; one way of sizing wins as a whole (a
+    file's num_replicas drops the code's autoscaling_config and the other way round, unless
+    it is `num_replicas: auto`, which takes an autoscaling_config)."""
+    if override is None:
+        return code
+    given: dict[str, Node] = {}
+    for k, v in override.value:
+        key = k.value if isinstance(k, ScalarNode) else None
+        if _RENAMED.get(key or "") in appyaml._DEPLOYMENT_KEYS:
+            key = _RENAMED[str(key)]
+        if key is not None and not appyaml._is_null(v):
+            given[str(key)] = v
+    drop = set(given)
+    num = given.get("num_replicas")
+    if num is not None and not (isinstance(num, ScalarNode) and num.value == "auto"):
+        drop.add("autoscaling_config")
+    code_num = next((v for k, v in code.value if k.value == "num_replicas"), None)
+    if "autoscaling_config" in given and not (code_num is not None and code_num.value == "auto"):
+        drop.add("num_replicas")
+    kept = [(k, v) for k, v in code.value if k.value not in drop]
+    return MappingNode(_MAP, kept + list(override.value), override.start_mark, override.end_mark)
+
+
+def _show(value: Any) -> str:
+    return appyaml._show(value)
+
+
+# -- RayService manifests ------------------------------------------------------------------------
+
+
+def _unwrap_manifest(text: str) -> tuple[str | None, int, str | None, list[Problem]]:
+    """(config text, line offset, which manifest, problems): the text itself unless it is
+    Kubernetes YAML (a document with apiVersion and kind)."""
+    try:
+        docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return text, 0, None, []  # the single-document parse reports it with its line
+    kube = [
+        d
+        for d in docs
+        if isinstance(d, MappingNode) and {"apiVersion", "kind"} <= appyaml.node_keys(d)
+    ]
+    if not kube:
+        return text, 0, None, []
+    for doc in kube:
+        fields = _scalars(doc)
+        if fields.get("kind") != "RayService":
+            continue
+        name = _scalars(_child(doc, "metadata") or MappingNode(_MAP, [])).get("name", "?")
+        spec = _child(doc, "spec")
+        v2 = None if spec is None else _child(spec, "serveConfigV2")
+        which = f"RayService {name!r}, spec.serveConfigV2"
+        if v2 is None:
+            old = spec is not None and _child(spec, "serveConfig") is not None
+            why = ("has only spec.serveConfig, KubeRay's older form; move it to serveConfigV2 "
+                   "(the Ray Serve config file as a string)") if old else "has no spec.serveConfigV2"  # fmt: skip
+            return (
+                None,
+                0,
+                which,
+                [Problem("spec.serveConfigV2", appyaml._line(doc), f"this RayService {why}")],
+            )
+        if not (isinstance(v2, ScalarNode) and v2.tag == _STR):
+            got = appyaml._kind(v2)
+            return (
+                None,
+                0,
+                which,
+                [
+                    Problem(
+                        "spec.serveConfigV2",
+                        appyaml._line(v2),
+                        f"expected the config file as a string (`serveConfigV2: |`), got {got}",
+                    )
+                ],
+            )
+        # a block scalar's text starts on the line after its indicator; other styles keep no lines
+        offset = (v2.start_mark.line + 1) if v2.style in ("|", ">") and v2.start_mark else -1
+        return str(v2.value), offset, which, []
+    kinds = ", ".join(sorted({str(_scalars(d).get("kind")) for d in kube}))
+    return (
+        None,
+        0,
+        None,
+        [
+            Problem(
+                "kind",
+                1,
+                f"a Kubernetes manifest ({kinds}) without a RayService; give a RayService or the Serve config file itself",
+            )
+        ],
+    )
+
+
+def _child(node: MappingNode, key: str) -> Any:
+    for k, v in node.value:
+        if isinstance(k, ScalarNode) and k.value == key:
+            return v
+    return None
+
+
+def _scalars(node: MappingNode) -> dict[str, str]:
+    return {
+        str(k.value): str(v.value)
+        for k, v in node.value
+        if isinstance(k, ScalarNode) and isinstance(v, ScalarNode)
+    }
+
+
+def _relocate(out: Checked, offset: int, manifest: str | None) -> Checked:
+    """Problems in a manifest's serveConfigV2: lines of the file, paths under the key."""
+    if manifest is None:
+        return out
+
+    def move(p: Problem) -> Problem:
+        path = f"spec.serveConfigV2.{p.path}" if p.path else "spec.serveConfigV2"
+        line = None if p.line is None or offset < 0 else p.line + offset
+        return replace(p, path=path if not p.path.startswith("spec.") else p.path, line=line)
+
+    out.problems = [move(p) for p in out.problems]
+    out.warnings = [move(p) for p in out.warnings]
+    return out
