@@ -799,10 +799,6 @@ class _Checker:
             return None
 
 
-def _is_null(node: Node) -> bool:
-    return isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:null"
-
-
 def node_keys(node: MappingNode) -> set[str]:
     return {k.value for k, _ in node.value if isinstance(k, ScalarNode)}
 

@@ -19,7 +19,6 @@ reference the schedule is tested against (same actions, same order).
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
