@@ -254,3 +254,50 @@ def test_deploy_names_the_module_that_does_not_import(tmp_path: Path) -> None:
         f"{path}:3: applications[0].import_path: cannot import 'no_such_module.app': " in res.stderr
     )
     assert "ModuleNotFoundError" in res.stderr
+
+
+async def test_a_gpu_deployment_gets_a_device_of_its_own_per_replica(
+    stack: ServeStack, http: aiohttp.ClientSession, bus: Bus
+) -> None:
+    """Ray Serve's `num_gpus` from code, overridden in the file: the module's agent offers no
+    GPU, so nothing is placed until an agent offering two devices joins; then each replica runs
+    with a device of its own, and requests reach them through the proxy and the gateway."""
+    stack.deploy_yaml(
+        "embed",
+        f"""
+applications:
+  - name: embed
+    route_prefix: /embed
+    import_path: examples.serve.gpu:app
+    deployments:
+      - name: Embedder
+        ray_actor_options: {{num_gpus: 1, num_cpus: 0.5}}{FAST}
+""",
+    )
+
+    async def waiting_for_gpus() -> bool:
+        entry = await (await bus.kv(KV_STATUS)).get("embed")
+        if entry is None:
+            return False
+        dep = AppStatusView.decode(entry.value).deployments["Embedder"]
+        return "gpus" in dep.message
+
+    await until(waiting_for_gpus, 30, "Embedder waiting, its message naming gpus")
+    stack.procs.start(
+        ["-m", "services.cli", "agent", "--nats", stack.server.url, "--agent-id", "gpu1",
+         "--max-replicas", "4", "--resource", "gpus=2",
+         "--log-dir", str(stack.tmp / "gpu-replicas")],
+        log=stack.tmp / "gpu-agent.log",
+    )  # fmt: skip
+    await until(lambda: running(bus, "embed"), 60, "embed RUNNING")
+    seen: dict[str, str] = {}
+
+    async def both_replicas() -> bool:
+        out = await get_json(http, "/embed")
+        seen[out["replica_id"]] = out["cuda_visible_devices"]
+        return len(seen) == 2
+
+    await until(both_replicas, 30, "answers from both Embedder replicas")
+    assert sorted(seen.values()) == ["0", "1"], seen  # one device each, on the one GPU agent
+    msg = await gateway(bus, "fp.v1.call.embed.Embedder", b"", {})
+    assert json.loads(msg.data)["cuda_visible_devices"] in ("0", "1")

@@ -244,7 +244,6 @@ def test_autoscaling_value_problems(line: str, path: str, message: str) -> None:
         ("init_kwargs: {when: 2024-05-01}", "init_kwargs.when", "a date cannot be stored as JSON"),
         ("init_args: [.inf]", "init_args[0]", "must be a finite number"),
         ("min_replicas: 1", "min_replicas", "it belongs under autoscaling_config"),
-        ("max_concurrent_queries: 4", "max_concurrent_queries", "use 'max_ongoing_requests'"),
         (
             "ray_actor_options: {object_store_memory: 1}",
             "ray_actor_options.object_store_memory",
@@ -258,7 +257,6 @@ def test_autoscaling_value_problems(line: str, path: str, message: str) -> None:
         ("logging_config: {encoding: XML}", "logging_config.encoding", "must be TEXT or JSON"),
         ("logging_config: {log_level: LOUD}", "logging_config.log_level", "must be one of DEBUG"),
         ("placement_group_strategy: PACK", "placement_group_strategy", "Ray Serve option"),
-        ("ray_actor_options: {num_cpus: 1}", "ray_actor_options", "Ray Serve option"),
         ("colour: red", "colour", "unknown key 'colour' (known keys: name, import_path"),
     ],
 )
