@@ -13,6 +13,7 @@ control-state documents' vectors (scripts/gen_kv_vectors.py makes them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import random
@@ -45,6 +46,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -71,6 +73,11 @@ READY = Lifecycle(
     "shop",
     "ranker",
 )
+STATS = RequestStats(
+    arrived=120, completed=117, service_s=23.4, service_sq_s2=4.875, wait_s=1.25, rejected=1,
+    timed_out=2,
+)  # fmt: skip
+HANDLE_STATS = HandleReport("router-a/h1", "shop", "ranker", T0, 9, 0.0, {}, (), 12, stats=STATS)
 EXITED = Lifecycle(
     "replica-0001",
     "agent-1",
@@ -148,8 +155,29 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             HandleReport("router-a/h1", "shop", "ranker", T0, 8, 4.0, {}, (), 12),
             "requests queued while the deployment has no replicas (scale from zero)",
         ),
+        (
+            "handle_report_stats",
+            HandleReport(
+                "router-a/h1",
+                "shop",
+                "ranker",
+                T0,
+                9,
+                0.0,
+                {"replica-0001": 1.5},
+                (),
+                12,
+                stats=STATS,
+            ),  # fmt: skip
+            "optional request counters (stats v1): what the what-if model calibrates from",
+        ),
         ("heartbeat", Heartbeat(GOOD, T0 + 1.0), ""),
         ("lifecycle_ready", READY, ""),
+        (
+            "lifecycle_ready_max_ongoing",
+            dataclasses.replace(READY, max_ongoing_requests=5),
+            "optional admission limit, sent on ready",
+        ),
         ("lifecycle_exited", EXITED, "killed by SIGKILL (negative exit code = signal)"),
     ]
 
@@ -178,6 +206,11 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
                 "running_requests": 2,
             },
             "integers in float fields (as JS encoders write 2.0); custom and health omitted",
+        ),
+        (
+            "handle_report_stats_v2",
+            {**codec.to_wire_map(HANDLE_STATS), "stats": {"v": 2, "arrived": "later"}},
+            "a stats map of an unknown version is skipped (decodes as no stats)",
         ),
         (
             "lifecycle_no_exit_code",
@@ -309,6 +342,7 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
     health = codec.to_wire_map(GOOD)
     good = codec.encode(GOOD)
     report = codec.to_wire_map(ReplicaReport("replica-0001", T0, 1, 0.0, {}, None))
+    stats = codec.to_wire_map(HANDLE_STATS)["stats"]
     msgpack_cases = [
         ("truncated", good[:-1], "truncated", "last byte missing"),
         ("trailing_bytes", good + b"\x00", "malformed", "a second value after the map"),
@@ -331,6 +365,12 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
         ("nan_float", _pack({**health, "checked_at": float("nan")}), "bad_value", "NaN"),
         ("inf_float", _pack({**health, "checked_at": float("inf")}), "bad_value", "infinity"),
         ("negative_count", _pack({**health, "consecutive_failures": -1}), "bad_value", ""),
+        (
+            "negative_stats_count",
+            _pack({**codec.to_wire_map(HANDLE_STATS), "stats": {**stats, "arrived": -1}}),
+            "bad_value",
+            "stats v1 counters are >= 0",
+        ),
         (
             "bad_lifecycle_state",
             _pack({**codec.to_wire_map(EXITED), "state": "zombie"}),

@@ -38,6 +38,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -154,8 +155,21 @@ def _e_replica_report(m: ReplicaReport) -> Map:
     }
 
 
-def _e_handle_report(m: HandleReport) -> Map:
+def _stats_map(s: RequestStats) -> Map:
     return {
+        "v": RequestStats.VERSION,
+        "arrived": s.arrived,
+        "completed": s.completed,
+        "service_s": s.service_s,
+        "service_sq_s2": s.service_sq_s2,
+        "wait_s": s.wait_s,
+        "rejected": s.rejected,
+        "timed_out": s.timed_out,
+    }
+
+
+def _e_handle_report(m: HandleReport) -> Map:
+    out: Map = {
         "v": _V,
         "kind": "handle_report",
         "handle_id": m.handle_id,
@@ -169,6 +183,9 @@ def _e_handle_report(m: HandleReport) -> Map:
         "membership_epoch": m.membership_epoch,
         "custom": m.custom,
     }
+    if m.stats is not None:  # optional: absent keeps older vectors and readers as they were
+        out["stats"] = _stats_map(m.stats)
+    return out
 
 
 def _e_heartbeat(m: Heartbeat) -> Map:
@@ -176,7 +193,7 @@ def _e_heartbeat(m: Heartbeat) -> Map:
 
 
 def _e_lifecycle(m: Lifecycle) -> Map:
-    return {
+    out: Map = {
         "v": _V,
         "kind": "lifecycle",
         "replica_id": m.replica_id,
@@ -189,6 +206,9 @@ def _e_lifecycle(m: Lifecycle) -> Map:
         "app": m.app,
         "deployment": m.deployment,
     }
+    if m.max_ongoing_requests is not None:
+        out["max_ongoing_requests"] = m.max_ongoing_requests
+    return out
 
 
 def _e_probe(m: ProbeRequest) -> Map:
@@ -343,6 +363,26 @@ def _d_replica_report(m: Map) -> ReplicaReport:
     )
 
 
+def _d_stats(raw: object, w: str) -> RequestStats | None:
+    """The optional `stats` map; None when absent or of a version this reader does not know."""
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        f.wrong_type(w, "stats", "map", raw)
+    if raw.get("v") != RequestStats.VERSION:
+        return None
+    w = f"{w}.stats"
+    return RequestStats(
+        arrived=f.get_count(raw, "arrived", w),
+        completed=f.get_count(raw, "completed", w),
+        service_s=f.get_nonneg_float(raw, "service_s", w),
+        service_sq_s2=f.get_nonneg_float(raw, "service_sq_s2", w),
+        wait_s=f.get_nonneg_float(raw, "wait_s", w),
+        rejected=f.get_count(raw, "rejected", w),
+        timed_out=f.get_count(raw, "timed_out", w),
+    )
+
+
 def _d_handle_report(m: Map) -> HandleReport:
     w = "handle_report"
     health = tuple(_health(h, f"{w}.health[{i}]") for i, h in enumerate(f.get_list(m, "health", w)))
@@ -367,6 +407,7 @@ def _d_handle_report(m: Map) -> HandleReport:
         health=health,
         membership_epoch=f.get_count(m, "membership_epoch", w),
         custom=custom,
+        stats=_d_stats(m.get("stats"), w),
     )
 
 
@@ -389,7 +430,15 @@ def _d_lifecycle(m: Map) -> Lifecycle:
         exit_code=f.get_opt_int(m, "exit_code", w),
         app=f.get_str(m, "app", w),
         deployment=f.get_str(m, "deployment", w),
+        max_ongoing_requests=_opt_positive(m, "max_ongoing_requests", w),
     )
+
+
+def _opt_positive(m: Map, key: str, w: str) -> int | None:
+    v = f.get_opt_int(m, key, w)
+    if v is not None and v < 1:
+        f.fail(reasons.BAD_VALUE, w, key, f"must be >= 1, got {v}")
+    return v
 
 
 def _d_probe(m: Map) -> ProbeRequest:
