@@ -157,18 +157,7 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ),
         (
             "handle_report_stats",
-            HandleReport(
-                "router-a/h1",
-                "shop",
-                "ranker",
-                T0,
-                9,
-                0.0,
-                {"replica-0001": 1.5},
-                (),
-                12,
-                stats=STATS,
-            ),  # fmt: skip
+            dataclasses.replace(HANDLE_STATS, running={"replica-0001": 1.5}),
             "optional request counters (stats v1): what the what-if model calibrates from",
         ),
         ("heartbeat", Heartbeat(GOOD, T0 + 1.0), ""),

@@ -177,6 +177,7 @@ class ResponseReader:
 
     __slots__ = (
         "_deadline",
+        "_dispatched",
         "_done",
         "_expected_seq",
         "_interruptions_seen",
@@ -186,7 +187,6 @@ class ResponseReader:
         "_pump_task",
         "_response",
         "_router",
-        "_dispatched",
         "_started",
         "_timer",
         "_waiting",
