@@ -1,0 +1,294 @@
+"""The closed-loop what-if against live runs with real replica processes.
+
+    .venv/bin/python -m scripts.bench.whatif_validate [--load-s 150] [--configs A,B1,B2,B3]
+
+One embedded nats-server, `fleetpulse controller`, `fleetpulse agent` and `fleetpulse record`
+as processes (step_response.py's stack); the load comes from this process through a
+DeploymentHandle as open-loop Poisson arrivals (seeded, the same script for every run): idle, a
+ramp, a burst, a plateau, idle, a second step. The replicas run services.examples.model:Model
+(a sleep that grows with the requests the replica serves at once, base 0.2 s, contention 0.5).
+
+1. Config A runs live while the recorder records every report (handle reports carry the
+   routers' request stats; lifecycle events the start times).
+2. From A's recording the closed-loop model predicts A itself and each config B.
+3. Each B runs live under the same load script.
+4. Predicted vs measured: replica-seconds (running replicas, from fp_status polled every 50 ms),
+   p50/p99 latency (client side, end to end) and scale events (target changes), and whether
+   each pair (A, B) is ranked the same way by the model and by the live runs.
+
+Output: a table, bench-results/whatif_validate.json and RESULT lines. Each run takes about
+`--load-s` plus the time to come back to one replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scripts.bench.common import ROOT, print_table, result_line, write_json
+from scripts.bench.step_response import POLL_S, Stack, until
+from services.recorder import closedloop
+from services.recorder.replay import load_app_configs, load_report_rows
+from services.recorder.simulate import ModelOptions
+from services.router.config import RouterConfig
+from services.router.handle import connect_handle
+
+LATENCY_S = 0.2
+CONTENTION = 0.5
+
+BASE: dict[str, Any] = {
+    "min_replicas": 1,
+    "max_replicas": 8,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 2,
+    "downscale_delay_s": 5,
+    "look_back_period_s": 5,
+    "metrics_interval_s": 1,
+}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "A": BASE,
+    "B1": {**BASE, "target_ongoing_requests": 3},
+    "B2": {**BASE, "upscale_delay_s": 8, "downscale_delay_s": 15},
+    "B3": {**BASE, "min_replicas": 2, "target_ongoing_requests": 1.5},
+}
+
+APP_YAML = """\
+applications:
+  - name: {app}
+    route_prefix: /{app}
+    deployments:
+      - name: Model
+        import_path: services.examples.model:Model
+        init_kwargs: {{base_latency_s: {latency}, contention: {contention}}}
+        max_ongoing_requests: 4
+        health_check_period_s: 1
+        graceful_shutdown_timeout_s: 2
+        autoscaling_config:
+{autoscaling}
+"""
+
+
+def app_yaml(app: str, autoscaling: dict[str, Any]) -> str:
+    body = "\n".join(f"          {k}: {v}" for k, v in autoscaling.items())
+    return APP_YAML.format(app=app, latency=LATENCY_S, contention=CONTENTION, autoscaling=body)
+
+
+def load_rate(t: float, scale: float) -> float:
+    """Arrivals per second at t of a run scaled to `scale` seconds (shape over 150 s)."""
+    x = t * 150.0 / scale
+    if x < 10:
+        return 0.0
+    if x < 50:
+        return 18.0 * (x - 10) / 40
+    if x < 62:
+        return 30.0
+    if x < 90:
+        return 8.0
+    if x < 115:
+        return 0.0
+    if x < 140:
+        return 12.0
+    return 0.0
+
+
+def arrival_times(load_s: float, seed: int) -> list[float]:
+    """A seeded Poisson process of rate load_rate (thinning)."""
+    rng = random.Random(seed)
+    peak = 30.0
+    out: list[float] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= load_s:
+            return out
+        if rng.random() < load_rate(t, load_s) / peak:
+            out.append(t)
+
+
+@dataclass
+class Live:
+    points: list[tuple[float, int, int]] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    failed: int = 0
+
+    def summary(self, end_s: float) -> dict[str, Any]:
+        pts = [p for p in self.points if 0 <= p[0] <= end_s]
+        rs = sum((b[0] - a[0]) * a[2] for a, b in zip(pts, pts[1:], strict=False))
+        targets = [tg for _, tg, _ in pts if tg >= 0]
+        events = sum(1 for a, b in zip(targets, targets[1:], strict=False) if a != b)
+        lat = np.asarray(self.latencies)
+        return {
+            "replica_seconds": rs,
+            "p50_s": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_s": float(np.percentile(lat, 99)) if lat.size else None,
+            "scale_events": events,
+            "completed": int(lat.size),
+            "failed": self.failed,
+        }
+
+
+async def live_run(
+    stack: Stack, app: str, config: str, arrivals: list[float], settle_s: float
+) -> Live:
+    assert stack.bus is not None
+    path = stack.log_dir / f"{app}.yaml"
+    path.write_text(app_yaml(app, CONFIGS[config]))
+    res = subprocess.run(
+        [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", stack.server.url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(f"deploy failed: {res.stderr}")
+
+    async def at_min() -> bool:
+        target, running = await stack.model(app)
+        return running >= 1 and running == target
+
+    await until(at_min, 120, f"{app} running")
+    handle = await connect_handle(
+        app, "Model", bus=stack.bus, config=RouterConfig(metrics_interval_s=1.0)
+    )
+    predict = handle.options(method="predict", deadline_s=60)
+    live = Live()
+    t0 = time.monotonic()
+    stop = asyncio.Event()
+
+    async def poll() -> None:
+        while not stop.is_set():
+            target, running = await stack.model(app)
+            live.points.append((time.monotonic() - t0, target, running))
+            await asyncio.sleep(POLL_S)
+
+    async def one() -> None:
+        start = time.monotonic()
+        try:
+            await predict.remote(1.0)
+            live.latencies.append(time.monotonic() - start)
+        except Exception:
+            live.failed += 1
+
+    poller = asyncio.create_task(poll())
+    tasks = []
+    for at in arrivals:
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    await asyncio.sleep(max(0.0, t0 + settle_s - time.monotonic()))
+    stop.set()
+    await poller
+    await handle.close()
+    return live
+
+
+def predict(recording: Path, config: str, app: str, log_dir: Path, seed: int) -> dict[str, Any]:
+    path = log_dir / f"predict-{config}.yaml"
+    path.write_text(app_yaml(app, CONFIGS[config]))
+    rows = load_report_rows(recording)
+    runs = closedloop.run_closed(rows, [(config, load_app_configs(path))], ModelOptions(seed=seed))
+    run = runs[0][1].deployments[f"{app}.Model"]
+    s = closedloop.summary(run, 0.1)
+    return {k: s[k] for k in ("replica_seconds", "p50_s", "p99_s", "scale_events")} | {
+        "calibration": run.calibration.doc()
+    }
+
+
+def rel(pred: float | None, meas: float | None) -> float | None:
+    if pred is None or meas is None or meas == 0:
+        return None
+    return (pred - meas) / meas
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    names = args.configs.split(",")
+    arrivals = arrival_times(args.load_s, args.seed)
+    settle = args.load_s + 10.0
+    with tempfile.TemporaryDirectory(prefix="fp-whatif-") as tmp:
+        log_dir = Path(tmp)
+        rec_dir = log_dir / "rec"
+        stack = Stack(log_dir)
+        await stack.start()
+        live: dict[str, dict[str, Any]] = {}
+        try:
+            for name in names:
+                app = f"run{name.lower()}"
+                rec = None
+                if name == names[0]:
+                    stack._start(
+                        ["record", "--nats", stack.server.url, "--out", str(rec_dir),
+                         "--subject", "fp.v1.report.>", "--progress-interval-s", "0"],
+                        "record.log",
+                    )  # fmt: skip
+                    rec = stack.procs[-1]
+                    await asyncio.sleep(2.0)
+                print(
+                    f"live run {name}: {len(arrivals)} requests over {args.load_s:g} s", flush=True
+                )
+                res = await live_run(stack, app, name, arrivals, settle)
+                live[name] = res.summary(settle)
+                if rec is not None:
+                    rec.terminate()
+                    rec.wait(30)
+            recording = rec_dir
+            preds = {
+                name: predict(recording, name, f"run{names[0].lower()}", log_dir, args.seed)
+                for name in names
+            }
+        finally:
+            await stack.stop()
+    rows = []
+    for name in names:
+        p, m = preds[name], live[name]
+        rows.append([name, p["replica_seconds"], m["replica_seconds"], p["p50_s"], m["p50_s"],
+                     p["p99_s"], m["p99_s"], p["scale_events"], m["scale_events"]])  # fmt: skip
+    print_table(
+        f"predicted (from {names[0]}'s recording) vs measured",
+        ["config", "pred rs", "live rs", "pred p50", "live p50", "pred p99", "live p99",
+         "pred ev", "live ev"],
+        rows,
+    )  # fmt: skip
+    pairs = []
+    for name in names[1:]:
+        a, b = names[0], name
+        pair: dict[str, Any] = {"pair": f"{a}/{b}"}
+        for metric in ("replica_seconds", "p99_s"):
+            pd = preds[b][metric] - preds[a][metric]
+            md = live[b][metric] - live[a][metric]
+            pair[f"{metric}_ranked_right"] = math.copysign(1, pd) == math.copysign(1, md)
+        pairs.append(pair)
+        result_line(
+            "whatif_validate", pair=f"{a}/{b}",
+            rs_err=rel(preds[b]["replica_seconds"], live[b]["replica_seconds"]) or 0.0,
+            p99_err=rel(preds[b]["p99_s"], live[b]["p99_s"]) or 0.0,
+            rs_rank=int(pair["replica_seconds_ranked_right"]),
+            p99_rank=int(pair["p99_s_ranked_right"]),
+        )  # fmt: skip
+    return {"load_s": args.load_s, "requests": len(arrivals), "live": live,
+            "predicted": preds, "pairs": pairs}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--load-s", type=float, default=150.0)
+    ap.add_argument("--configs", default="A,B1,B2,B3", help="the first is recorded")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    out = asyncio.run(main_async(args))
+    print(f"wrote {write_json('whatif_validate', out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

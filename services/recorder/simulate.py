@@ -1,0 +1,328 @@
+"""Closed-loop what-if: queueing under the config under test, calibrated from a recording.
+
+How it works. Per deployment, the recording gives the *arrivals* (calibrate.py), which do not
+depend on the config: a config with fewer replicas makes the same requests wait longer. The
+simulation runs on a fixed time step (`interval_s`, the controller's control interval) and
+models, per step:
+
+1. Arrivals: the recovered rate for the step, drawn (seeded) as a Poisson count modulated per
+   report interval by a gamma factor that reproduces the recording's index of dispersion. The
+   same draw serves every config (common random numbers), so configs differ by the config only.
+2. Service: requests in flight complete as a fluid, at rate N / S(N / R) for N in flight on R
+   running replicas, where S(c) is the calibrated service time at c requests per replica.
+3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
+   while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
+   otherwise holds the request; its balancing is taken as perfect). A queue beyond
+   `max_queued` rejects; a request still queued at `timeout_s` times out.
+4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
+   calibrated service-time variation (a fixed, seeded set of gamma quantile nodes).
+5. Reports and control: every report interval the routers' time-averaged running + queued is
+   what the controller's metrics store would hold (a cold start and a sharp rise report at once,
+   as routers do); each step that demand goes into the controller's `DemandWindow` and
+   `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
+6. Replicas: a target increase starts replicas that run `startup_s` later (calibrated from
+   lifecycle events, or the option); a decrease stops the newest first.
+
+The cost per step is O(1) per deployment whatever its replica count (the fluid aggregates the
+replicas), so a 1,000-replica fleet costs what its deployments cost. Determinism: the seed and
+the deployment key fix every draw; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from services.controller.demand_window import DemandWindow
+from services.controller.policy import PolicyInputs, decide, initial_state, needed_replicas
+from services.router.config import RouterConfig
+from services.router.rise import RISE_FACTOR, RISE_MIN
+from shared.appconfig import AppConfig, AutoscalingConfig
+from shared.errors import UsageError
+from shared.subjects import DEFAULT_NAMESPACE, deployment_key
+
+from .calibrate import Calibration
+from .whatif import TimelineEntry
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+NODES: Final = 64
+"""Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
+PERCENTILES: Final = (50.0, 95.0, 99.0)
+DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    interval_s: float = 0.1
+    seed: int = 0
+    startup_s: float | None = None
+    """Replica start time; None: as calibrated (0 when the recording has no lifecycle events)."""
+    timeout_s: float | None = None
+    """Request deadline; None: requests wait as long as it takes."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    report_interval_s: float | None = None
+    """Routers' report cadence; None: as recorded, else the config's metrics_interval_s."""
+    namespace: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise UsageError(f"interval_s must be > 0, not {self.interval_s!r}")
+        for name in ("startup_s", "timeout_s", "report_interval_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise UsageError(f"{name} must be >= 0, not {v!r}")
+        if self.max_queued < 0:
+            raise UsageError("max_queued must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClosedRun:
+    """One deployment under one config: per-step series and the request outcomes."""
+
+    key: str
+    config: AutoscalingConfig
+    max_ongoing: int
+    calibration: Calibration
+    startup_s: float
+    times: F64
+    arrivals: F64
+    demand: F64
+    in_flight: F64
+    queued: F64
+    target: I64
+    running: I64
+    latency: F64
+    """Sorted latency values (seconds) ..."""
+    weight: F64
+    """... and the requests each stands for."""
+    arrived: float
+    rejected: float
+    timed_out: float
+    timeline: tuple[TimelineEntry, ...]
+
+    def percentile(self, q: float) -> float | None:
+        if self.weight.size == 0:
+            return None
+        cum = np.cumsum(self.weight)
+        i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
+        return float(self.latency[min(i, self.latency.size - 1)])
+
+    def completed(self) -> float:
+        return float(self.weight.sum())
+
+    def replica_seconds(self, interval_s: float) -> float:
+        return float(self.running.sum()) * interval_s
+
+
+def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) -> F64:
+    """Arrivals per step: Poisson, rate modulated per report interval for the dispersion."""
+    assert cal.arrivals is not None
+    lam = cal.arrivals.arrivals_between(dt * np.arange(n + 1, dtype=np.float64))
+    rng = np.random.default_rng([seed, zlib.crc32(cal.key.encode())])
+    if cal.dispersion > 1.0 and lam.sum() > 0:
+        per_block = float(lam.sum()) / max(1, math.ceil(n / block))
+        k = per_block / (cal.dispersion - 1.0)  # Var = m + m^2 / k = D m per block
+        g = rng.gamma(k, 1.0 / k, math.ceil(n / block)) if k > 0 else np.ones(1)
+        lam = lam * np.repeat(g, block)[:n]
+    return rng.poisson(lam).astype(np.float64)
+
+
+def _nodes(cv: float, key: str, seed: int) -> F64:
+    if cv < 1e-3:
+        return np.ones(NODES)
+    k = 1.0 / (cv * cv)
+    rng = np.random.default_rng([seed, zlib.crc32(key.encode()), 1])
+    x = np.sort(rng.gamma(k, 1.0 / k, NODES))
+    return np.asarray(x / x.mean(), dtype=np.float64)
+
+
+def run_deployment(
+    key: str,
+    cfg: AutoscalingConfig,
+    max_ongoing: int,
+    cal: Calibration,
+    duration_s: float,
+    opts: ModelOptions,
+) -> ClosedRun:
+    """Simulate one deployment over [0, duration_s] (see the module docstring)."""
+    if cal.arrivals is None:
+        raise UsageError(f"{key}: the recording has no request stats to drive the closed loop")
+    dt = opts.interval_s
+    n = max(1, math.ceil(duration_s / dt))
+    report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s
+    block = max(1, round(report_s / dt))
+    arrivals = _arrival_draw(cal, n, dt, block, opts.seed)
+    startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
+    window = DemandWindow.for_policy(cfg)
+    keep_s = max(cfg.look_back_period_s, cfg.panic_window_s)
+    state = initial_state(cfg, 0.0)
+    ready_at = [0.0] * state.target
+    n_flight = queued = 0.0
+    cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
+    acc = 0.0  # integral of running + queued since the last report
+    last_report = 0.0
+    reported = 0.0
+    rise_ticks = 0
+    rejected = timed_out = 0.0
+    lat_wait: list[float] = []
+    lat_s: list[float] = []
+    lat_w: list[float] = []
+    demand = np.empty(n)
+    in_flight = np.empty(n)
+    queue = np.empty(n)
+    target = np.empty(n, dtype=np.int64)
+    running = np.empty(n, dtype=np.int64)
+    timeline: list[TimelineEntry] = []
+    last_rule = ""
+    timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / dt
+    service = cal.service_s
+    for k in range(n):
+        now = (k + 1) * dt
+        r = bisect.bisect_right(ready_at, now)
+        if n_flight > 0:
+            s = service(n_flight / max(r, 1))
+            n_flight -= n_flight * (1.0 - math.exp(-dt / s)) if s > 0 else n_flight
+        a = arrivals[k]
+        if a > 0:
+            cohorts.append([k, a])
+            queued += a
+            if queued > opts.max_queued:  # the newest are refused
+                over = queued - opts.max_queued
+                cohorts[-1][1] -= over
+                queued -= over
+                rejected += over
+        free = r * max_ongoing - n_flight
+        if free > 0 and queued > 0:
+            admitted = 0.0
+            waits: list[tuple[float, float]] = []
+            while cohorts and free > 1e-12:
+                head = cohorts[0]
+                take = min(head[1], free)
+                waits.append(((k - head[0]) * dt, take))
+                head[1] -= take
+                free -= take
+                admitted += take
+                if head[1] <= 1e-12:
+                    cohorts.popleft()
+            queued = max(0.0, queued - admitted)
+            n_flight += admitted
+            s_now = service(n_flight / max(r, 1))
+            for w, c in waits:
+                lat_wait.append(w)
+                lat_s.append(s_now)
+                lat_w.append(c)
+        while cohorts and k - cohorts[0][0] >= timeout_steps:
+            timed_out += cohorts[0][1]
+            queued = max(0.0, queued - cohorts.popleft()[1])
+        # what routers report: the time-weighted running + queued, at their cadence; a queue
+        # at zero replicas (cold start) and a sharp rise that holds are reported at once
+        load = n_flight + queued
+        acc += load * dt
+        rise_ticks = rise_ticks + 1 if load >= RISE_FACTOR * reported + RISE_MIN else 0
+        cold = state.target == 0 and queued > 0
+        if now - last_report >= report_s - 1e-9 or (cold and reported < queued) or rise_ticks >= 2:
+            span = now - last_report
+            reported = load if rise_ticks >= 2 else acc / span if span > 0 else load
+            if cold:
+                reported = max(reported, queued)
+            acc, last_report, rise_ticks = 0.0, now, 0
+        window.add(now, reported)
+        mean, short, full = window.policy_demand(cfg, state.target, now)
+        inputs = PolicyInputs(mean, short, full, cold, r)
+        state, d = decide(cfg, state, inputs, now)
+        while len(ready_at) < d.target:
+            ready_at.append(now + startup)
+        del ready_at[d.target :]
+        window.trim(now, keep_s)
+        r_after = bisect.bisect_right(ready_at, now)
+        if d.changed or d.rule != last_rule:
+            timeline.append(
+                TimelineEntry(now, key, mean, d.target, d.desired, r_after, d.rule, d.reason)
+            )
+        last_rule = d.rule
+        demand[k], in_flight[k], queue[k] = reported, n_flight, queued
+        target[k], running[k] = d.target, r_after
+    lat, wts = _latencies(lat_wait, lat_s, lat_w, _nodes(cal.cv, key, opts.seed))
+    if opts.timeout_s is not None and lat.size:
+        late = lat > opts.timeout_s
+        timed_out += float(wts[late].sum())
+        lat, wts = lat[~late], wts[~late]
+    return ClosedRun(
+        key=key,
+        config=cfg,
+        max_ongoing=max_ongoing,
+        calibration=cal,
+        startup_s=startup,
+        times=dt * np.arange(1, n + 1, dtype=np.float64),
+        arrivals=arrivals,
+        demand=demand,
+        in_flight=in_flight,
+        queued=queue,
+        target=target,
+        running=running,
+        latency=lat,
+        weight=wts,
+        arrived=float(arrivals.sum()),
+        rejected=rejected,
+        timed_out=timed_out,
+        timeline=tuple(timeline),
+    )
+
+
+def _latencies(
+    wait: list[float], service: list[float], weight: list[float], nodes: F64
+) -> tuple[F64, F64]:
+    if not wait:
+        return np.empty(0), np.empty(0)
+    w = np.asarray(wait)[:, None] + np.asarray(service)[:, None] * nodes[None, :]
+    c = np.repeat(np.asarray(weight) / nodes.size, nodes.size)
+    flat = w.ravel()
+    order = np.argsort(flat, kind="stable")
+    return flat[order], c[order]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClosedResult:
+    options: ModelOptions
+    start_us: int
+    duration_s: float
+    deployments: dict[str, ClosedRun]
+
+
+def simulate_closed(
+    calibrations: dict[str, Calibration],
+    apps: Sequence[AppConfig],
+    duration_s: float,
+    start_us: int = 0,
+    opts: ModelOptions | None = None,
+) -> ClosedResult:
+    """Every deployment of `apps` that has a calibration with arrivals, in sorted order."""
+    opts = opts or ModelOptions()
+    runs: dict[str, ClosedRun] = {}
+    for app in apps:
+        for d in app.deployments:
+            key = deployment_key(app.name, d.name)
+            cal = calibrations.get(key)
+            if cal is None or cal.arrivals is None:
+                continue
+            runs[key] = run_deployment(key, d.policy, d.max_ongoing_requests, cal, duration_s, opts)
+    return ClosedResult(opts, start_us, duration_s, dict(sorted(runs.items())))
+
+
+def under_provisioned_s(run: ClosedRun, interval_s: float) -> float:
+    """Time with fewer replicas running than the offered load needs at the config's target."""
+    need = np.fromiter(
+        (needed_replicas(run.config, x) for x in (run.in_flight + run.queued).tolist()),
+        dtype=np.int64,
+        count=run.running.size,
+    )
+    return float(np.count_nonzero(run.running < need)) * interval_s
