@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import random
 import subprocess
@@ -124,9 +125,9 @@ class Live:
 
     def summary(self, end_s: float) -> dict[str, Any]:
         pts = [p for p in self.points if 0 <= p[0] <= end_s]
-        rs = sum((b[0] - a[0]) * a[2] for a, b in zip(pts, pts[1:], strict=False))
+        rs = sum((b[0] - a[0]) * a[2] for a, b in itertools.pairwise(pts))
         targets = [tg for _, tg, _ in pts if tg >= 0]
-        events = sum(1 for a, b in zip(targets, targets[1:], strict=False) if a != b)
+        events = sum(1 for a, b in itertools.pairwise(targets) if a != b)
         lat = np.asarray(self.latencies)
         return {
             "replica_seconds": rs,
@@ -144,7 +145,8 @@ async def live_run(
     assert stack.bus is not None
     path = stack.log_dir / f"{app}.yaml"
     path.write_text(app_yaml(app, CONFIGS[config]))
-    res = subprocess.run(
+    res = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", stack.server.url],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
