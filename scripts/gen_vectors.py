@@ -238,6 +238,7 @@ def _columnar_inputs(n: int, seed: int) -> dict[str, Any]:
 
 def columnar_vectors() -> list[tuple[str, bytes, str]]:
     (small,) = columnar.encode_handle_report_columnar(**_columnar_inputs(6, 1))
+    (with_stats,) = columnar.encode_handle_report_columnar(**_columnar_inputs(3, 4), stats=STATS)
     (empty,) = columnar.encode_handle_report_columnar(
         **{
             **_columnar_inputs(0, 2),
@@ -252,6 +253,7 @@ def columnar_vectors() -> list[tuple[str, bytes, str]]:
     out = [
         ("columnar_small", small, "6 replicas, some without health, one custom metric"),
         ("columnar_empty", empty, "no replicas; all health columns absent as nulls"),
+        ("columnar_stats", with_stats, "optional request counters (stats v1) as JSON metadata"),
     ]
     out += [
         (f"columnar_split_p{i}", p, f"part {i} of a 40-replica report split at 3000 bytes")

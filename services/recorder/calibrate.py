@@ -40,7 +40,7 @@ import numpy.typing as npt
 from shared.errors import UsageError, WireError
 from shared.subjects import DEFAULT_NAMESPACE, Subjects, deployment_key
 from shared.wire.codec import decode_as
-from shared.wire.columnar import detect_format
+from shared.wire.columnar import decode_handle_report_columnar, detect_format
 from shared.wire.messages import HandleReport, Lifecycle, RequestStats
 
 F64 = npt.NDArray[np.float64]
@@ -208,9 +208,13 @@ def calibrate(
         try:
             if where.kind == "handle":
                 if detect_format(payload) == "columnar":
-                    skipped["columnar_no_stats"] += 1
-                    continue
-                _add_report(routers[key], decode_as(payload, HandleReport), t)
+                    c = decode_handle_report_columnar(payload)
+                    if c.part == 0:  # stats are report-level; part 0's rows stand for the rest
+                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, c.running, t)
+                else:
+                    r = decode_as(payload, HandleReport)
+                    running = np.fromiter(r.running.values(), np.float64, len(r.running))
+                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, running, t)
             elif where.kind == "lifecycle":
                 ev = decode_as(payload, Lifecycle)
                 if ev.state == "starting":
@@ -260,20 +264,27 @@ def calibrate(
     return out, skipped
 
 
-def _add_report(by_handle: dict[str, _Router], r: HandleReport, t: float) -> None:
-    s = r.stats
+def _add_report(
+    by_handle: dict[str, _Router],
+    handle_id: str,
+    sent_at: float,
+    s: RequestStats | None,
+    running: F64,
+    t: float,
+) -> None:
     if s is None:
         return
     # requests in flight per replica serving any, as this router saw them over the interval
-    conc = math.fsum(r.running.values()) / max(1, sum(1 for v in r.running.values() if v > 0))
-    cur = by_handle.get(r.handle_id)
+    busy = running[running > 0]
+    conc = float(busy.sum()) / max(1, busy.size)
+    cur = by_handle.get(handle_id)
     if cur is None:
-        cur = by_handle[r.handle_id] = _Router([], [], [], [], [], [], [], s, s)
-    elif s.arrived < cur.last.arrived or r.sent_at <= cur.sent[-1]:
+        cur = by_handle[handle_id] = _Router([], [], [], [], [], [], [], s, s)
+    elif s.arrived < cur.last.arrived or sent_at <= cur.sent[-1]:
         return  # a restarted router reusing its id, or a stale report: keep the first run
     cur.last = s
     cur.times.append(t)
-    cur.sent.append(r.sent_at)
+    cur.sent.append(sent_at)
     cur.arrived.append(s.arrived)
     cur.completed.append(s.completed)
     cur.service.append(s.service_s)

@@ -155,7 +155,8 @@ def _e_replica_report(m: ReplicaReport) -> Map:
     }
 
 
-def _stats_map(s: RequestStats) -> Map:
+def stats_map(s: RequestStats) -> Map:
+    """The wire map of `HandleReport.stats` (msgpack, and JSON in columnar metadata)."""
     return {
         "v": RequestStats.VERSION,
         "arrived": s.arrived,
@@ -184,7 +185,7 @@ def _e_handle_report(m: HandleReport) -> Map:
         "custom": m.custom,
     }
     if m.stats is not None:  # optional: absent keeps older vectors and readers as they were
-        out["stats"] = _stats_map(m.stats)
+        out["stats"] = stats_map(m.stats)
     return out
 
 
@@ -363,8 +364,9 @@ def _d_replica_report(m: Map) -> ReplicaReport:
     )
 
 
-def _d_stats(raw: object, w: str) -> RequestStats | None:
-    """The optional `stats` map; None when absent or of a version this reader does not know."""
+def decode_stats(raw: object, w: str) -> RequestStats | None:
+    """The optional `stats` map; None when absent or of a version this reader does not know.
+    The one validator of both report formats."""
     if raw is None:
         return None
     if type(raw) is not dict:
@@ -407,7 +409,7 @@ def _d_handle_report(m: Map) -> HandleReport:
         health=health,
         membership_epoch=f.get_count(m, "membership_epoch", w),
         custom=custom,
-        stats=_d_stats(m.get("stats"), w),
+        stats=decode_stats(m.get("stats"), w),
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from services.recorder.replay import load_app_configs
 from services.recorder.simulate import ModelOptions, run_deployment
 from services.recorder.tune import candidates, frontier, parse_slo, tune, tuned_yaml
 from shared.appconfig import AutoscalingConfig
-from shared.errors import UsageError
+from shared.errors import UsageError, WireError
 from shared.wire.codec import encode
 from shared.wire.messages import HandleReport
 from tests.replay import queue_recording as q
@@ -116,7 +118,7 @@ def test_tune_finds_a_cheaper_config_that_meets_the_slo(cal_rows: list, tmp_path
     assert best.replica_seconds <= cands[0].replica_seconds
     front = frontier(cands)
     assert [f.replica_seconds for f in front] == sorted(f.replica_seconds for f in front)
-    assert all(a.percentile > b.percentile for a, b in zip(front, front[1:]))  # type: ignore[operator]
+    assert all(a.percentile > b.percentile for a, b in itertools.pairwise(front))  # type: ignore[operator]
     again = tune(c, KEY, base, 5, 600.0, (99.0, 1.0), ModelOptions(interval_s=0.25), 25)[1]
     assert again is not None and again.index == best.index
     text = tuned_yaml(q.config_yaml(), "queue", "d000", best.config)
@@ -148,3 +150,59 @@ def test_slo_parsing() -> None:
     for bad in ("99=0.5", "p99", "p100=1", "p99=-1"):
         with pytest.raises(UsageError):
             parse_slo(bad)
+
+
+def test_columnar_reports_carry_the_stats_and_calibrate_alike(cal_rows: list) -> None:
+    from shared.wire.codec import decode_as
+    from shared.wire.columnar import (
+        columnar_to_handle_report,
+        decode_handle_report_columnar,
+        handle_report_to_columnar,
+    )
+
+    wide: list[tuple[int, str, bytes]] = []
+    for t, subject, payload in cal_rows:
+        if ".handle." in subject:
+            report = decode_as(payload, HandleReport)
+            (part,) = handle_report_to_columnar(report)
+            assert columnar_to_handle_report(decode_handle_report_columnar(part)) == report
+            payload = part
+        wide.append((t, subject, payload))
+    a = calibrate(cal_rows, [KEY])[0][KEY]
+    b = calibrate(wide, [KEY])[0][KEY]
+    assert a.doc() == b.doc()
+    assert a.arrivals is not None and b.arrivals is not None
+    assert a.arrivals.total == b.arrivals.total
+
+
+def test_columnar_stats_of_bad_json_or_counts_are_refused() -> None:
+    import pyarrow as pa
+
+    from shared.wire import reasons
+    from shared.wire.columnar import decode_handle_report_columnar, encode_handle_report_columnar
+
+    (good,) = encode_handle_report_columnar(
+        handle_id="h", app="a", deployment="d", sent_at=1.0, seq=1, queued_requests=0.0,
+        membership_epoch=0, replica_ids=["r"], running=[1.0],
+    )  # fmt: skip
+    schema = pa.ipc.open_stream(good[4:]).schema
+    batch = pa.ipc.open_stream(good[4:]).read_next_batch()
+
+    def with_stats(text: bytes) -> bytes:
+        meta = {**schema.metadata, b"stats": text}
+        sink = pa.BufferOutputStream()
+        sink.write(b"FPC1")
+        with pa.ipc.new_stream(sink, schema.with_metadata(meta)) as w:
+            w.write_batch(batch.replace_schema_metadata(meta))
+        return bytes(sink.getvalue().to_pybytes())
+
+    negative = {"v": 1, "arrived": -1, "completed": 0, "service_s": 0, "service_sq_s2": 0,
+                "wait_s": 0, "rejected": 0, "timed_out": 0}  # fmt: skip
+    for text, reason in (
+        (b"{not json", reasons.MALFORMED),
+        (json.dumps(negative).encode(), reasons.BAD_VALUE),
+    ):
+        with pytest.raises(WireError) as exc:
+            decode_handle_report_columnar(with_stats(text))
+        assert exc.value.reason == reason
+    assert decode_handle_report_columnar(with_stats(b'{"v":9}')).stats is None
