@@ -75,7 +75,7 @@ READY = Lifecycle(
 )
 STATS = RequestStats(
     arrived=120, completed=117, service_s=23.4, service_sq_s2=4.875, wait_s=1.25, rejected=1,
-    timed_out=2,
+    timed_out=2, concurrency_sum=234, concurrency_sq_sum=520, concurrency_service_s=49.5,
 )  # fmt: skip
 HANDLE_STATS = HandleReport("router-a/h1", "shop", "ranker", T0, 9, 0.0, {}, (), 12, stats=STATS)
 EXITED = Lifecycle(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import math
 import random
 import subprocess
@@ -121,6 +122,7 @@ def arrival_times(load_s: float, seed: int) -> list[float]:
 class Live:
     points: list[tuple[float, int, int]] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
     failed: int = 0
 
     def summary(self, end_s: float) -> dict[str, Any]:
@@ -176,7 +178,9 @@ async def live_run(
         start = time.monotonic()
         try:
             await predict.remote(1.0)
-            live.latencies.append(time.monotonic() - start)
+            end = time.monotonic()
+            live.latencies.append(end - start)
+            live.finished_at.append(end - t0)
         except Exception:
             live.failed += 1
 
@@ -218,11 +222,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     arrivals = arrival_times(args.load_s, args.seed)
     settle = args.load_s + 10.0
     with tempfile.TemporaryDirectory(prefix="fp-whatif-") as tmp:
-        log_dir = Path(tmp)
+        log_dir = Path(tmp) if args.keep is None else args.keep
+        log_dir.mkdir(parents=True, exist_ok=True)
         rec_dir = log_dir / "rec"
         stack = Stack(log_dir)
         await stack.start()
         live: dict[str, dict[str, Any]] = {}
+        series: dict[str, Any] = {}
         try:
             for name in names:
                 app = f"run{name.lower()}"
@@ -240,6 +246,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 res = await live_run(stack, app, name, arrivals, settle)
                 live[name] = res.summary(settle)
+                series[name] = {"points": res.points, "latency": res.latencies,
+                                "finished_at": res.finished_at}  # fmt: skip
                 if rec is not None:
                     rec.terminate()
                     rec.wait(30)
@@ -250,6 +258,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             }
         finally:
             await stack.stop()
+        if args.keep is not None:
+            (log_dir / "live.json").write_text(json.dumps(series))
     rows = []
     for name in names:
         p, m = preds[name], live[name]
@@ -286,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-s", type=float, default=150.0)
     ap.add_argument("--configs", default="A,B1,B2,B3", help="the first is recorded")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", type=Path, help="keep the recording, logs and live series here")
     args = ap.parse_args(argv)
     out = asyncio.run(main_async(args))
     print(f"wrote {write_json('whatif_validate', out)}")

@@ -11,11 +11,11 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
 - **Burstiness.** The index of dispersion D (variance / mean of arrivals per report interval),
   estimated from successive differences so that a ramp does not read as bursts: 1 for Poisson,
   above 1 for bursty arrivals. The simulation draws arrivals with that dispersion.
-- **Service time and its growth with concurrency.** Per report interval of one router: the mean
-  service time of the requests it completed (delta service_s / delta completed) against the mean
-  requests in flight per replica then (its `running` map). A weighted least-squares line
-  S(c) = base_s + slope_s * (c - 1) (weights: requests completed; slope >= 0), and the spread
-  of service times within an interval as a coefficient of variation.
+- **Service time and its growth with concurrency.** Routers sum, over completed requests, the
+  service time s, the replica's concurrency c at admission (its `num_ongoing`, the request
+  included) and c^2, c*s, s^2: the sufficient statistics of a least-squares line
+  S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
+  the spread left around it (a coefficient of variation).
 - **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
   spawn, replicas their own start and ready); the median over replicas.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
@@ -120,10 +120,6 @@ class _Router:
     times: list[float]
     sent: list[float]
     arrived: list[int]
-    completed: list[int]
-    service: list[float]
-    service_sq: list[float]
-    conc: list[float]
     first: RequestStats
     last: RequestStats
 
@@ -133,39 +129,23 @@ class _Router:
 
 
 def _fit_service(routers: Iterable[_Router]) -> tuple[float | None, float, float, int]:
-    """(base_s, slope_s, cv, completed) from every router's report intervals."""
-    n_all: list[float] = []
-    mean_all: list[float] = []
-    conc_all: list[float] = []
-    var_sum = 0.0
-    completed = 0
-    for r in routers:
-        if len(r.times) < 2:
-            continue
-        dn = np.diff(np.asarray(r.completed, dtype=np.float64))
-        ds = np.diff(np.asarray(r.service, dtype=np.float64))
-        dq = np.diff(np.asarray(r.service_sq, dtype=np.float64))
-        ok = dn > 0
-        completed += int(dn[ok].sum())
-        mean = ds[ok] / dn[ok]
-        var_sum += float(np.maximum(dq[ok] / dn[ok] - mean**2, 0.0) @ dn[ok])
-        n_all += dn[ok].tolist()
-        mean_all += mean.tolist()
-        conc_all += np.asarray(r.conc[1:], dtype=np.float64)[ok].tolist()
-    if not n_all:
-        return None, 0.0, 0.0, completed
-    w = np.asarray(n_all)
-    s = np.asarray(mean_all)
-    x = np.maximum(np.asarray(conc_all) - 1.0, 0.0)
-    overall = float(s @ w / w.sum())
-    cv = min(math.sqrt(var_sum / w.sum()) / overall, MAX_CV) if overall > 0 else 0.0
-    xm = float(x @ w / w.sum())
-    sxx = float(((x - xm) ** 2) @ w)
-    if sxx <= 1e-9 * w.sum():  # concurrency never varied: no slope to see
-        return overall, 0.0, cv, completed
-    slope = max(float(((x - xm) * (s - overall)) @ w) / sxx, 0.0)
-    base = max(overall - slope * xm, 1e-6)
-    return base, slope, cv, completed
+    """(base_s, slope_s, cv, completed): a least-squares line of service time against the
+    replica's concurrency at admission, over every request completed during the recording
+    (the routers' sums are its sufficient statistics), and the spread left around it."""
+    names = ("completed", "concurrency_sum", "concurrency_sq_sum", "service_s",
+             "concurrency_service_s", "service_sq_s2")  # fmt: skip
+    n, sc, scc, ss, scs, sss = (sum(r.total(k) for r in routers) for k in names)
+    if n <= 0:
+        return None, 0.0, 0.0, 0
+    mean_s, mean_c = ss / n, sc / n
+    var_c = scc / n - mean_c**2
+    slope = 0.0
+    if var_c > 1e-9 and sc > 0:  # concurrency varied (and the routers counted it)
+        slope = max((scs / n - mean_c * mean_s) / var_c, 0.0)
+    base = max(mean_s - slope * max(mean_c - 1.0, 0.0), 1e-6) if sc > 0 else mean_s
+    resid = sss / n - mean_s**2 - slope**2 * max(var_c, 0.0)
+    cv = min(math.sqrt(max(resid, 0.0)) / base, MAX_CV) if base > 0 else 0.0
+    return base, slope, cv, round(n)
 
 
 def _dispersion(routers: Iterable[_Router]) -> float:
@@ -209,12 +189,11 @@ def calibrate(
             if where.kind == "handle":
                 if detect_format(payload) == "columnar":
                     c = decode_handle_report_columnar(payload)
-                    if c.part == 0:  # stats are report-level; part 0's rows stand for the rest
-                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, c.running, t)
+                    if c.part == 0:  # stats are report-level, the same in every part
+                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, t)
                 else:
                     r = decode_as(payload, HandleReport)
-                    running = np.fromiter(r.running.values(), np.float64, len(r.running))
-                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, running, t)
+                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, t)
             elif where.kind == "lifecycle":
                 ev = decode_as(payload, Lifecycle)
                 if ev.state == "starting":
@@ -269,24 +248,16 @@ def _add_report(
     handle_id: str,
     sent_at: float,
     s: RequestStats | None,
-    running: F64,
     t: float,
 ) -> None:
     if s is None:
         return
-    # requests in flight per replica serving any, as this router saw them over the interval
-    busy = running[running > 0]
-    conc = float(busy.sum()) / max(1, busy.size)
     cur = by_handle.get(handle_id)
     if cur is None:
-        cur = by_handle[handle_id] = _Router([], [], [], [], [], [], [], s, s)
+        cur = by_handle[handle_id] = _Router([], [], [], s, s)
     elif s.arrived < cur.last.arrived or sent_at <= cur.sent[-1]:
         return  # a restarted router reusing its id, or a stale report: keep the first run
     cur.last = s
     cur.times.append(t)
     cur.sent.append(sent_at)
     cur.arrived.append(s.arrived)
-    cur.completed.append(s.completed)
-    cur.service.append(s.service_s)
-    cur.service_sq.append(s.service_sq_s2)
-    cur.conc.append(conc)

@@ -8,14 +8,15 @@ models, per step:
 1. Arrivals: the recovered rate for the step, drawn (seeded) as a Poisson count modulated per
    report interval by a gamma factor that reproduces the recording's index of dispersion. The
    same draw serves every config (common random numbers), so configs differ by the config only.
-2. Service: requests in flight complete as a fluid, at rate N / S(N / R) for N in flight on R
-   running replicas, where S(c) is the calibrated service time at c requests per replica.
+2. Service: a request admitted when its replica serves c requests (itself included; c = N / R
+   + 1 for N in flight on R running replicas) takes S(c), the calibrated service time, spread
+   by its variation: each admitted cohort leaves in `PIPE` shares at quantiles of that spread.
 3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
    while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
    otherwise holds the request; its balancing is taken as perfect). A queue beyond
    `max_queued` rejects; a request still queued at `timeout_s` times out.
 4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
-   calibrated service-time variation (a fixed, seeded set of gamma quantile nodes).
+   calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
 5. Reports and control: every report interval the routers' time-averaged running + queued is
    what the controller's metrics store would hold (a cold start and a sharp rise report at once,
    as routers do); each step that demand goes into the controller's `DemandWindow` and
@@ -56,6 +57,8 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 NODES: Final = 64
 """Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
+PIPE: Final = 8
+"""Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
 
@@ -185,12 +188,15 @@ def run_deployment(
     last_rule = ""
     timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / dt
     service = cal.service_s
+    nodes = _nodes(cal.cv, key, opts.seed)
+    pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser nodes for completions
+    pipe_w = [1.0 / PIPE] * PIPE
+    done_at: dict[int, float] = {}  # step -> requests completing then
     for k in range(n):
         now = (k + 1) * dt
         r = bisect.bisect_right(ready_at, now)
-        if n_flight > 0:
-            s = service(n_flight / max(r, 1))
-            n_flight -= n_flight * (1.0 - math.exp(-dt / s)) if s > 0 else n_flight
+        if done_at.get(k):
+            n_flight = max(0.0, n_flight - done_at.pop(k))
         a = arrivals[k]
         if a > 0:
             cohorts.append([k, a])
@@ -214,8 +220,13 @@ def run_deployment(
                 if head[1] <= 1e-12:
                     cohorts.popleft()
             queued = max(0.0, queued - admitted)
+            # a request joins a replica serving n_flight / r others (mid-step), itself included
+            c_admit = min((n_flight + admitted / 2) / max(r, 1) + 1.0, float(max_ongoing))
+            s_now = service(c_admit)
             n_flight += admitted
-            s_now = service(n_flight / max(r, 1))
+            for j, q in enumerate(pipe):  # each share leaves after its service time
+                at = k + max(1, round(s_now * q / dt))
+                done_at[at] = done_at.get(at, 0.0) + admitted * pipe_w[j]
             for w, c in waits:
                 lat_wait.append(w)
                 lat_s.append(s_now)
@@ -251,7 +262,7 @@ def run_deployment(
         last_rule = d.rule
         demand[k], in_flight[k], queue[k] = reported, n_flight, queued
         target[k], running[k] = d.target, r_after
-    lat, wts = _latencies(lat_wait, lat_s, lat_w, _nodes(cal.cv, key, opts.seed))
+    lat, wts = _latencies(lat_wait, lat_s, lat_w, nodes)
     if opts.timeout_s is not None and lat.size:
         late = lat > opts.timeout_s
         timed_out += float(wts[late].sum())

@@ -127,6 +127,7 @@ async def _open_call(
                 pump=stream and admission.will_send_health_frames,
                 started=start,
                 dispatched=now,
+                concurrency=admission.num_ongoing,
             )
         await response.close()
         router.finished(rid, clock.monotonic())
@@ -176,6 +177,7 @@ class ResponseReader:
     """The response stream of one admitted request. Always `close()` it (idempotent)."""
 
     __slots__ = (
+        "_concurrency",
         "_deadline",
         "_dispatched",
         "_done",
@@ -203,10 +205,12 @@ class ResponseReader:
         pump: bool,
         started: float,
         dispatched: float,
+        concurrency: int = 0,
     ) -> None:
         self._router = router
         self._started = started
         self._dispatched = dispatched  # of the admitted attempt: service time starts here
+        self._concurrency = concurrency  # the replica's requests in flight when it admitted
         self._outcome = OK
         """What the caller saw: the first error a read raised (closing early is no failure)."""
         self.replica_id = replica_id
@@ -273,7 +277,7 @@ class ResponseReader:
             self._router.metrics.observe(self._outcome, now - self._started)
             if self._outcome == OK:
                 self._router.counters.completed(
-                    self._dispatched - self._started, now - self._dispatched
+                    self._dispatched - self._started, now - self._dispatched, self._concurrency
                 )
             else:
                 self._router.counters.failed(self._outcome)

@@ -128,18 +128,25 @@ def merge_health(
 class RequestCounters:
     """The cumulative request counters a router sends as `HandleReport.stats` (O(1) per request)."""
 
-    __slots__ = ("arrived", "done", "rejected", "service_s", "service_sq_s2", "timed_out", "wait_s")
+    __slots__ = (
+        "arrived", "c_s", "c_sq", "c_sum", "done", "rejected", "service_s", "service_sq_s2",
+        "timed_out", "wait_s",
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self.arrived = self.done = self.rejected = self.timed_out = 0
-        self.service_s = self.service_sq_s2 = self.wait_s = 0.0
+        self.arrived = self.done = self.rejected = self.timed_out = self.c_sum = self.c_sq = 0
+        self.service_s = self.service_sq_s2 = self.wait_s = self.c_s = 0.0
 
-    def completed(self, wait_s: float, service_s: float) -> None:
-        wait_s, service_s = max(0.0, wait_s), max(0.0, service_s)
+    def completed(self, wait_s: float, service_s: float, concurrency: int) -> None:
+        """One request done: `concurrency` is the replica's count at its admission."""
+        wait_s, service_s, c = max(0.0, wait_s), max(0.0, service_s), max(0, concurrency)
         self.done += 1
         self.wait_s += wait_s
         self.service_s += service_s
         self.service_sq_s2 += service_s * service_s
+        self.c_sum += c
+        self.c_sq += c * c
+        self.c_s += c * service_s
 
     def failed(self, outcome: str) -> None:
         """A call that ended with `outcome` (a RouterMetrics label)."""
@@ -157,6 +164,9 @@ class RequestCounters:
             wait_s=self.wait_s,
             rejected=self.rejected,
             timed_out=self.timed_out,
+            concurrency_sum=self.c_sum,
+            concurrency_sq_sum=self.c_sq,
+            concurrency_service_s=self.c_s,
         )
 
 

@@ -166,6 +166,9 @@ def stats_map(s: RequestStats) -> Map:
         "wait_s": s.wait_s,
         "rejected": s.rejected,
         "timed_out": s.timed_out,
+        "concurrency_sum": s.concurrency_sum,
+        "concurrency_sq_sum": s.concurrency_sq_sum,
+        "concurrency_service_s": s.concurrency_service_s,
     }
 
 
@@ -382,6 +385,9 @@ def decode_stats(raw: object, w: str) -> RequestStats | None:
         wait_s=f.get_nonneg_float(raw, "wait_s", w),
         rejected=f.get_count(raw, "rejected", w),
         timed_out=f.get_count(raw, "timed_out", w),
+        concurrency_sum=f.get_count(raw, "concurrency_sum", w),
+        concurrency_sq_sum=f.get_count(raw, "concurrency_sq_sum", w),
+        concurrency_service_s=f.get_nonneg_float(raw, "concurrency_service_s", w),
     )
 
 

@@ -174,6 +174,14 @@ class RequestStats:
     """Refused by back-pressure (`max_queued_requests`)."""
     timed_out: int
     """Deadline exceeded, queued or in service."""
+    concurrency_sum: int
+    """Sum over completed requests of the replica's requests in flight when it admitted them
+    (itself included: `Admission.num_ongoing`), ..."""
+    concurrency_sq_sum: int
+    """... of its square ..."""
+    concurrency_service_s: float
+    """... and of it times the request's service time: with `completed`, `service_s` these are
+    the sums of a least-squares fit of service time against concurrency."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,23 +63,29 @@ def messages(
                                MAX_ONGOING if state == "ready" else None)  # fmt: skip
                 out.append((at, life, encode(ev)))
         subject = S.report("handle", app, dep)
-        arrived = completed = 0
-        service = service_sq = 0.0
+        arrived = completed = c_sum = c_sq = 0
+        service = service_sq = c_service = 0.0
         for seq, t in enumerate(np.arange(interval_s, duration_s, interval_s).tolist()):
             lam = rate(t, peak * (1 + 0.1 * (d % 5)))
             n = int(rng.poisson(lam * interval_s))
             arrived += n
-            # in flight per replica by Little's law at the service time it implies
+            # in flight per replica by Little's law at the service time it implies; a request
+            # is admitted with that many (rounded) on its replica, itself included
             c = max(1.0, lam * BASE_S / replicas)
             for _ in range(3):
                 c = max(1.0, lam * BASE_S * (1 + SLOPE * (c - 1)) / replicas)
-            s = BASE_S * (1 + SLOPE * (c - 1))
+            k = max(1, round(c))
+            s = BASE_S * (1 + SLOPE * (k - 1))
             completed += n
             service += n * s
             service_sq += n * s * s * 1.01  # a little spread around the mean
+            c_sum += n * k
+            c_sq += n * k * k
+            c_service += n * k * s
             busy = lam * s / replicas
             running = {rid: round(busy, 4) for rid in ids}
-            stats = RequestStats(arrived, completed, service, service_sq, 0.0, 0, 0)
+            stats = RequestStats(arrived, completed, service, service_sq, 0.0, 0, 0, c_sum, c_sq,
+                                 c_service)  # fmt: skip
             rep = HandleReport(f"router-{dep}", app, dep, START + t, seq + 1, 0.0, running, (),
                                1, stats=stats)  # fmt: skip
             out.append((t + 0.0005, subject, encode(rep)))

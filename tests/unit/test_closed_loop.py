@@ -197,7 +197,8 @@ def test_columnar_stats_of_bad_json_or_counts_are_refused() -> None:
         return bytes(sink.getvalue().to_pybytes())
 
     negative = {"v": 1, "arrived": -1, "completed": 0, "service_s": 0, "service_sq_s2": 0,
-                "wait_s": 0, "rejected": 0, "timed_out": 0}  # fmt: skip
+                "wait_s": 0, "rejected": 0, "timed_out": 0, "concurrency_sum": 0,
+                "concurrency_sq_sum": 0, "concurrency_service_s": 0}  # fmt: skip
     for text, reason in (
         (b"{not json", reasons.MALFORMED),
         (json.dumps(negative).encode(), reasons.BAD_VALUE),

@@ -69,7 +69,7 @@ SAMPLES: list[WireMessage] = [
     EXITED,
     Lifecycle("r-1", "", "starting", 4.0, "fp.v1.rpc.a.d.r-1", "v1", None, "a", "d"),
     dataclasses.replace(EXITED, state="ready", exit_code=None, max_ongoing_requests=5),
-    dataclasses.replace(HR, stats=RequestStats(10, 8, 1.5, 0.5, 0.25, 1, 1)),
+    dataclasses.replace(HR, stats=RequestStats(10, 8, 1.5, 0.5, 0.25, 1, 1, 12, 20, 2.5)),
     PROBE,
 ]
 
@@ -129,7 +129,7 @@ OPTIONAL_ADDED = {"stats", "max_ongoing_requests"}
 
 def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
     stats = codec.to_wire_map(
-        dataclasses.replace(HR, stats=RequestStats(3, 2, 1.0, 0.5, 0.0, 0, 0))
+        dataclasses.replace(HR, stats=RequestStats(3, 2, 1.0, 0.5, 0.0, 0, 0, 2, 2, 1.0))
     )
     assert codec.decode(pack({**stats, "stats": {"v": 2, "anything": "new"}})) == HR
     with pytest.raises(WireError) as exc:
