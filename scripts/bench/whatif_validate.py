@@ -124,6 +124,7 @@ class Live:
     latencies: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)
     failed: int = 0
+    t0_wall: float = 0.0
 
     def summary(self, end_s: float) -> dict[str, Any]:
         pts = [p for p in self.points if 0 <= p[0] <= end_s]
@@ -166,6 +167,7 @@ async def live_run(
     predict = handle.options(method="predict", deadline_s=60)
     live = Live()
     t0 = time.monotonic()
+    live.t0_wall = time.time()
     stop = asyncio.Event()
 
     async def poll() -> None:
@@ -199,15 +201,34 @@ async def live_run(
     return live
 
 
-def predict(recording: Path, config: str, app: str, log_dir: Path, seed: int) -> dict[str, Any]:
+def predict(
+    recording: Path, config: str, app: str, log_dir: Path, seed: int, window: tuple[float, float]
+) -> dict[str, Any]:
+    """The model's numbers for `config`, over the live window (`window` = the load's start in
+    wall-clock seconds and its length: the recording also holds the deploy before it)."""
     path = log_dir / f"predict-{config}.yaml"
     path.write_text(app_yaml(app, CONFIGS[config]))
     rows = load_report_rows(recording)
-    runs = closedloop.run_closed(rows, [(config, load_app_configs(path))], ModelOptions(seed=seed))
-    run = runs[0][1].deployments[f"{app}.Model"]
-    s = closedloop.summary(run, 0.1)
-    return {k: s[k] for k in ("replica_seconds", "p50_s", "p99_s", "scale_events")} | {
-        "calibration": run.calibration.doc()
+    opts = ModelOptions(seed=seed)
+    runs = closedloop.run_closed(rows, [(config, load_app_configs(path))], opts)
+    result = runs[0][1]
+    run = result.deployments[f"{app}.Model"]
+    s = closedloop.summary(run, opts.interval_s)
+    start = window[0] - result.start_us / 1e6
+    sel = (run.times >= start) & (run.times <= start + window[1])
+    targets = run.target[sel]
+    return {
+        "replica_seconds": float(run.running[sel].sum()) * opts.interval_s,
+        "p50_s": s["p50_s"],
+        "p99_s": s["p99_s"],
+        "scale_events": int(np.count_nonzero(np.diff(targets))),
+        "calibration": run.calibration.doc(),
+        "series": {
+            "t": (run.times[sel] - start).tolist()[::5],
+            "target": targets.tolist()[::5],
+            "running": run.running[sel].tolist()[::5],
+            "queued": run.queued[sel].tolist()[::5],
+        },
     }
 
 
@@ -229,6 +250,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await stack.start()
         live: dict[str, dict[str, Any]] = {}
         series: dict[str, Any] = {}
+        window = (0.0, settle)
         try:
             for name in names:
                 app = f"run{name.lower()}"
@@ -246,6 +268,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 res = await live_run(stack, app, name, arrivals, settle)
                 live[name] = res.summary(settle)
+                if name == names[0]:
+                    window = (res.t0_wall, settle)
                 series[name] = {"points": res.points, "latency": res.latencies,
                                 "finished_at": res.finished_at}  # fmt: skip
                 if rec is not None:
@@ -253,13 +277,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     rec.wait(30)
             recording = rec_dir
             preds = {
-                name: predict(recording, name, f"run{names[0].lower()}", log_dir, args.seed)
+                name: predict(recording, name, f"run{names[0].lower()}", log_dir, args.seed, window)
                 for name in names
             }
         finally:
             await stack.stop()
         if args.keep is not None:
             (log_dir / "live.json").write_text(json.dumps(series))
+            (log_dir / "predicted.json").write_text(json.dumps(preds))
     rows = []
     for name in names:
         p, m = preds[name], live[name]
@@ -287,6 +312,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rs_rank=int(pair["replica_seconds_ranked_right"]),
             p99_rank=int(pair["p99_s_ranked_right"]),
         )  # fmt: skip
+    for p in preds.values():
+        p.pop("series")
     return {"load_s": args.load_s, "requests": len(arrivals), "live": live,
             "predicted": preds, "pairs": pairs}  # fmt: skip
 

@@ -5,9 +5,10 @@ depend on the config: a config with fewer replicas makes the same requests wait 
 simulation runs on a fixed time step (`interval_s`, the controller's control interval) and
 models, per step:
 
-1. Arrivals: the recovered rate for the step, drawn (seeded) as a Poisson count modulated per
-   report interval by a gamma factor that reproduces the recording's index of dispersion. The
-   same draw serves every config (common random numbers), so configs differ by the config only.
+1. Arrivals: each report interval brings the requests the routers counted in it (so the
+   recording's burstiness down to the report interval is replayed as it was), placed at random
+   within it (seeded: a Poisson process given the count). The same draw serves every config
+   (common random numbers), so configs differ by the config only.
 2. Service: a request admitted when its replica serves c requests (itself included; c = N / R
    + 1 for N in flight on R running replicas) takes S(c), the calibrated service time, spread
    by its variation: each admitted cohort leaves in `PIPE` shares at quantiles of that spread.
@@ -127,16 +128,22 @@ class ClosedRun:
 
 
 def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) -> F64:
-    """Arrivals per step: Poisson, rate modulated per report interval for the dispersion."""
+    """Arrivals per step: each report interval's recorded count (rounded so the running total
+    stays exact), placed uniformly at random within it (a Poisson process, given its count)."""
     assert cal.arrivals is not None
     lam = cal.arrivals.arrivals_between(dt * np.arange(n + 1, dtype=np.float64))
     rng = np.random.default_rng([seed, zlib.crc32(cal.key.encode())])
-    if cal.dispersion > 1.0 and lam.sum() > 0:
-        per_block = float(lam.sum()) / max(1, math.ceil(n / block))
-        k = per_block / (cal.dispersion - 1.0)  # Var = m + m^2 / k = D m per block
-        g = rng.gamma(k, 1.0 / k, math.ceil(n / block)) if k > 0 else np.ones(1)
-        lam = lam * np.repeat(g, block)[:n]
-    return rng.poisson(lam).astype(np.float64)
+    blocks = math.ceil(n / block)
+    grid = np.zeros(blocks * block)
+    grid[:n] = lam
+    grid = grid.reshape(blocks, block)
+    total = grid.sum(axis=1)
+    counts = np.diff(np.floor(np.concatenate(([0.0], np.cumsum(total))) + 0.5)).astype(np.int64)
+    out = np.zeros_like(grid)
+    for b in np.flatnonzero(counts > 0).tolist():
+        weights = grid[b] / total[b] if total[b] > 0 else np.full(block, 1.0 / block)
+        out[b] = rng.multinomial(int(counts[b]), weights)
+    return np.asarray(out.ravel()[:n], dtype=np.float64)
 
 
 def _nodes(cv: float, key: str, seed: int) -> F64:
