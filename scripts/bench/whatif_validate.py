@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from scripts.bench.common import ROOT, print_table, result_line, write_json
 from scripts.bench.step_response import POLL_S, Stack, until
@@ -232,59 +233,88 @@ def predict(
     }
 
 
+async def tune_on(
+    recording: Path, log_dir: Path, app: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """`fleetpulse tune` on the recording (the real command); the best config's keys."""
+    out = log_dir / "tuned.yaml"
+    res = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "services.cli", "tune", str(recording), "--app",
+         str(log_dir / f"{app}.yaml"), "--slo", args.tune, "--max-configs", str(args.tune_configs),
+         "--out-yaml", str(out), "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    print(res.stdout, res.stderr, flush=True)
+    if res.returncode != 0:
+        raise RuntimeError("tune found no config meeting the objective")
+    doc = yaml.safe_load(out.read_text())
+    scaling: dict[str, Any] = doc["applications"][0]["deployments"][0]["autoscaling_config"]
+    return scaling
+
+
 def rel(pred: float | None, meas: float | None) -> float | None:
     if pred is None or meas is None or meas == 0:
         return None
     return (pred - meas) / meas
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def live_phase(args: argparse.Namespace, log_dir: Path) -> None:
+    """Run every config live (the first recorded, then tuned on if asked); writes live.json."""
     names = args.configs.split(",")
     arrivals = arrival_times(args.load_s, args.seed)
     settle = args.load_s + 10.0
-    with tempfile.TemporaryDirectory(prefix="fp-whatif-") as tmp:
-        log_dir = Path(tmp) if args.keep is None else args.keep
-        log_dir.mkdir(parents=True, exist_ok=True)
-        rec_dir = log_dir / "rec"
-        stack = Stack(log_dir)
-        await stack.start()
-        live: dict[str, dict[str, Any]] = {}
-        series: dict[str, Any] = {}
-        window = (0.0, settle)
-        try:
-            for name in names:
-                app = f"run{name.lower()}"
-                rec = None
-                if name == names[0]:
-                    stack._start(
-                        ["record", "--nats", stack.server.url, "--out", str(rec_dir),
-                         "--subject", "fp.v1.report.>", "--progress-interval-s", "0"],
-                        "record.log",
-                    )  # fmt: skip
-                    rec = stack.procs[-1]
-                    await asyncio.sleep(2.0)
-                print(
-                    f"live run {name}: {len(arrivals)} requests over {args.load_s:g} s", flush=True
-                )
-                res = await live_run(stack, app, name, arrivals, settle)
-                live[name] = res.summary(settle)
-                if name == names[0]:
-                    window = (res.t0_wall, settle)
-                series[name] = {"points": res.points, "latency": res.latencies,
-                                "finished_at": res.finished_at}  # fmt: skip
-                if rec is not None:
-                    rec.terminate()
-                    rec.wait(30)
-            recording = rec_dir
-            preds = {
-                name: predict(recording, name, f"run{names[0].lower()}", log_dir, args.seed, window)
-                for name in names
-            }
-        finally:
-            await stack.stop()
-        if args.keep is not None:
-            (log_dir / "live.json").write_text(json.dumps(series))
-            (log_dir / "predicted.json").write_text(json.dumps(preds))
+    rec_dir = log_dir / "rec"
+    stack = Stack(log_dir)
+    await stack.start()
+    series: dict[str, Any] = {}
+    window = (0.0, settle)
+    try:
+        for name in names:
+            app = f"run{name.lower()}"
+            rec = None
+            if name == names[0]:
+                stack._start(
+                    ["record", "--nats", stack.server.url, "--out", str(rec_dir),
+                     "--subject", "fp.v1.report.>", "--progress-interval-s", "0"],
+                    "record.log",
+                )  # fmt: skip
+                rec = stack.procs[-1]
+                await asyncio.sleep(2.0)
+            print(f"live run {name}: {len(arrivals)} requests over {args.load_s:g} s", flush=True)
+            res = await live_run(stack, app, name, arrivals, settle)
+            if name == names[0]:
+                window = (res.t0_wall, settle)
+            series[name] = {"points": res.points, "latency": res.latencies,
+                            "finished_at": res.finished_at, "failed": res.failed}  # fmt: skip
+            if rec is not None:
+                rec.terminate()
+                await asyncio.to_thread(rec.wait, 30)
+                if args.tune is not None:
+                    CONFIGS["T"] = await tune_on(rec_dir, log_dir, app, args)
+                    names.append("T")
+    finally:
+        await stack.stop()
+    doc = {"names": names, "window": window, "settle_s": settle, "series": series,
+           "configs": {n: CONFIGS[n] for n in names}, "tune": args.tune}  # fmt: skip
+    (log_dir / "live.json").write_text(json.dumps(doc))
+
+
+def evaluate(log_dir: Path, seed: int) -> dict[str, Any]:
+    """Predict every config from the first one's recording and compare with the live runs."""
+    doc = json.loads((log_dir / "live.json").read_text())
+    names: list[str] = doc["names"]
+    CONFIGS.update(doc["configs"])
+    settle = float(doc["settle_s"])
+    live = {}
+    for name in names:
+        sr = doc["series"][name]
+        run = Live([tuple(p) for p in sr["points"]], sr["latency"], sr["finished_at"], sr["failed"])
+        live[name] = run.summary(settle)
+    window = (float(doc["window"][0]), settle)
+    app = f"run{names[0].lower()}"
+    preds = {name: predict(log_dir / "rec", name, app, log_dir, seed, window) for name in names}
+    (log_dir / "predicted.json").write_text(json.dumps(preds))
     rows = []
     for name in names:
         p, m = preds[name], live[name]
@@ -304,18 +334,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             pd = preds[b][metric] - preds[a][metric]
             md = live[b][metric] - live[a][metric]
             pair[f"{metric}_ranked_right"] = math.copysign(1, pd) == math.copysign(1, md)
+        pair["rs_err"] = rel(preds[b]["replica_seconds"], live[b]["replica_seconds"])
+        pair["p99_err"] = rel(preds[b]["p99_s"], live[b]["p99_s"])
         pairs.append(pair)
         result_line(
-            "whatif_validate", pair=f"{a}/{b}",
-            rs_err=rel(preds[b]["replica_seconds"], live[b]["replica_seconds"]) or 0.0,
-            p99_err=rel(preds[b]["p99_s"], live[b]["p99_s"]) or 0.0,
-            rs_rank=int(pair["replica_seconds_ranked_right"]),
+            "whatif_validate", pair=f"{a}/{b}", rs_err=pair["rs_err"] or 0.0,
+            p99_err=pair["p99_err"] or 0.0, rs_rank=int(pair["replica_seconds_ranked_right"]),
             p99_rank=int(pair["p99_s_ranked_right"]),
         )  # fmt: skip
     for p in preds.values():
         p.pop("series")
-    return {"load_s": args.load_s, "requests": len(arrivals), "live": live,
-            "predicted": preds, "pairs": pairs}  # fmt: skip
+    tuned = None
+    if "T" in live and doc["tune"] is not None:
+        q, bound = doc["tune"].split("=")
+        measured = float(np.percentile(doc["series"]["T"]["latency"], float(q[1:])))
+        tuned = {"config": CONFIGS["T"], "slo": doc["tune"], "measured": measured,
+                 "met": measured <= float(bound)}  # fmt: skip
+        print(f"tuned config live: {q} {measured:.3f} s (objective {bound} s): "
+              f"{'met' if tuned['met'] else 'NOT met'}")  # fmt: skip
+        result_line("whatif_tune_live", measured_s=measured, met=int(tuned["met"]))
+    return {"load_s": settle - 10.0, "live": live, "predicted": preds, "pairs": pairs,
+            "tuned": tuned}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,8 +363,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default="A,B1,B2,B3", help="the first is recorded")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", type=Path, help="keep the recording, logs and live series here")
+    ap.add_argument("--tune", metavar="pNN=S", help="also tune on the recording, run the best live")
+    ap.add_argument("--tune-configs", type=int, default=100)
+    ap.add_argument("--predict-only", type=Path, metavar="DIR",
+                    help="no live runs: predict again from a --keep directory")  # fmt: skip
     args = ap.parse_args(argv)
-    out = asyncio.run(main_async(args))
+    if args.predict_only is not None:
+        out = evaluate(args.predict_only, args.seed)
+    else:
+        with tempfile.TemporaryDirectory(prefix="fp-whatif-") as tmp:
+            log_dir = Path(tmp) if args.keep is None else args.keep
+            log_dir.mkdir(parents=True, exist_ok=True)
+            asyncio.run(live_phase(args, log_dir))
+            out = evaluate(log_dir, args.seed)
     print(f"wrote {write_json('whatif_validate', out)}")
     return 0
 

@@ -9,9 +9,10 @@ models, per step:
    recording's burstiness down to the report interval is replayed as it was), placed at random
    within it (seeded: a Poisson process given the count). The same draw serves every config
    (common random numbers), so configs differ by the config only.
-2. Service: a request admitted when its replica serves c requests (itself included; c = N / R
-   + 1 for N in flight on R running replicas) takes S(c), the calibrated service time, spread
-   by its variation: each admitted cohort leaves in `PIPE` shares at quantiles of that spread.
+2. Service: a request admitted when its replica serves c requests (itself included) takes
+   S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
+   `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
+   a power-of-two choice finds on replicas balanced to within one request (`_joined`).
 3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
    while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
    otherwise holds the request; its balancing is taken as perfect). A queue beyond
@@ -146,6 +147,16 @@ def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) ->
     return np.asarray(out.ravel()[:n], dtype=np.float64)
 
 
+def _joined(m: float) -> float:
+    """The requests a new request finds on its replica, itself included, when m are in flight
+    per replica: balanced to within one (a fraction f of the replicas serve floor(m) + 1, the
+    rest floor(m)), and the router's power of two choices takes the busier only when both
+    picks are (probability f^2)."""
+    lo = math.floor(m)
+    f = m - lo
+    return lo + f * f + 1.0
+
+
 def _nodes(cv: float, key: str, seed: int) -> F64:
     if cv < 1e-3:
         return np.ones(NODES)
@@ -227,8 +238,7 @@ def run_deployment(
                 if head[1] <= 1e-12:
                     cohorts.popleft()
             queued = max(0.0, queued - admitted)
-            # a request joins a replica serving n_flight / r others (mid-step), itself included
-            c_admit = min((n_flight + admitted / 2) / max(r, 1) + 1.0, float(max_ongoing))
+            c_admit = min(_joined((n_flight + admitted / 2) / max(r, 1)), float(max_ongoing))
             s_now = service(c_admit)
             n_flight += admitted
             for j, q in enumerate(pipe):  # each share leaves after its service time
