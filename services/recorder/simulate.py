@@ -135,9 +135,9 @@ def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) ->
     lam = cal.arrivals.arrivals_between(dt * np.arange(n + 1, dtype=np.float64))
     rng = np.random.default_rng([seed, zlib.crc32(cal.key.encode())])
     blocks = math.ceil(n / block)
-    grid = np.zeros(blocks * block)
-    grid[:n] = lam
-    grid = grid.reshape(blocks, block)
+    flat = np.zeros(blocks * block)
+    flat[:n] = lam
+    grid = flat.reshape(blocks, block)
     total = grid.sum(axis=1)
     counts = np.diff(np.floor(np.concatenate(([0.0], np.cumsum(total))) + 0.5)).astype(np.int64)
     out = np.zeros_like(grid)
@@ -166,6 +166,95 @@ def _nodes(cv: float, key: str, seed: int) -> F64:
     return np.asarray(x / x.mean(), dtype=np.float64)
 
 
+class _Queue:
+    """The routers' queue and the requests in service of one deployment (steps 2-4 above)."""
+
+    def __init__(self, cal: Calibration, max_ongoing: int, nodes: F64, opts: ModelOptions) -> None:
+        self.service = cal.service_s
+        self.max_ongoing = max_ongoing
+        self.max_queued = opts.max_queued
+        self.dt = opts.interval_s
+        self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
+        self.pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser, for completions
+        self.n_flight = self.queued = 0.0
+        self.cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
+        self.done_at: dict[int, float] = {}  # step -> requests completing then
+        self.rejected = self.timed_out = 0.0
+        self.lat_wait: list[float] = []
+        self.lat_s: list[float] = []
+        self.lat_w: list[float] = []
+
+    def step(self, k: int, arrivals: float, running: int) -> None:
+        done = self.done_at.pop(k, 0.0)
+        if done:
+            self.n_flight = max(0.0, self.n_flight - done)
+        if arrivals > 0:
+            self.cohorts.append([k, arrivals])
+            self.queued += arrivals
+            if self.queued > self.max_queued:  # the newest are refused
+                over = self.queued - self.max_queued
+                self.cohorts[-1][1] -= over
+                self.queued -= over
+                self.rejected += over
+        free = running * self.max_ongoing - self.n_flight
+        if free > 0 and self.queued > 0:
+            self._admit(k, free, running)
+        while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
+            self.timed_out += self.cohorts[0][1]
+            self.queued = max(0.0, self.queued - self.cohorts.popleft()[1])
+
+    def _admit(self, k: int, free: float, running: int) -> None:
+        admitted = 0.0
+        waits: list[tuple[float, float]] = []
+        cohorts = self.cohorts
+        while cohorts and free > 1e-12:
+            head = cohorts[0]
+            take = min(head[1], free)
+            waits.append(((k - head[0]) * self.dt, take))
+            head[1] -= take
+            free -= take
+            admitted += take
+            if head[1] <= 1e-12:
+                cohorts.popleft()
+        self.queued = max(0.0, self.queued - admitted)
+        c = _joined((self.n_flight + admitted / 2) / max(running, 1))
+        s_now = self.service(min(c, float(self.max_ongoing)))
+        self.n_flight += admitted
+        share = admitted / PIPE
+        for q in self.pipe:  # each share leaves after its service time
+            at = k + max(1, round(s_now * q / self.dt))
+            self.done_at[at] = self.done_at.get(at, 0.0) + share
+        for w, n in waits:
+            self.lat_wait.append(w)
+            self.lat_s.append(s_now)
+            self.lat_w.append(n)
+
+
+class _Reports:
+    """What routers report (step 5): the time-weighted running + queued at their cadence; a queue
+    at zero replicas (cold start) and a sharp rise that holds are reported at once."""
+
+    def __init__(self, report_s: float) -> None:
+        self.report_s = report_s
+        self.acc = 0.0  # integral of running + queued since the last report
+        self.last = 0.0
+        self.value = 0.0
+        self.rise_ticks = 0
+
+    def step(self, now: float, dt: float, load: float, cold: bool, queued: float) -> float:
+        self.acc += load * dt
+        rising = load >= RISE_FACTOR * self.value + RISE_MIN
+        self.rise_ticks = self.rise_ticks + 1 if rising else 0
+        due = now - self.last >= self.report_s - 1e-9
+        if due or (cold and self.value < queued) or self.rise_ticks >= 2:
+            span = now - self.last
+            self.value = load if self.rise_ticks >= 2 else self.acc / span if span > 0 else load
+            if cold:
+                self.value = max(self.value, queued)
+            self.acc, self.last, self.rise_ticks = 0.0, now, 0
+        return self.value
+
+
 def run_deployment(
     key: str,
     cfg: AutoscalingConfig,
@@ -180,93 +269,29 @@ def run_deployment(
     dt = opts.interval_s
     n = max(1, math.ceil(duration_s / dt))
     report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s
-    block = max(1, round(report_s / dt))
-    arrivals = _arrival_draw(cal, n, dt, block, opts.seed)
+    arrivals = _arrival_draw(cal, n, dt, max(1, round(report_s / dt)), opts.seed)
     startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
+    nodes = _nodes(cal.cv, key, opts.seed)
+    q = _Queue(cal, max_ongoing, nodes, opts)
+    reports = _Reports(report_s)
     window = DemandWindow.for_policy(cfg)
     keep_s = max(cfg.look_back_period_s, cfg.panic_window_s)
     state = initial_state(cfg, 0.0)
     ready_at = [0.0] * state.target
-    n_flight = queued = 0.0
-    cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
-    acc = 0.0  # integral of running + queued since the last report
-    last_report = 0.0
-    reported = 0.0
-    rise_ticks = 0
-    rejected = timed_out = 0.0
-    lat_wait: list[float] = []
-    lat_s: list[float] = []
-    lat_w: list[float] = []
-    demand = np.empty(n)
-    in_flight = np.empty(n)
-    queue = np.empty(n)
+    demand, in_flight, queue = np.empty(n), np.empty(n), np.empty(n)
     target = np.empty(n, dtype=np.int64)
     running = np.empty(n, dtype=np.int64)
     timeline: list[TimelineEntry] = []
     last_rule = ""
-    timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / dt
-    service = cal.service_s
-    nodes = _nodes(cal.cv, key, opts.seed)
-    pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser nodes for completions
-    pipe_w = [1.0 / PIPE] * PIPE
-    done_at: dict[int, float] = {}  # step -> requests completing then
-    for k in range(n):
+    for k, a in enumerate(arrivals.tolist()):
         now = (k + 1) * dt
         r = bisect.bisect_right(ready_at, now)
-        if done_at.get(k):
-            n_flight = max(0.0, n_flight - done_at.pop(k))
-        a = arrivals[k]
-        if a > 0:
-            cohorts.append([k, a])
-            queued += a
-            if queued > opts.max_queued:  # the newest are refused
-                over = queued - opts.max_queued
-                cohorts[-1][1] -= over
-                queued -= over
-                rejected += over
-        free = r * max_ongoing - n_flight
-        if free > 0 and queued > 0:
-            admitted = 0.0
-            waits: list[tuple[float, float]] = []
-            while cohorts and free > 1e-12:
-                head = cohorts[0]
-                take = min(head[1], free)
-                waits.append(((k - head[0]) * dt, take))
-                head[1] -= take
-                free -= take
-                admitted += take
-                if head[1] <= 1e-12:
-                    cohorts.popleft()
-            queued = max(0.0, queued - admitted)
-            c_admit = min(_joined((n_flight + admitted / 2) / max(r, 1)), float(max_ongoing))
-            s_now = service(c_admit)
-            n_flight += admitted
-            for j, q in enumerate(pipe):  # each share leaves after its service time
-                at = k + max(1, round(s_now * q / dt))
-                done_at[at] = done_at.get(at, 0.0) + admitted * pipe_w[j]
-            for w, c in waits:
-                lat_wait.append(w)
-                lat_s.append(s_now)
-                lat_w.append(c)
-        while cohorts and k - cohorts[0][0] >= timeout_steps:
-            timed_out += cohorts[0][1]
-            queued = max(0.0, queued - cohorts.popleft()[1])
-        # what routers report: the time-weighted running + queued, at their cadence; a queue
-        # at zero replicas (cold start) and a sharp rise that holds are reported at once
-        load = n_flight + queued
-        acc += load * dt
-        rise_ticks = rise_ticks + 1 if load >= RISE_FACTOR * reported + RISE_MIN else 0
-        cold = state.target == 0 and queued > 0
-        if now - last_report >= report_s - 1e-9 or (cold and reported < queued) or rise_ticks >= 2:
-            span = now - last_report
-            reported = load if rise_ticks >= 2 else acc / span if span > 0 else load
-            if cold:
-                reported = max(reported, queued)
-            acc, last_report, rise_ticks = 0.0, now, 0
+        q.step(k, a, r)
+        cold = state.target == 0 and q.queued > 0
+        reported = reports.step(now, dt, q.n_flight + q.queued, cold, q.queued)
         window.add(now, reported)
         mean, short, full = window.policy_demand(cfg, state.target, now)
-        inputs = PolicyInputs(mean, short, full, cold, r)
-        state, d = decide(cfg, state, inputs, now)
+        state, d = decide(cfg, state, PolicyInputs(mean, short, full, cold, r), now)
         while len(ready_at) < d.target:
             ready_at.append(now + startup)
         del ready_at[d.target :]
@@ -277,9 +302,10 @@ def run_deployment(
                 TimelineEntry(now, key, mean, d.target, d.desired, r_after, d.rule, d.reason)
             )
         last_rule = d.rule
-        demand[k], in_flight[k], queue[k] = reported, n_flight, queued
+        demand[k], in_flight[k], queue[k] = reported, q.n_flight, q.queued
         target[k], running[k] = d.target, r_after
-    lat, wts = _latencies(lat_wait, lat_s, lat_w, nodes)
+    lat, wts = _latencies(q.lat_wait, q.lat_s, q.lat_w, nodes)
+    timed_out = q.timed_out
     if opts.timeout_s is not None and lat.size:
         late = lat > opts.timeout_s
         timed_out += float(wts[late].sum())
@@ -300,7 +326,7 @@ def run_deployment(
         latency=lat,
         weight=wts,
         arrived=float(arrivals.sum()),
-        rejected=rejected,
+        rejected=q.rejected,
         timed_out=timed_out,
         timeline=tuple(timeline),
     )
