@@ -10,14 +10,16 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
   time). `arrivals_between(t0, t1)` integrates it, vectorised.
 - **Burstiness.** The index of dispersion D (variance / mean of arrivals per report interval),
   estimated from successive differences so that a ramp does not read as bursts: 1 for Poisson,
-  above 1 for bursty arrivals. The simulation draws arrivals with that dispersion.
+  above 1 for bursty arrivals. Reported to the operator; the simulation replays each report
+  interval's recorded count, so burstiness down to the report interval needs no model.
 - **Service time and its growth with concurrency.** Routers sum, over completed requests, the
   service time s, the replica's concurrency c at admission (its `num_ongoing`, the request
   included) and c^2, c*s, s^2: the sufficient statistics of a least-squares line
   S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
   the spread left around it (a coefficient of variation).
 - **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
-  spawn, replicas their own start and ready); the median over replicas.
+  spawn, replicas their own start and ready; both wall clocks of the replica's host); the median
+  over replicas.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
   between one router's reports).
 
