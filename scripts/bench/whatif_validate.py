@@ -47,6 +47,8 @@ from services.recorder.simulate import ModelOptions
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle
 
+REPLICATIONS = 8
+"""Model runs per prediction (seeds): the live run is one sample, the model gives the mean."""
 LATENCY_S = 0.2
 CONTENTION = 0.5
 
@@ -210,7 +212,7 @@ def predict(
     path = log_dir / f"predict-{config}.yaml"
     path.write_text(app_yaml(app, CONFIGS[config]))
     rows = load_report_rows(recording)
-    opts = ModelOptions(seed=seed)
+    opts = ModelOptions(seed=seed, replications=REPLICATIONS)
     runs = closedloop.run_closed(rows, [(config, load_app_configs(path))], opts)
     result = runs[0][1]
     run = result.deployments[f"{app}.Model"]

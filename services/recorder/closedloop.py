@@ -70,26 +70,42 @@ def _opt(x: float | None) -> float | None:
     return None if x is None else _r(x)
 
 
-def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
+_COUNTS = frozenset({"scale_ups", "scale_downs", "scale_events", "max_target"})
+
+
+def _series_summary(run: ClosedRun, interval_s: float) -> dict[str, float]:
     changes = np.diff(run.target)
+    return {
+        "replica_seconds": run.replica_seconds(interval_s),
+        "scale_ups": float(np.count_nonzero(changes > 0)),
+        "scale_downs": float(np.count_nonzero(changes < 0)),
+        "scale_events": float(np.count_nonzero(changes)),
+        "max_target": float(run.target.max()),
+        "mean_target": float(run.target.mean()),
+        "queued_s": float(np.count_nonzero(run.queued > 1e-9)) * interval_s,
+        "under_provisioned_s": under_provisioned_s(run, interval_s),
+        "peak_queued": float(run.queued.max()),
+    }
+
+
+def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
+    """The numbers of one deployment under one config (means over replications)."""
+    reps = run.replications or (run,)
+    per = [_series_summary(r, interval_s) for r in reps]
+    series: dict[str, float | int] = {}
+    for k in per[0]:
+        v = sum(p[k] for p in per) / len(per)
+        series[k] = int(v) if k in _COUNTS and v.is_integer() else _r(v)
     p = {f"p{q:g}_s": _opt(run.percentile(q)) for q in PERCENTILES}
     mean = float(run.latency @ run.weight / run.weight.sum()) if run.weight.size else None
     return {
         **p,
+        **series,
         "mean_latency_s": _opt(mean),
         "arrived": _r(run.arrived),
         "completed": _r(run.completed()),
         "rejected": _r(run.rejected),
         "timed_out": _r(run.timed_out),
-        "replica_seconds": _r(run.replica_seconds(interval_s)),
-        "scale_ups": int(np.count_nonzero(changes > 0)),
-        "scale_downs": int(np.count_nonzero(changes < 0)),
-        "scale_events": int(np.count_nonzero(changes)),
-        "max_target": int(run.target.max()),
-        "mean_target": _r(float(run.target.mean())),
-        "queued_s": _r(float(np.count_nonzero(run.queued > 1e-9)) * interval_s),
-        "under_provisioned_s": _r(under_provisioned_s(run, interval_s)),
-        "peak_queued": _r(float(run.queued.max())),
     }
 
 

@@ -360,6 +360,12 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="closed loop: seed of the draws")
     p.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        help="closed loop: runs with seeds seed, seed+1, ...; numbers are their means",
+    )
+    p.add_argument(
         "--timeout-s", type=float, default=None, help="closed loop: request deadline (none)"
     )
     p.add_argument(
@@ -416,6 +422,7 @@ def run_closed_whatif(args: argparse.Namespace, configs: Sequence[Path]) -> bool
     opts = ModelOptions(
         interval_s=args.interval_s,
         seed=args.seed,
+        replications=args.replications,
         startup_s=args.startup_delay_s,
         timeout_s=args.timeout_s,
         namespace=args.namespace,

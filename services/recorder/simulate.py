@@ -34,6 +34,7 @@ the deployment key fix every draw; no clock, no I/O.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import zlib
 from collections import deque
@@ -76,6 +77,9 @@ class ModelOptions:
     max_queued: int = DEFAULT_MAX_QUEUED
     report_interval_s: float | None = None
     """Routers' report cadence; None: as recorded, else the config's metrics_interval_s."""
+    replications: int = 1
+    """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
+    pooled latencies), the series those of the first."""
     namespace: str = DEFAULT_NAMESPACE
 
     def __post_init__(self) -> None:
@@ -87,6 +91,8 @@ class ModelOptions:
                 raise UsageError(f"{name} must be >= 0, not {v!r}")
         if self.max_queued < 0:
             raise UsageError("max_queued must be >= 0")
+        if self.replications < 1:
+            raise UsageError("replications must be >= 1")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -113,6 +119,9 @@ class ClosedRun:
     rejected: float
     timed_out: float
     timeline: tuple[TimelineEntry, ...]
+    replications: tuple[ClosedRun, ...] = ()
+    """Every replication (this one first) when there are several; latency and the request
+    counts above are already pooled over them."""
 
     def percentile(self, q: float) -> float | None:
         if self.weight.size == 0:
@@ -263,9 +272,39 @@ def run_deployment(
     duration_s: float,
     opts: ModelOptions,
 ) -> ClosedRun:
-    """Simulate one deployment over [0, duration_s] (see the module docstring)."""
+    """Simulate one deployment over [0, duration_s] (see the module docstring), once per
+    replication; several are pooled into the first."""
     if cal.arrivals is None:
         raise UsageError(f"{key}: the recording has no request stats to drive the closed loop")
+    runs = [
+        _run_once(key, cfg, max_ongoing, cal, duration_s, dataclasses.replace(opts, seed=seed))
+        for seed in range(opts.seed, opts.seed + opts.replications)
+    ]
+    if len(runs) == 1:
+        return runs[0]
+    k = float(len(runs))
+    lat = np.concatenate([r.latency for r in runs])
+    order = np.argsort(lat, kind="stable")
+    wts = np.concatenate([r.weight for r in runs]) / k
+    return dataclasses.replace(
+        runs[0],
+        latency=lat[order],
+        weight=wts[order],
+        arrived=sum(r.arrived for r in runs) / k,
+        rejected=sum(r.rejected for r in runs) / k,
+        timed_out=sum(r.timed_out for r in runs) / k,
+        replications=tuple(runs),
+    )
+
+
+def _run_once(
+    key: str,
+    cfg: AutoscalingConfig,
+    max_ongoing: int,
+    cal: Calibration,
+    duration_s: float,
+    opts: ModelOptions,
+) -> ClosedRun:
     dt = opts.interval_s
     n = max(1, math.ceil(duration_s / dt))
     report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s

@@ -174,6 +174,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", help="app.deployment to tune (default: the only one)")
     p.add_argument("--max-configs", type=int, default=200, help="candidates (bounds the time)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replications", type=int, default=1, help="runs per candidate (seeds)")
     p.add_argument("--interval-s", type=float, default=0.1)
     p.add_argument("--timeout-s", type=float, default=None, help="request deadline (none)")
     p.add_argument("--out-yaml", type=Path, help="write the best config as an app file")
@@ -204,7 +205,7 @@ def run_tune(args: argparse.Namespace) -> int:
     key = deployment_key(app, dep)
     opts = ModelOptions(
         interval_s=args.interval_s, seed=args.seed, timeout_s=args.timeout_s,
-        namespace=args.namespace,
+        replications=args.replications, namespace=args.namespace,
     )  # fmt: skip
     rows = load_report_rows(args.path, opts.namespace)
     cal = calibrate_for(rows, [apps], opts.namespace).get(key)

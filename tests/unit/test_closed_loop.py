@@ -83,6 +83,19 @@ def test_a_bounded_queue_rejects_and_a_deadline_times_out(cal_rows: list) -> Non
     assert t.timed_out > 0 and t.latency.max() <= 2.0
 
 
+def test_replications_pool_latencies_and_average_the_series(cal_rows: list) -> None:
+    c = calibrate(cal_rows, [KEY])[0][KEY]
+    one = [run_deployment(KEY, cfg(), 5, c, 600.0, ModelOptions(seed=s)) for s in (3, 4)]
+    both = run_deployment(KEY, cfg(), 5, c, 600.0, ModelOptions(seed=3, replications=2))
+    assert both.replications == tuple(both.replications) and len(both.replications) == 2
+    s = closedloop.summary(both, 0.1)
+    mean_rs = sum(r.replica_seconds(0.1) for r in one) / 2
+    assert s["replica_seconds"] == pytest.approx(mean_rs)
+    assert both.completed() == pytest.approx(sum(r.completed() for r in one) / 2)
+    lo, hi = sorted(r.percentile(99) or 0.0 for r in one)
+    assert lo <= (both.percentile(99) or 0.0) <= hi
+
+
 def test_startup_time_delays_running_replicas(cal_rows: list) -> None:
     c = calibrate(cal_rows, [KEY])[0][KEY]
     fast = run_deployment(KEY, cfg(), 5, c, 600.0, ModelOptions(startup_s=0.0))
