@@ -219,12 +219,13 @@ def predict(
     s = closedloop.summary(run, opts.interval_s)
     start = window[0] - result.start_us / 1e6
     sel = (run.times >= start) & (run.times <= start + window[1])
+    reps = run.replications or (run,)
     targets = run.target[sel]
     return {
-        "replica_seconds": float(run.running[sel].sum()) * opts.interval_s,
+        "replica_seconds": float(np.mean([r.running[sel].sum() for r in reps])) * opts.interval_s,
         "p50_s": s["p50_s"],
         "p99_s": s["p99_s"],
-        "scale_events": int(np.count_nonzero(np.diff(targets))),
+        "scale_events": float(np.mean([np.count_nonzero(np.diff(r.target[sel])) for r in reps])),
         "calibration": run.calibration.doc(),
         "series": {
             "t": (run.times[sel] - start).tolist()[::5],
