@@ -10,6 +10,7 @@ configs and seed give byte-identical output. Only `plot` does I/O (the PNG it is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from shared.subjects import deployment_key
 
 from .calibrate import Calibration, calibrate
 from .simulate import (
+    P99_EVERY_S,
     PERCENTILES,
     ClosedResult,
     ClosedRun,
@@ -115,8 +117,11 @@ def _samples(run: ClosedRun, interval_s: float) -> dict[str, list[Any]]:
     rate = np.convolve(run.arrivals, np.ones(step), "full")[: run.arrivals.size] / (
         step * interval_s
     )
+    t = run.times[sel].tolist()
+    p99 = run.p99_series.tolist()[: len(t)] if step * interval_s == P99_EVERY_S else []
     return {
-        "t": [_r(x) for x in run.times[sel].tolist()],
+        "t": [_r(x) for x in t],
+        "p99_s": [None if math.isnan(x) else _r(x) for x in p99],
         "arrival_rate": [_r(x) for x in rate[sel].tolist()],
         "demand": [_r(x) for x in run.demand[sel].tolist()],
         "queued": [_r(x) for x in run.queued[sel].tolist()],
@@ -217,14 +222,14 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
         out.write(
             f"{key}: calibrated service {base} s + {cal.slope_s:.4g} s per extra request"
             f" (cv {cal.cv:.2f}), dispersion {cal.dispersion:.2f},"
-            f" start {cal.startup_s if cal.startup_s is not None else '-'} s,"
+            f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s,"
             f" max_ongoing {cal.max_ongoing or '-'}\n"
         )
 
 
 def plot(runs: Sequence[tuple[str, ClosedResult]], path: str | Path) -> None:
-    """Per deployment: arrival rate and replicas over time, and the latency (p99 over each
-    10 s) of every config. Needs matplotlib (the bench extra)."""
+    """Per deployment: arrival rate and running replicas over time, and the p99 latency of the
+    requests admitted in each 10 s, of every config. Needs matplotlib (the bench extra)."""
     try:
         import matplotlib
     except ImportError:
@@ -255,12 +260,14 @@ def plot(runs: Sequence[tuple[str, ClosedResult]], path: str | Path) -> None:
                 ax.set_zorder(ax2.get_zorder() + 1)
                 ax.patch.set_visible(False)
             ax.step(minutes, run.running, where="post", label=f"running ({label})")
-            wait = run.queued
-            lx.plot(minutes, wait, label=f"queued ({label})")
+            every = P99_EVERY_S / 60.0
+            mid = (np.arange(run.p99_series.size) + 0.5) * every
+            lx.plot(mid, run.p99_series, marker=".", label=f"p99 ({label})")
         ax.set_title(f"{key}: replicas")
         ax.set_xlabel("minutes")
         ax.legend(loc="upper left", fontsize="small")
-        lx.set_title(f"{key}: requests queued at routers")
+        lx.set_title(f"{key}: p99 latency of the requests admitted in each {P99_EVERY_S:g} s")
+        lx.set_ylabel("seconds")
         lx.set_xlabel("minutes")
         lx.legend(loc="upper left", fontsize="small")
         summary_txt = "  ".join(

@@ -63,6 +63,7 @@ NODES: Final = 64
 PIPE: Final = 8
 """Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
+P99_EVERY_S: Final = 10.0
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
 
 
@@ -119,6 +120,8 @@ class ClosedRun:
     rejected: float
     timed_out: float
     timeline: tuple[TimelineEntry, ...]
+    p99_series: F64 = dataclasses.field(default_factory=lambda: np.empty(0))
+    """p99 latency of the requests admitted in each `P99_EVERY_S` (NaN where none was)."""
     replications: tuple[ClosedRun, ...] = ()
     """Every replication (this one first) when there are several; latency and the request
     counts above are already pooled over them."""
@@ -192,6 +195,7 @@ class _Queue:
         self.lat_wait: list[float] = []
         self.lat_s: list[float] = []
         self.lat_w: list[float] = []
+        self.lat_k: list[int] = []  # the step each record was admitted at
 
     def step(self, k: int, arrivals: float, running: int) -> None:
         done = self.done_at.pop(k, 0.0)
@@ -237,6 +241,7 @@ class _Queue:
             self.lat_wait.append(w)
             self.lat_s.append(s_now)
             self.lat_w.append(n)
+            self.lat_k.append(k)
 
 
 class _Reports:
@@ -344,6 +349,7 @@ def _run_once(
         demand[k], in_flight[k], queue[k] = reported, q.n_flight, q.queued
         target[k], running[k] = d.target, r_after
     lat, wts = _latencies(q.lat_wait, q.lat_s, q.lat_w, nodes)
+    p99 = _p99_over_time(q, nodes, n, max(1, round(P99_EVERY_S / dt)))
     timed_out = q.timed_out
     if opts.timeout_s is not None and lat.size:
         late = lat > opts.timeout_s
@@ -368,7 +374,27 @@ def _run_once(
         rejected=q.rejected,
         timed_out=timed_out,
         timeline=tuple(timeline),
+        p99_series=p99,
     )
+
+
+def _p99_over_time(q: _Queue, nodes: F64, n: int, every: int) -> F64:
+    """p99 latency of the requests admitted in each window of `every` steps (NaN: none)."""
+    out = np.full(math.ceil(n / every), np.nan)
+    if not q.lat_k:
+        return out
+    win = np.asarray(q.lat_k) // every
+    lat = np.asarray(q.lat_wait)[:, None] + np.asarray(q.lat_s)[:, None] * nodes[None, :]
+    w = np.repeat(np.asarray(q.lat_w)[:, None], nodes.size, axis=1)
+    for b in np.unique(win).tolist():
+        sel = win == b
+        x, y = lat[sel].ravel(), w[sel].ravel()
+        order = np.argsort(x, kind="stable")
+        cum = np.cumsum(y[order])
+        if cum[-1] > 0:
+            i = int(np.searchsorted(cum, 0.99 * cum[-1]))
+            out[b] = x[order][min(i, x.size - 1)]
+    return out
 
 
 def _latencies(
