@@ -13,6 +13,7 @@ control-state documents' vectors (scripts/gen_kv_vectors.py makes them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import random
@@ -45,6 +46,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -71,6 +73,11 @@ READY = Lifecycle(
     "shop",
     "ranker",
 )
+STATS = RequestStats(
+    arrived=120, completed=117, service_s=23.4, service_sq_s2=4.875, wait_s=1.25, rejected=1,
+    timed_out=2, concurrency_sum=234, concurrency_sq_sum=520, concurrency_service_s=49.5,
+)  # fmt: skip
+HANDLE_STATS = HandleReport("router-a/h1", "shop", "ranker", T0, 9, 0.0, {}, (), 12, stats=STATS)
 EXITED = Lifecycle(
     "replica-0001",
     "agent-1",
@@ -148,8 +155,18 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             HandleReport("router-a/h1", "shop", "ranker", T0, 8, 4.0, {}, (), 12),
             "requests queued while the deployment has no replicas (scale from zero)",
         ),
+        (
+            "handle_report_stats",
+            dataclasses.replace(HANDLE_STATS, running={"replica-0001": 1.5}),
+            "optional request counters (stats v1): what the what-if model calibrates from",
+        ),
         ("heartbeat", Heartbeat(GOOD, T0 + 1.0), ""),
         ("lifecycle_ready", READY, ""),
+        (
+            "lifecycle_ready_max_ongoing",
+            dataclasses.replace(READY, max_ongoing_requests=5),
+            "optional admission limit, sent on ready",
+        ),
         ("lifecycle_exited", EXITED, "killed by SIGKILL (negative exit code = signal)"),
     ]
 
@@ -178,6 +195,11 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
                 "running_requests": 2,
             },
             "integers in float fields (as JS encoders write 2.0); custom and health omitted",
+        ),
+        (
+            "handle_report_stats_v2",
+            {**codec.to_wire_map(HANDLE_STATS), "stats": {"v": 2, "arrived": "later"}},
+            "a stats map of an unknown version is skipped (decodes as no stats)",
         ),
         (
             "lifecycle_no_exit_code",
@@ -216,6 +238,7 @@ def _columnar_inputs(n: int, seed: int) -> dict[str, Any]:
 
 def columnar_vectors() -> list[tuple[str, bytes, str]]:
     (small,) = columnar.encode_handle_report_columnar(**_columnar_inputs(6, 1))
+    (with_stats,) = columnar.encode_handle_report_columnar(**_columnar_inputs(3, 4), stats=STATS)
     (empty,) = columnar.encode_handle_report_columnar(
         **{
             **_columnar_inputs(0, 2),
@@ -230,6 +253,7 @@ def columnar_vectors() -> list[tuple[str, bytes, str]]:
     out = [
         ("columnar_small", small, "6 replicas, some without health, one custom metric"),
         ("columnar_empty", empty, "no replicas; all health columns absent as nulls"),
+        ("columnar_stats", with_stats, "optional request counters (stats v1) as JSON metadata"),
     ]
     out += [
         (f"columnar_split_p{i}", p, f"part {i} of a 40-replica report split at 3000 bytes")
@@ -309,6 +333,7 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
     health = codec.to_wire_map(GOOD)
     good = codec.encode(GOOD)
     report = codec.to_wire_map(ReplicaReport("replica-0001", T0, 1, 0.0, {}, None))
+    stats = codec.to_wire_map(HANDLE_STATS)["stats"]
     msgpack_cases = [
         ("truncated", good[:-1], "truncated", "last byte missing"),
         ("trailing_bytes", good + b"\x00", "malformed", "a second value after the map"),
@@ -331,6 +356,12 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
         ("nan_float", _pack({**health, "checked_at": float("nan")}), "bad_value", "NaN"),
         ("inf_float", _pack({**health, "checked_at": float("inf")}), "bad_value", "infinity"),
         ("negative_count", _pack({**health, "consecutive_failures": -1}), "bad_value", ""),
+        (
+            "negative_stats_count",
+            _pack({**codec.to_wire_map(HANDLE_STATS), "stats": {**stats, "arrived": -1}}),
+            "bad_value",
+            "stats v1 counters are >= 0",
+        ),
         (
             "bad_lifecycle_state",
             _pack({**codec.to_wire_map(EXITED), "state": "zombie"}),

@@ -233,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_arguments(rep)
     rep.set_defaults(func=run_replay)
 
+    from services.recorder.tune import add_tune_arguments, run_tune
+
+    tun = sub.add_parser(
+        "tune", help="search autoscaling configs on a recording for the cheapest meeting an SLO"
+    )
+    add_tune_arguments(tun)
+    tun.set_defaults(func=run_tune)
+
     from services.router.config import add_gateway_arguments
 
     gw = sub.add_parser(

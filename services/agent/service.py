@@ -260,6 +260,9 @@ class AgentService:
         log.info(
             "replica %s started: pid %d, log %s", spec.replica_id, pid, self.procs.log_path(name)
         )
+        # the spawn, not the replica's own "starting" after its imports, begins its start time
+        # (what the what-if model reads from recordings)
+        await self._lifecycle(spec, "starting")
 
     def _signal(self, replica_id: str, sig: signal.Signals) -> None:
         if not self.procs.signal(replica_id, sig):
@@ -273,11 +276,13 @@ class AgentService:
         EXITS.labels(str(code)).inc()
         level = logging.INFO if code == 0 else logging.WARNING
         log.log(level, "replica %s exited with code %d", replica_id, code)
-        spec = child.target
+        await self._lifecycle(child.target, "exited", code)
+
+    async def _lifecycle(self, spec: ReplicaTarget, state: str, code: int | None = None) -> None:
         event = Lifecycle(
-            replica_id=replica_id,
+            replica_id=spec.replica_id,
             agent_id=self.cfg.agent_id,
-            state="exited",
+            state=state,
             at=self.clock.wall(),
             rpc_subject=spec.rpc_subject,
             version=spec.version,
@@ -291,7 +296,7 @@ class AgentService:
             subject = self.subjects.report("lifecycle", spec.app, spec.deployment)
             await self.bus.publish(subject, encode(event))
         except FleetpulseError as exc:
-            log.warning("could not report the exit of replica %s: %s", replica_id, exc)
+            log.warning("could not report replica %s %s: %s", spec.replica_id, state, exc)
 
     def _over_capacity(self, action: OverCapacity) -> None:
         if action.skipped == self._skipped:

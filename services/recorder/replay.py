@@ -46,8 +46,9 @@ from shared.errors import ConfigError, UsageError
 from shared.natsbus import NatsBus
 from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
-from . import whatif
+from . import closedloop, whatif
 from .files import batch_messages, iter_batches
+from .simulate import ModelOptions
 
 FLUSH_EVERY = 1000
 """At --max-speed, wait for the server every this many messages (bounds the client buffer)."""
@@ -283,9 +284,7 @@ def run_whatif(
 ) -> list[tuple[str, whatif.WhatIfResult]]:
     out = out or sys.stdout
     rows = load_report_rows(path, opts.namespace)
-    names = [c.name for c in configs]
-    labels = names if len(set(names)) == len(names) else [str(c) for c in configs]
-    loaded = [(label, load_app_configs(c)) for label, c in zip(labels, configs, strict=True)]
+    loaded = labelled_configs(configs)
     for _, apps in loaded:
         _warn_custom_policies(apps)
     runs = [(label, whatif.simulate(rows, apps, opts)) for label, apps in loaded]
@@ -347,7 +346,27 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         help="simulated control interval (default: %(default)s s, like the controller)",
     )
     p.add_argument(
-        "--startup-delay-s", type=float, default=0.0, help="simulated replica start time"
+        "--startup-delay-s",
+        type=float,
+        default=None,
+        help="simulated replica start time (default: closed loop as recorded, open loop 0)",
+    )
+    p.add_argument(
+        "--model",
+        choices=("auto", "closed", "open"),
+        default="auto",
+        help="closed: queueing calibrated from the recording's request stats; open: the "
+        "recorded load as it was; auto (default): closed when the recording has the stats",
+    )
+    p.add_argument("--seed", type=int, default=0, help="closed loop: seed of the draws")
+    p.add_argument(
+        "--replications",
+        type=int,
+        default=1,
+        help="closed loop: runs with seeds seed, seed+1, ...; numbers are their means",
+    )
+    p.add_argument(
+        "--timeout-s", type=float, default=None, help="closed loop: request deadline (none)"
     )
     p.add_argument(
         "--sample-every-s",
@@ -379,12 +398,49 @@ def run_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
+    configs = [args.what_if] + ([args.compare] if args.compare is not None else [])
+    if args.model != "open" and run_closed_whatif(args, configs):
+        return 0
     opts = whatif.WhatIfOptions(
         interval_s=args.interval_s,
-        startup_delay_s=args.startup_delay_s,
+        startup_delay_s=args.startup_delay_s or 0.0,
         sample_every_s=args.sample_every_s,
         namespace=args.namespace,
     )
-    configs = [args.what_if] + ([args.compare] if args.compare is not None else [])
     run_whatif(args.path, configs, opts, out_json=args.out, out_plot=args.plot)
     return 0
+
+
+def labelled_configs(configs: Sequence[Path]) -> list[tuple[str, list[AppConfig]]]:
+    names = [c.name for c in configs]
+    labels = names if len(set(names)) == len(names) else [str(c) for c in configs]
+    return [(label, load_app_configs(c)) for label, c in zip(labels, configs, strict=True)]
+
+
+def run_closed_whatif(args: argparse.Namespace, configs: Sequence[Path]) -> bool:
+    """The closed-loop what-if; False (auto only) when the recording cannot drive it."""
+    opts = ModelOptions(
+        interval_s=args.interval_s,
+        seed=args.seed,
+        replications=args.replications,
+        startup_s=args.startup_delay_s,
+        timeout_s=args.timeout_s,
+        namespace=args.namespace,
+    )
+    rows = load_report_rows(args.path, opts.namespace)
+    loaded = labelled_configs(configs)
+    for _, apps in loaded:
+        _warn_custom_policies(apps)
+    try:
+        runs = closedloop.run_closed(rows, loaded, opts)
+    except UsageError as exc:
+        if args.model == "closed":
+            raise
+        print(f"  note: {exc}; running the open-loop what-if", file=sys.stderr)
+        return False
+    closedloop.print_closed(runs, sys.stdout)
+    if args.out is not None:
+        args.out.write_bytes(closedloop.closed_json(runs))
+    if args.plot is not None:
+        closedloop.plot(runs, args.plot)
+    return True

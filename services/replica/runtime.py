@@ -208,6 +208,8 @@ class ReplicaRuntime:
             exit_code=exit_code,
             app=self.cfg.app,
             deployment=self.cfg.deployment,
+            # what the what-if model needs of this replica's capacity (docs/recording.md)
+            max_ongoing_requests=self.cfg.spec.max_ongoing_requests if state == "ready" else None,
         )
         subject = self.subjects.report("lifecycle", self.cfg.app, self.cfg.deployment)
         await self.bus.publish(subject, encode(msg))

@@ -75,10 +75,13 @@ async def open_call(
     """Send one request and return its reader once a replica admitted it. The request's
     latency is observed when it fails here, else when its reader closes."""
     start = router.clock.monotonic()
+    router.counters.arrived += 1
     try:
         return await _open_call(router, start, method, body, body_kind, stream, deadline_s)
     except BaseException as exc:
-        router.metrics.observe(outcome_of(exc), router.clock.monotonic() - start)
+        outcome = outcome_of(exc)
+        router.counters.failed(outcome)
+        router.metrics.observe(outcome, router.clock.monotonic() - start)
         raise
 
 
@@ -123,6 +126,8 @@ async def _open_call(
                 deadline_mono,
                 pump=stream and admission.will_send_health_frames,
                 started=start,
+                dispatched=now,
+                concurrency=admission.num_ongoing,
             )
         await response.close()
         router.finished(rid, clock.monotonic())
@@ -172,7 +177,9 @@ class ResponseReader:
     """The response stream of one admitted request. Always `close()` it (idempotent)."""
 
     __slots__ = (
+        "_concurrency",
         "_deadline",
+        "_dispatched",
         "_done",
         "_expected_seq",
         "_interruptions_seen",
@@ -197,9 +204,13 @@ class ResponseReader:
         *,
         pump: bool,
         started: float,
+        dispatched: float,
+        concurrency: int = 0,
     ) -> None:
         self._router = router
         self._started = started
+        self._dispatched = dispatched  # of the admitted attempt: service time starts here
+        self._concurrency = concurrency  # the replica's requests in flight when it admitted
         self._outcome = OK
         """What the caller saw: the first error a read raised (closing early is no failure)."""
         self.replica_id = replica_id
@@ -264,6 +275,12 @@ class ResponseReader:
             now = self._router.clock.monotonic()
             self._router.finished(self.replica_id, now)
             self._router.metrics.observe(self._outcome, now - self._started)
+            if self._outcome == OK:
+                self._router.counters.completed(
+                    self._dispatched - self._started, now - self._dispatched, self._concurrency
+                )
+            else:
+                self._router.counters.failed(self._outcome)
 
     # -- reading ------------------------------------------------------------------------------
     async def _read(self) -> Chunk | None:

@@ -33,7 +33,7 @@ from shared.bus import RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.wire.codec import encode
 from shared.wire.columnar import handle_report_to_columnar
-from shared.wire.messages import HandleReport, HealthStatus
+from shared.wire.messages import HandleReport, HealthStatus, RequestStats
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,51 @@ def merge_health(
     return tuple(merged.values())
 
 
+class RequestCounters:
+    """The cumulative request counters a router sends as `HandleReport.stats` (O(1) per request)."""
+
+    __slots__ = (
+        "arrived", "c_s", "c_sq", "c_sum", "done", "rejected", "service_s", "service_sq_s2",
+        "timed_out", "wait_s",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.arrived = self.done = self.rejected = self.timed_out = self.c_sum = self.c_sq = 0
+        self.service_s = self.service_sq_s2 = self.wait_s = self.c_s = 0.0
+
+    def completed(self, wait_s: float, service_s: float, concurrency: int) -> None:
+        """One request done: `concurrency` is the replica's count at its admission."""
+        wait_s, service_s, c = max(0.0, wait_s), max(0.0, service_s), max(0, concurrency)
+        self.done += 1
+        self.wait_s += wait_s
+        self.service_s += service_s
+        self.service_sq_s2 += service_s * service_s
+        self.c_sum += c
+        self.c_sq += c * c
+        self.c_s += c * service_s
+
+    def failed(self, outcome: str) -> None:
+        """A call that ended with `outcome` (a RouterMetrics label)."""
+        if outcome == "backpressure":
+            self.rejected += 1
+        elif outcome == "deadline_exceeded":
+            self.timed_out += 1
+
+    def snapshot(self) -> RequestStats:
+        return RequestStats(
+            arrived=self.arrived,
+            completed=self.done,
+            service_s=self.service_s,
+            service_sq_s2=self.service_sq_s2,
+            wait_s=self.wait_s,
+            rejected=self.rejected,
+            timed_out=self.timed_out,
+            concurrency_sum=self.c_sum,
+            concurrency_sq_sum=self.c_sq,
+            concurrency_service_s=self.c_s,
+        )
+
+
 def build_handle_report(
     *,
     handle_id: str,
@@ -137,6 +182,7 @@ def build_handle_report(
     carried_health: Iterable[HealthStatus],
     local_health: Iterable[HealthStatus] = (),
     membership_epoch: int,
+    stats: RequestStats | None = None,
 ) -> HandleReport:
     return HandleReport(
         handle_id=handle_id,
@@ -148,6 +194,7 @@ def build_handle_report(
         running={rid: max(0.0, float(v)) for rid, v in running.items()},
         health=merge_health(carried_health, local_health),
         membership_epoch=membership_epoch,
+        stats=stats,
     )
 
 

@@ -47,6 +47,7 @@ from services.router.metrics import RouterMetrics
 from services.router.reports import (
     DEFAULT_PROVIDERS,
     LocalHealthProviders,
+    RequestCounters,
     build_handle_report,
     encode_handle_report,
 )
@@ -103,6 +104,7 @@ class Router:
         self.health = CarriedHealthMap()
         self.running = TimeWeightedCounts(now)
         self.queued = TimeWeightedGauge(now)
+        self.counters = RequestCounters()
         self.members: dict[str, Member] = {}
         self.probe_subjects: dict[str, str] = {}
         self.view = MembershipView(app, deployment)
@@ -443,6 +445,7 @@ class Router:
             carried_health=self.health.snapshot(now),
             local_health=self.providers.collect(self.app),
             membership_epoch=max(self.epoch, 0),
+            stats=self.counters.snapshot(),
         )
 
     async def send_report(self, *, cold_start: bool = False) -> HandleReport:

@@ -33,6 +33,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -103,6 +104,7 @@ __all__ = [
     "ProbeRequest",
     "ReplicaReport",
     "Request",
+    "RequestStats",
     "WireError",
     "WireMessage",
     "columnar_parts_to_handle_report",

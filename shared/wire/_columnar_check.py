@@ -7,6 +7,7 @@ a `WireError` into a `UsageError`, so what one side writes the other side accept
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter, OrderedDict
@@ -24,6 +25,7 @@ from shared.wire.arrow_schemas import (
     CUSTOM_COLUMN_TYPE,
     HANDLE_REPORT_FIXED_FIELDS,
 )
+from shared.wire.codec import decode_stats, stats_map
 from shared.wire.limits import (
     MAX_COLUMNS,
     MAX_CUSTOM_NAME_LEN,
@@ -31,6 +33,7 @@ from shared.wire.limits import (
     MAX_PARTS,
     MAX_UINT64,
 )
+from shared.wire.messages import RequestStats
 
 FIXED_NAMES = tuple(fld.name for fld in HANDLE_REPORT_FIXED_FIELDS)
 _UINT_RE = re.compile(r"[0-9]{1,20}")
@@ -51,6 +54,8 @@ class ReportMeta:
     membership_epoch: int
     part: int
     parts: int
+    stats: RequestStats | None = None
+    """Optional (`HandleReport.stats`), as the JSON text of its wire map; every part the same."""
 
 
 def _bad(reason: str, detail: str) -> WireError:
@@ -68,7 +73,22 @@ def encode_meta(m: ReportMeta) -> dict[bytes, bytes]:
         b"membership_epoch": str(m.membership_epoch).encode(),
         b"part": str(m.part).encode(),
         b"parts": str(m.parts).encode(),
+        **({} if m.stats is None else {b"stats": _json(stats_map(m.stats))}),
     }
+
+
+def _json(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _stats(meta: Mapping[bytes, bytes]) -> RequestStats | None:
+    if b"stats" not in meta:
+        return None
+    try:
+        doc = json.loads(_raw(meta, "stats"))
+    except ValueError:
+        raise _bad(reasons.MALFORMED, "columnar metadata 'stats' is not JSON") from None
+    return decode_stats(doc, "columnar")
 
 
 def _raw(meta: Mapping[bytes, bytes], key: str) -> str:
@@ -126,6 +146,7 @@ def parse_meta(meta: Mapping[bytes, bytes] | None) -> ReportMeta:
         membership_epoch=_uint(meta, "membership_epoch"),
         part=_uint(meta, "part"),
         parts=_uint(meta, "parts"),
+        stats=_stats(meta),
     )
     validate_meta(m)
     return m

@@ -60,9 +60,11 @@ HANDLE_REPORT_METADATA: Final = (
     ("membership_epoch", "uint"),
     ("part", "uint"),
     ("parts", "uint"),
+    ("stats", "json"),
 )
 """Report-level fields carried as schema metadata: key, and how its UTF-8 value is written
-("uint": base-10 digits; "float": a JSON-style decimal number; "utf8": the string itself)."""
+("uint": base-10 digits; "float": a JSON-style decimal number; "utf8": the string itself;
+"json": a JSON document). `stats` is optional (the request counters of `HandleReport.stats`)."""
 
 
 def handle_report_schema(custom_names: tuple[str, ...] = ()) -> pa.Schema:

@@ -38,6 +38,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -154,8 +155,25 @@ def _e_replica_report(m: ReplicaReport) -> Map:
     }
 
 
-def _e_handle_report(m: HandleReport) -> Map:
+def stats_map(s: RequestStats) -> Map:
+    """The wire map of `HandleReport.stats` (msgpack, and JSON in columnar metadata)."""
     return {
+        "v": RequestStats.VERSION,
+        "arrived": s.arrived,
+        "completed": s.completed,
+        "service_s": s.service_s,
+        "service_sq_s2": s.service_sq_s2,
+        "wait_s": s.wait_s,
+        "rejected": s.rejected,
+        "timed_out": s.timed_out,
+        "concurrency_sum": s.concurrency_sum,
+        "concurrency_sq_sum": s.concurrency_sq_sum,
+        "concurrency_service_s": s.concurrency_service_s,
+    }
+
+
+def _e_handle_report(m: HandleReport) -> Map:
+    out: Map = {
         "v": _V,
         "kind": "handle_report",
         "handle_id": m.handle_id,
@@ -169,6 +187,9 @@ def _e_handle_report(m: HandleReport) -> Map:
         "membership_epoch": m.membership_epoch,
         "custom": m.custom,
     }
+    if m.stats is not None:  # optional: absent keeps older vectors and readers as they were
+        out["stats"] = stats_map(m.stats)
+    return out
 
 
 def _e_heartbeat(m: Heartbeat) -> Map:
@@ -176,7 +197,7 @@ def _e_heartbeat(m: Heartbeat) -> Map:
 
 
 def _e_lifecycle(m: Lifecycle) -> Map:
-    return {
+    out: Map = {
         "v": _V,
         "kind": "lifecycle",
         "replica_id": m.replica_id,
@@ -189,6 +210,9 @@ def _e_lifecycle(m: Lifecycle) -> Map:
         "app": m.app,
         "deployment": m.deployment,
     }
+    if m.max_ongoing_requests is not None:
+        out["max_ongoing_requests"] = m.max_ongoing_requests
+    return out
 
 
 def _e_probe(m: ProbeRequest) -> Map:
@@ -343,6 +367,30 @@ def _d_replica_report(m: Map) -> ReplicaReport:
     )
 
 
+def decode_stats(raw: object, w: str) -> RequestStats | None:
+    """The optional `stats` map; None when absent or of a version this reader does not know.
+    The one validator of both report formats."""
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        f.wrong_type(w, "stats", "map", raw)
+    if raw.get("v") != RequestStats.VERSION:
+        return None
+    w = f"{w}.stats"
+    return RequestStats(
+        arrived=f.get_count(raw, "arrived", w),
+        completed=f.get_count(raw, "completed", w),
+        service_s=f.get_nonneg_float(raw, "service_s", w),
+        service_sq_s2=f.get_nonneg_float(raw, "service_sq_s2", w),
+        wait_s=f.get_nonneg_float(raw, "wait_s", w),
+        rejected=f.get_count(raw, "rejected", w),
+        timed_out=f.get_count(raw, "timed_out", w),
+        concurrency_sum=f.get_count(raw, "concurrency_sum", w),
+        concurrency_sq_sum=f.get_count(raw, "concurrency_sq_sum", w),
+        concurrency_service_s=f.get_nonneg_float(raw, "concurrency_service_s", w),
+    )
+
+
 def _d_handle_report(m: Map) -> HandleReport:
     w = "handle_report"
     health = tuple(_health(h, f"{w}.health[{i}]") for i, h in enumerate(f.get_list(m, "health", w)))
@@ -367,6 +415,7 @@ def _d_handle_report(m: Map) -> HandleReport:
         health=health,
         membership_epoch=f.get_count(m, "membership_epoch", w),
         custom=custom,
+        stats=decode_stats(m.get("stats"), w),
     )
 
 
@@ -389,7 +438,15 @@ def _d_lifecycle(m: Map) -> Lifecycle:
         exit_code=f.get_opt_int(m, "exit_code", w),
         app=f.get_str(m, "app", w),
         deployment=f.get_str(m, "deployment", w),
+        max_ongoing_requests=_opt_positive(m, "max_ongoing_requests", w),
     )
+
+
+def _opt_positive(m: Map, key: str, w: str) -> int | None:
+    v = f.get_opt_int(m, key, w)
+    if v is not None and v < 1:
+        f.fail(reasons.BAD_VALUE, w, key, f"must be >= 1, got {v}")
+    return v
 
 
 def _d_probe(m: Map) -> ProbeRequest:

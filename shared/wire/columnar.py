@@ -50,7 +50,7 @@ from shared.wire.limits import (
     MAX_MESSAGE_BYTES,
     MAX_PARTS,
 )
-from shared.wire.messages import HandleReport, HealthStatus
+from shared.wire.messages import HandleReport, HealthStatus, RequestStats
 
 COLUMNAR_MAGIC: Final = b"FPC1"
 DEFAULT_COLUMNAR_MIN_REPLICAS: Final = 64
@@ -74,6 +74,8 @@ class ColumnarHandleReport:
     part: int
     parts: int
     batch: pa.RecordBatch
+    stats: RequestStats | None = None
+    """Optional request counters (`HandleReport.stats`); the same in every part."""
 
     @property
     def num_rows(self) -> int:
@@ -263,6 +265,7 @@ def encode_handle_report_columnar(
     health_valid: np.ndarray | None = None,
     custom: Mapping[str, ArrayInput] | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    stats: RequestStats | None = None,
 ) -> list[bytes]:
     """Encode one report as FPC1 parts, each at most `max_payload` bytes.
 
@@ -279,7 +282,7 @@ def encode_handle_report_columnar(
     )
     meta = ReportMeta(
         handle_id, app, deployment, float(sent_at), int(seq), float(queued_requests),
-        int(membership_epoch), 0, 1,
+        int(membership_epoch), 0, 1, stats,
     )  # fmt: skip
     schema = handle_report_schema(names)
     try:
@@ -399,6 +402,7 @@ def handle_report_to_columnar(
             for name, per in report.custom.items()
         },
         max_payload=max_payload,
+        stats=report.stats,
     )
 
 
@@ -442,4 +446,5 @@ def columnar_parts_to_handle_report(parts: Sequence[ColumnarHandleReport]) -> Ha
         health=tuple(health),
         membership_epoch=first.membership_epoch,
         custom=custom,
+        stats=first.stats,
     )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from shared.errors import UsageError
-from shared.wire.codec import decode, to_wire_map
+from shared.wire.codec import decode, stats_map, to_wire_map
 from shared.wire.messages import WireMessage
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def columnar_to_json(c: ColumnarHandleReport, raw_metadata: dict[bytes, bytes]) 
             "membership_epoch": c.membership_epoch,
             "part": c.part,
             "parts": c.parts,
+            **({} if c.stats is None else {"stats": stats_map(c.stats)}),
         },
         "metadata_raw": {k.decode(): v.decode() for k, v in raw_metadata.items()},
         "columns": list(c.batch.schema.names),

@@ -149,6 +149,42 @@ class ReplicaReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestStats:
+    """A router's request counters for one deployment, cumulative since the router started.
+
+    Optional in `HandleReport` (absent from routers that predate it; old readers ignore it). It
+    is what the what-if queueing model calibrates from (docs/recording.md): arrivals per report
+    interval, and the service time (dispatch of the admitted attempt to the end of its response)
+    of completed requests with its second moment. Counters only grow, so a lost report costs
+    resolution, not totals. On the wire it is a map with its own "v": `VERSION`; a reader skips
+    a map of another version.
+    """
+
+    VERSION: ClassVar[int] = 1
+    arrived: int
+    """Requests that entered this router (each call once, whatever its retries)."""
+    completed: int
+    service_s: float
+    """Sum of the service times of completed requests."""
+    service_sq_s2: float
+    """Sum of their squares (the spread of service times)."""
+    wait_s: float
+    """Sum of the time completed requests spent before their admitted attempt (queue, retries)."""
+    rejected: int
+    """Refused by back-pressure (`max_queued_requests`)."""
+    timed_out: int
+    """Deadline exceeded, queued or in service."""
+    concurrency_sum: int
+    """Sum over completed requests of the replica's requests in flight when it admitted them
+    (itself included: `Admission.num_ongoing`), ..."""
+    concurrency_sq_sum: int
+    """... of its square ..."""
+    concurrency_service_s: float
+    """... and of it times the request's service time: with `completed`, `service_s` these are
+    the sums of a least-squares fit of service time against concurrency."""
+
+
+@dataclass(frozen=True, slots=True)
 class HandleReport:
     """A router's view of one deployment, object path (narrow reports; wide ones go columnar).
 
@@ -167,6 +203,8 @@ class HandleReport:
     health: tuple[HealthStatus, ...]
     membership_epoch: int
     custom: dict[str, dict[str, float]] = field(default_factory=dict)
+    stats: RequestStats | None = None
+    """Optional, see `RequestStats`; None: the sender does not count (or an older router)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +218,10 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class Lifecycle:
-    """A replica process changed state. `exit_code` is set only for "exited" (negative = signal)."""
+    """A replica process changed state. `exit_code` is set only for "exited" (negative = signal).
+
+    The time from an agent's "starting" to the replica's "ready" is the replica's start time,
+    which the what-if model reads from recordings."""
 
     KIND: ClassVar[str] = "lifecycle"
     replica_id: str
@@ -192,6 +233,8 @@ class Lifecycle:
     exit_code: int | None
     app: str
     deployment: str
+    max_ongoing_requests: int | None = None
+    """Optional: the replica's admission limit (sent by replicas on "ready"; None when unknown)."""
 
 
 @dataclass(frozen=True, slots=True)

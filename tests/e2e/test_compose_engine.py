@@ -222,7 +222,8 @@ def test_the_recorder_writes_as_the_non_root_user_and_replay_reads_it(stack: Sta
             stack.compose("cp", "recorder:/recordings", str(out))
             proc = sh(
                 sys.executable, "-m", "services.cli", "replay", str(out),
-                "--what-if", str(COMPOSE_DIR / "apps" / "app.yaml"), cwd=ROOT,
+                "--what-if", str(COMPOSE_DIR / "apps" / "app.yaml"), "--model", "open",
+                cwd=ROOT,
             )  # fmt: skip
             found = re.search(r"(\d+) reports", proc.stdout)
             return proc.stdout.strip() if found and int(found.group(1)) > 0 else None

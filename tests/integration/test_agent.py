@@ -187,7 +187,11 @@ async def test_agent_runs_stops_and_reports_its_replicas(
         ticks = agent.ticks
         await eventually(lambda: agent.ticks >= ticks + 5)
         assert agent.children["r-a"].exited and agent.pid("r-a") is None
-        assert len(events.of("r-a", "starting")) == 1
+        # started once: the agent's report of the spawn, then the replica's own (the first
+        # to "ready" is the start time the what-if model reads)
+        starts = events.of("r-a", "starting")
+        assert len(starts) == 2 and starts[0].at <= starts[1].at
+        assert starts[0].at <= events.of("r-a", "ready")[0].at
         await eventually(lambda: gone(bus, "r-a"))
         assert set(agent.procs.pids()) == {"r-x"}
         assert metric("fleetpulse_agent_replica_starts_total") - starts0 == 3

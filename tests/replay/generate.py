@@ -15,7 +15,13 @@ The recording (`shop.arrows`, zstd) is 15 minutes of one app, `shop`, seen by th
   payload, a report of a deployment the config does not have, and a malformed report subject.
 
 `shop.yaml` is the config under test; `shop.whatif.json` is `fleetpulse replay shop.arrows
---what-if shop.yaml --out ...` with default options. Everything is seeded: the rows (and the
+--what-if shop.yaml --out ...` with default options (open loop: these reports carry no request
+stats).
+
+The closed-loop fixture: `queue.arrows` (10 minutes of `queue.d000`, one router with request
+stats, replicas with lifecycle events: queue_recording.py), `queue.yaml` and
+`queue.closed.json`, which is `fleetpulse replay queue.arrows --what-if queue.yaml --model
+closed --out ...` with default options. Everything is seeded: the rows (and the
 expected JSON) come out the same on every run; the compressed file bytes may differ between
 pyarrow versions, so `--check` compares the rows, not the file bytes.
 """
@@ -31,19 +37,29 @@ from pathlib import Path
 
 import numpy as np
 
-from services.recorder import whatif
+from services.recorder import closedloop, whatif
 from services.recorder.files import RecordingWriter, WriterConfig, read_recording, wall_to_us
 from services.recorder.replay import load_app_configs, load_report_rows
+from services.recorder.simulate import ModelOptions
 from shared.clock import FakeClock
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire.codec import encode
 from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
+from . import queue_recording
+
 HERE = Path(__file__).resolve().parent
 RECORDING = HERE / "shop.arrows"
 CONFIG = HERE / "shop.yaml"
 EXPECTED = HERE / "shop.whatif.json"
+QUEUE_RECORDING = HERE / "queue.arrows"
+QUEUE_CONFIG = HERE / "queue.yaml"
+QUEUE_EXPECTED = HERE / "queue.closed.json"
+QUEUE_PEAK = 40.0
+QUEUE_YAML = "# The config under test for the closed-loop fixture (see generate.py).\n" + (
+    queue_recording.config_yaml(max_replicas=6)
+)
 START = 1_714_550_400.0  # 2024-05-01T08:00:00Z
 DURATION_S = 900.0
 SEED = 7
@@ -140,11 +156,11 @@ def messages() -> list[tuple[float, str, bytes]]:
     return out
 
 
-def write_recording(path: Path) -> None:
+def write_recording(path: Path, msgs: list[tuple[float, str, bytes]] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = WriterConfig(Path(tmp), prefix="shop", batch_rows=400, compression="zstd")
         writer = RecordingWriter(cfg, FakeClock(wall=START))
-        for t, subject, payload in messages():
+        for t, subject, payload in messages() if msgs is None else msgs:
             writer.append(wall_to_us(START + t), subject, payload)
         writer.close()
         (file,) = writer.files
@@ -156,6 +172,14 @@ def expected_output(recording: Path, config: Path) -> bytes:
     return whatif.timeline_json(whatif.simulate(rows, load_app_configs(config)))
 
 
+def expected_closed(recording: Path, config: Path) -> bytes:
+    rows = load_report_rows(recording)
+    apps = load_app_configs(config)
+    return closedloop.closed_json(
+        closedloop.run_closed(rows, [(config.name, apps)], ModelOptions())
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--check", action="store_true")
@@ -164,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         CONFIG.write_text(CONFIG_YAML)
         write_recording(RECORDING)
         EXPECTED.write_bytes(expected_output(RECORDING, CONFIG))
-        for p in (RECORDING, CONFIG, EXPECTED):
+        QUEUE_CONFIG.write_text(QUEUE_YAML)
+        write_recording(QUEUE_RECORDING, queue_recording.messages(peak=QUEUE_PEAK))
+        QUEUE_EXPECTED.write_bytes(expected_closed(QUEUE_RECORDING, QUEUE_CONFIG))
+        for p in (RECORDING, CONFIG, EXPECTED, QUEUE_RECORDING, QUEUE_CONFIG, QUEUE_EXPECTED):
             print(f"wrote {p.relative_to(HERE.parents[1])} ({p.stat().st_size:,} bytes)")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         same_rows = read_recording(fresh).equals(read_recording(RECORDING))
         same_config = CONFIG.read_text() == CONFIG_YAML
         same_output = expected_output(RECORDING, CONFIG) == EXPECTED.read_bytes()
+        fresh_q = Path(tmp) / "queue.arrows"
+        write_recording(fresh_q, queue_recording.messages(peak=QUEUE_PEAK))
+        same_rows = same_rows and read_recording(fresh_q).equals(read_recording(QUEUE_RECORDING))
+        same_config = same_config and QUEUE_CONFIG.read_text() == QUEUE_YAML
+        same_output = same_output and (
+            expected_closed(QUEUE_RECORDING, QUEUE_CONFIG) == QUEUE_EXPECTED.read_bytes()
+        )
     print(f"recording rows: {same_rows}, config: {same_config}, expected output: {same_output}")
     return 0 if same_rows and same_config and same_output else 1
 

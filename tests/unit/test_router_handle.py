@@ -285,6 +285,27 @@ async def test_back_pressure_and_deadline_while_queued(
             with pytest.raises(DeadlineExceeded):
                 await asyncio.wait_for(task, 2)
         assert h.router.queued_now == 0
+        c = h.router.counters
+        assert (c.arrived, c.rejected, c.timed_out, c.done) == (3, 1, 2, 0)
+    finally:
+        await h.close()
+
+
+async def test_completed_requests_are_counted_with_their_replicas_concurrency(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    await replicas(rbus, clock, "r1")
+    h = await handle(bus, clock)
+    try:
+        for _ in range(3):
+            await h.remote()
+        clock.advance(0.25)
+        stats = h.router.make_report().stats
+        assert stats is not None
+        assert (stats.arrived, stats.completed, stats.rejected, stats.timed_out) == (3, 3, 0, 0)
+        # one at a time: the replica served each alone (its admission counts the request)
+        assert (stats.concurrency_sum, stats.concurrency_sq_sum) == (3, 3)
+        assert stats.concurrency_service_s == pytest.approx(stats.service_s)
     finally:
         await h.close()
 

@@ -30,6 +30,7 @@ from shared.wire.messages import (
     ProbeRequest,
     ReplicaReport,
     Request,
+    RequestStats,
     WireMessage,
 )
 
@@ -67,6 +68,8 @@ SAMPLES: list[WireMessage] = [
     Heartbeat(H, 3.0),
     EXITED,
     Lifecycle("r-1", "", "starting", 4.0, "fp.v1.rpc.a.d.r-1", "v1", None, "a", "d"),
+    dataclasses.replace(EXITED, state="ready", exit_code=None, max_ongoing_requests=5),
+    dataclasses.replace(HR, stats=RequestStats(10, 8, 1.5, 0.5, 0.25, 1, 1, 12, 20, 2.5)),
     PROBE,
 ]
 
@@ -115,7 +118,26 @@ def test_round_trip(msg: WireMessage) -> None:
 def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     m = codec.to_wire_map(msg)
     assert m["v"] == 1 and m["kind"] == msg.KIND
-    assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)}
+    # optional fields added after v1 are omitted when unset, so older vectors stay byte-identical
+    optional = {f.name for f in dataclasses.fields(msg) if f.name in OPTIONAL_ADDED}
+    unset = {n for n in optional if getattr(msg, n) is None}
+    assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
+
+
+OPTIONAL_ADDED = {"stats", "max_ongoing_requests"}
+
+
+def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
+    stats = codec.to_wire_map(
+        dataclasses.replace(HR, stats=RequestStats(3, 2, 1.0, 0.5, 0.0, 0, 0, 2, 2, 1.0))
+    )
+    assert codec.decode(pack({**stats, "stats": {"v": 2, "anything": "new"}})) == HR
+    with pytest.raises(WireError) as exc:
+        codec.decode(pack({**stats, "stats": {**stats["stats"], "completed": -1}}))
+    assert exc.value.reason == reasons.BAD_VALUE
+    with pytest.raises(WireError) as exc:
+        codec.decode(pack({**codec.to_wire_map(EXITED), "max_ongoing_requests": 0}))
+    assert exc.value.reason == reasons.BAD_VALUE
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
@@ -154,6 +176,8 @@ def test_missing_required_field_is_reported_by_name(msg: WireMessage) -> None:
         if isinstance(msg, ReplicaReport | Request | Lifecycle) and f.name in optional:
             continue
         if isinstance(msg, HandleReport) and f.name == "custom":
+            continue
+        if f.name in OPTIONAL_ADDED:
             continue
         with pytest.raises(WireError) as info:
             codec.decode(pack(wire(msg, **{f.name: DELETE})))

@@ -1,0 +1,265 @@
+"""What the closed-loop what-if model needs, recovered from a recording (a pure function of it).
+
+How it works. Routers that count requests send cumulative counters in their handle reports
+(`HandleReport.stats`, wire.md); replicas send their admission limit on "ready" and agents report
+a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows:
+
+- **Arrivals.** Each router's `arrived` counter, read at its reports' receipt times, is a
+  cumulative arrival curve; the deployment's is the sum over its routers (each linear between two
+  reports, flat before a router's first report: what came before it is not attributed to any
+  time). `arrivals_between(t0, t1)` integrates it, vectorised.
+- **Burstiness.** The index of dispersion D (variance / mean of arrivals per report interval),
+  estimated from successive differences so that a ramp does not read as bursts: 1 for Poisson,
+  above 1 for bursty arrivals. Reported to the operator; the simulation replays each report
+  interval's recorded count, so burstiness down to the report interval needs no model.
+- **Service time and its growth with concurrency.** Routers sum, over completed requests, the
+  service time s, the replica's concurrency c at admission (its `num_ongoing`, the request
+  included) and c^2, c*s, s^2: the sufficient statistics of a least-squares line
+  S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
+  the spread left around it (a coefficient of variation).
+- **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
+  spawn, replicas their own start and ready; both wall clocks of the replica's host); the median
+  over replicas.
+- **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
+  between one router's reports).
+
+A deployment without stats in its reports has `arrivals is None`: the closed loop cannot run
+there (the caller says so and falls back to the open-loop what-if).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.errors import UsageError, WireError
+from shared.subjects import DEFAULT_NAMESPACE, Subjects, deployment_key
+from shared.wire.codec import decode_as
+from shared.wire.columnar import decode_handle_report_columnar, detect_format
+from shared.wire.messages import HandleReport, Lifecycle, RequestStats
+
+F64 = npt.NDArray[np.float64]
+_US: Final = 1e6
+MAX_DISPERSION: Final = 50.0
+MAX_CV: Final = 3.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ArrivalCurve:
+    """Cumulative arrivals, the sum of one piecewise-linear curve per router."""
+
+    curves: tuple[tuple[F64, F64], ...]
+    """Per router: (times s since the recording start, cumulative arrivals from its first report)."""
+
+    def at(self, t: F64) -> F64:
+        out = np.zeros_like(t, dtype=np.float64)
+        for times, counts in self.curves:
+            out += np.interp(t, times, counts, left=0.0, right=float(counts[-1]))
+        return out
+
+    def arrivals_between(self, edges: F64) -> F64:
+        """Arrivals in each [edges[i], edges[i+1])."""
+        return np.maximum(np.diff(self.at(edges)), 0.0)
+
+    @property
+    def total(self) -> float:
+        return float(sum(c[-1] for _, c in self.curves))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Calibration:
+    """The model inputs of one deployment (see the module docstring)."""
+
+    key: str
+    arrivals: ArrivalCurve | None
+    dispersion: float
+    base_s: float | None
+    """Mean service time at one request per replica (None: nothing completed)."""
+    slope_s: float
+    """Growth of the mean service time per extra request in flight on the replica."""
+    cv: float
+    startup_s: float | None
+    max_ongoing: int | None
+    report_interval_s: float | None
+    completed: int
+    rejected: int
+    timed_out: int
+    wait_s: float
+
+    def service_s(self, concurrency: float) -> float:
+        base = self.base_s if self.base_s is not None else 0.0
+        return base + self.slope_s * max(concurrency - 1.0, 0.0)
+
+    def doc(self) -> dict[str, object]:
+        """Plain data for the JSON (the caller rounds)."""
+        return {
+            "arrivals": None if self.arrivals is None else self.arrivals.total,
+            "dispersion": self.dispersion,
+            "service_base_s": self.base_s,
+            "service_slope_s": self.slope_s,
+            "service_cv": self.cv,
+            "startup_s": self.startup_s,
+            "max_ongoing_requests": self.max_ongoing,
+            "report_interval_s": self.report_interval_s,
+            "recorded": {
+                "completed": self.completed,
+                "rejected": self.rejected,
+                "timed_out": self.timed_out,
+                "mean_wait_s": self.wait_s / self.completed if self.completed else 0.0,
+            },
+        }
+
+
+@dataclass(slots=True)
+class _Router:
+    times: list[float]
+    sent: list[float]
+    arrived: list[int]
+    first: RequestStats
+    last: RequestStats
+
+    def total(self, name: str) -> float:
+        """Growth of a counter over the recording (from this router's first report)."""
+        return float(getattr(self.last, name) - getattr(self.first, name))
+
+
+def _fit_service(routers: Iterable[_Router]) -> tuple[float | None, float, float, int]:
+    """(base_s, slope_s, cv, completed): a least-squares line of service time against the
+    replica's concurrency at admission, over every request completed during the recording
+    (the routers' sums are its sufficient statistics), and the spread left around it."""
+    names = ("completed", "concurrency_sum", "concurrency_sq_sum", "service_s",
+             "concurrency_service_s", "service_sq_s2")  # fmt: skip
+    n, sc, scc, ss, scs, sss = (sum(r.total(k) for r in routers) for k in names)
+    if n <= 0:
+        return None, 0.0, 0.0, 0
+    mean_s, mean_c = ss / n, sc / n
+    var_c = scc / n - mean_c**2
+    slope = 0.0
+    if var_c > 1e-9 and sc > 0:  # concurrency varied (and the routers counted it)
+        slope = max((scs / n - mean_c * mean_s) / var_c, 0.0)
+    base = max(mean_s - slope * max(mean_c - 1.0, 0.0), 1e-6) if sc > 0 else mean_s
+    resid = sss / n - mean_s**2 - slope**2 * max(var_c, 0.0)
+    cv = min(math.sqrt(max(resid, 0.0)) / base, MAX_CV) if base > 0 else 0.0
+    return base, slope, cv, round(n)
+
+
+def _dispersion(routers: Iterable[_Router]) -> float:
+    """Index of dispersion of arrivals per report interval, from successive differences."""
+    num = den = 0.0
+    for r in routers:
+        if len(r.times) < 3:
+            continue
+        n = np.diff(np.asarray(r.arrived, dtype=np.float64))
+        num += float(np.sum(np.diff(n) ** 2))
+        den += 2.0 * float(np.sum(n[1:]))
+    if den <= 0:
+        return 1.0
+    return float(min(max(num / den, 1.0), MAX_DISPERSION))
+
+
+def calibrate(
+    rows: Iterable[tuple[int, str, bytes]], keys: Iterable[str], namespace: str = DEFAULT_NAMESPACE
+) -> tuple[dict[str, Calibration], Counter[str]]:
+    """Calibrations for the deployments named by `keys` ("app.deployment"), from the recording
+    rows (recv_time us, subject, payload) in recv_time order; also counts of what was skipped."""
+    subjects = Subjects(namespace)
+    wanted = set(keys)
+    routers: dict[str, dict[str, _Router]] = defaultdict(dict)
+    starting: dict[str, dict[str, float]] = defaultdict(dict)
+    ready: dict[str, dict[str, float]] = defaultdict(dict)
+    limits: dict[str, Counter[int]] = defaultdict(Counter)
+    skipped: Counter[str] = Counter()
+    start_us: int | None = None
+    for recv_us, subject, payload in rows:
+        start_us = recv_us if start_us is None else start_us
+        try:
+            where = subjects.parse_report(subject)
+        except UsageError:
+            continue
+        key = deployment_key(where.app, where.deployment)
+        if key not in wanted:
+            continue
+        t = (recv_us - start_us) / _US
+        try:
+            if where.kind == "handle":
+                if detect_format(payload) == "columnar":
+                    c = decode_handle_report_columnar(payload)
+                    if c.part == 0:  # stats are report-level, the same in every part
+                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, t)
+                else:
+                    r = decode_as(payload, HandleReport)
+                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, t)
+            elif where.kind == "lifecycle":
+                ev = decode_as(payload, Lifecycle)
+                if ev.state == "starting":
+                    starting[key].setdefault(ev.replica_id, ev.at)
+                elif ev.state == "ready":
+                    ready[key].setdefault(ev.replica_id, ev.at)
+                    if ev.max_ongoing_requests is not None:
+                        limits[key][ev.max_ongoing_requests] += 1
+        except WireError as exc:
+            skipped["wire_" + exc.reason] += 1
+    out: dict[str, Calibration] = {}
+    for key in sorted(wanted):
+        rs = [routers[key][h] for h in sorted(routers[key])]
+        with_stats = [r for r in rs if len(r.times) >= 2]
+        curve = (
+            ArrivalCurve(
+                tuple(
+                    (np.asarray(r.times), np.asarray(r.arrived, dtype=np.float64) - r.arrived[0])
+                    for r in with_stats
+                )
+            )
+            if with_stats
+            else None
+        )
+        base, slope, cv, completed = _fit_service(with_stats)
+        starts = [
+            ready[key][rid] - at
+            for rid, at in starting[key].items()
+            if rid in ready[key] and ready[key][rid] >= at
+        ]
+        gaps = [g for r in with_stats for g in np.diff(np.asarray(r.sent)).tolist() if g > 0]
+        out[key] = Calibration(
+            key=key,
+            arrivals=curve,
+            dispersion=_dispersion(with_stats),
+            base_s=base,
+            slope_s=slope,
+            cv=cv,
+            startup_s=statistics.median(starts) if starts else None,
+            max_ongoing=limits[key].most_common(1)[0][0] if limits[key] else None,
+            report_interval_s=statistics.median(gaps) if gaps else None,
+            completed=completed,
+            rejected=round(sum(r.total("rejected") for r in with_stats)),
+            timed_out=round(sum(r.total("timed_out") for r in with_stats)),
+            wait_s=sum(r.total("wait_s") for r in with_stats),
+        )
+    return out, skipped
+
+
+def _add_report(
+    by_handle: dict[str, _Router],
+    handle_id: str,
+    sent_at: float,
+    s: RequestStats | None,
+    t: float,
+) -> None:
+    if s is None:
+        return
+    cur = by_handle.get(handle_id)
+    if cur is None:
+        cur = by_handle[handle_id] = _Router([], [], [], s, s)
+    elif s.arrived < cur.last.arrived or sent_at <= cur.sent[-1]:
+        return  # a restarted router reusing its id, or a stale report: keep the first run
+    cur.last = s
+    cur.times.append(t)
+    cur.sent.append(sent_at)
+    cur.arrived.append(s.arrived)

@@ -1,0 +1,447 @@
+"""Closed-loop what-if: queueing under the config under test, calibrated from a recording.
+
+How it works. Per deployment, the recording gives the *arrivals* (calibrate.py), which do not
+depend on the config: a config with fewer replicas makes the same requests wait longer. The
+simulation runs on a fixed time step (`interval_s`, the controller's control interval) and
+models, per step:
+
+1. Arrivals: each report interval brings the requests the routers counted in it (so the
+   recording's burstiness down to the report interval is replayed as it was), placed at random
+   within it (seeded: a Poisson process given the count). The same draw serves every config
+   (common random numbers), so configs differ by the config only.
+2. Service: a request admitted when its replica serves c requests (itself included) takes
+   S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
+   `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
+   a power-of-two choice finds on replicas balanced to within one request (`_joined`).
+3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
+   while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
+   otherwise holds the request; its balancing is taken as perfect). A queue beyond
+   `max_queued` rejects; a request still queued at `timeout_s` times out.
+4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
+   calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
+5. Reports and control: every report interval the routers' time-averaged running + queued is
+   what the controller's metrics store would hold (a cold start and a sharp rise report at once,
+   as routers do); each step that demand goes into the controller's `DemandWindow` and
+   `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
+6. Replicas: a target increase starts replicas that run `startup_s` later (calibrated from
+   lifecycle events, or the option); a decrease stops the newest first.
+
+The cost per step is O(1) per deployment whatever its replica count (the fluid aggregates the
+replicas), so a 1,000-replica fleet costs what its deployments cost. Determinism: the seed and
+the deployment key fix every draw; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from services.controller.demand_window import DemandWindow
+from services.controller.policy import PolicyInputs, decide, initial_state, needed_replicas
+from services.router.config import RouterConfig
+from services.router.rise import RISE_FACTOR, RISE_MIN
+from shared.appconfig import AppConfig, AutoscalingConfig
+from shared.errors import UsageError
+from shared.subjects import DEFAULT_NAMESPACE, deployment_key
+
+from .calibrate import Calibration
+from .whatif import TimelineEntry
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+NODES: Final = 64
+"""Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
+PIPE: Final = 8
+"""Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
+PERCENTILES: Final = (50.0, 95.0, 99.0)
+P99_EVERY_S: Final = 10.0
+DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    interval_s: float = 0.1
+    seed: int = 0
+    startup_s: float | None = None
+    """Replica start time; None: as calibrated (0 when the recording has no lifecycle events)."""
+    timeout_s: float | None = None
+    """Request deadline; None: requests wait as long as it takes."""
+    max_queued: int = DEFAULT_MAX_QUEUED
+    report_interval_s: float | None = None
+    """Routers' report cadence; None: as recorded, else the config's metrics_interval_s."""
+    replications: int = 1
+    """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
+    pooled latencies), the series those of the first."""
+    namespace: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise UsageError(f"interval_s must be > 0, not {self.interval_s!r}")
+        for name in ("startup_s", "timeout_s", "report_interval_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise UsageError(f"{name} must be >= 0, not {v!r}")
+        if self.max_queued < 0:
+            raise UsageError("max_queued must be >= 0")
+        if self.replications < 1:
+            raise UsageError("replications must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClosedRun:
+    """One deployment under one config: per-step series and the request outcomes."""
+
+    key: str
+    config: AutoscalingConfig
+    max_ongoing: int
+    calibration: Calibration
+    startup_s: float
+    times: F64
+    arrivals: F64
+    demand: F64
+    in_flight: F64
+    queued: F64
+    target: I64
+    running: I64
+    latency: F64
+    """Sorted latency values (seconds) ..."""
+    weight: F64
+    """... and the requests each stands for."""
+    arrived: float
+    rejected: float
+    timed_out: float
+    timeline: tuple[TimelineEntry, ...]
+    p99_series: F64 = dataclasses.field(default_factory=lambda: np.empty(0))
+    """p99 latency of the requests admitted in each `P99_EVERY_S` (NaN where none was)."""
+    replications: tuple[ClosedRun, ...] = ()
+    """Every replication (this one first) when there are several; latency and the request
+    counts above are already pooled over them."""
+
+    def percentile(self, q: float) -> float | None:
+        if self.weight.size == 0:
+            return None
+        cum = np.cumsum(self.weight)
+        i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
+        return float(self.latency[min(i, self.latency.size - 1)])
+
+    def completed(self) -> float:
+        return float(self.weight.sum())
+
+    def replica_seconds(self, interval_s: float) -> float:
+        return float(self.running.sum()) * interval_s
+
+
+def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) -> F64:
+    """Arrivals per step: each report interval's recorded count (rounded so the running total
+    stays exact), placed uniformly at random within it (a Poisson process, given its count)."""
+    assert cal.arrivals is not None
+    lam = cal.arrivals.arrivals_between(dt * np.arange(n + 1, dtype=np.float64))
+    rng = np.random.default_rng([seed, zlib.crc32(cal.key.encode())])
+    blocks = math.ceil(n / block)
+    flat = np.zeros(blocks * block)
+    flat[:n] = lam
+    grid = flat.reshape(blocks, block)
+    total = grid.sum(axis=1)
+    counts = np.diff(np.floor(np.concatenate(([0.0], np.cumsum(total))) + 0.5)).astype(np.int64)
+    out = np.zeros_like(grid)
+    for b in np.flatnonzero(counts > 0).tolist():
+        weights = grid[b] / total[b] if total[b] > 0 else np.full(block, 1.0 / block)
+        out[b] = rng.multinomial(int(counts[b]), weights)
+    return np.asarray(out.ravel()[:n], dtype=np.float64)
+
+
+def _joined(m: float) -> float:
+    """The requests a new request finds on its replica, itself included, when m are in flight
+    per replica: balanced to within one (a fraction f of the replicas serve floor(m) + 1, the
+    rest floor(m)), and the router's power of two choices takes the busier only when both
+    picks are (probability f^2)."""
+    lo = math.floor(m)
+    f = m - lo
+    return lo + f * f + 1.0
+
+
+def _nodes(cv: float, key: str, seed: int) -> F64:
+    if cv < 1e-3:
+        return np.ones(NODES)
+    k = 1.0 / (cv * cv)
+    rng = np.random.default_rng([seed, zlib.crc32(key.encode()), 1])
+    x = np.sort(rng.gamma(k, 1.0 / k, NODES))
+    return np.asarray(x / x.mean(), dtype=np.float64)
+
+
+class _Queue:
+    """The routers' queue and the requests in service of one deployment (steps 2-4 above)."""
+
+    def __init__(self, cal: Calibration, max_ongoing: int, nodes: F64, opts: ModelOptions) -> None:
+        self.service = cal.service_s
+        self.max_ongoing = max_ongoing
+        self.max_queued = opts.max_queued
+        self.dt = opts.interval_s
+        self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
+        self.pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser, for completions
+        self.n_flight = self.queued = 0.0
+        self.cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
+        self.done_at: dict[int, float] = {}  # step -> requests completing then
+        self.rejected = self.timed_out = 0.0
+        self.lat_wait: list[float] = []
+        self.lat_s: list[float] = []
+        self.lat_w: list[float] = []
+        self.lat_k: list[int] = []  # the step each record was admitted at
+
+    def step(self, k: int, arrivals: float, running: int) -> None:
+        done = self.done_at.pop(k, 0.0)
+        if done:
+            self.n_flight = max(0.0, self.n_flight - done)
+        if arrivals > 0:
+            self.cohorts.append([k, arrivals])
+            self.queued += arrivals
+            if self.queued > self.max_queued:  # the newest are refused
+                over = self.queued - self.max_queued
+                self.cohorts[-1][1] -= over
+                self.queued -= over
+                self.rejected += over
+        free = running * self.max_ongoing - self.n_flight
+        if free > 0 and self.queued > 0:
+            self._admit(k, free, running)
+        while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
+            self.timed_out += self.cohorts[0][1]
+            self.queued = max(0.0, self.queued - self.cohorts.popleft()[1])
+
+    def _admit(self, k: int, free: float, running: int) -> None:
+        admitted = 0.0
+        waits: list[tuple[float, float]] = []
+        cohorts = self.cohorts
+        while cohorts and free > 1e-12:
+            head = cohorts[0]
+            take = min(head[1], free)
+            waits.append(((k - head[0]) * self.dt, take))
+            head[1] -= take
+            free -= take
+            admitted += take
+            if head[1] <= 1e-12:
+                cohorts.popleft()
+        self.queued = max(0.0, self.queued - admitted)
+        c = _joined((self.n_flight + admitted / 2) / max(running, 1))
+        s_now = self.service(min(c, float(self.max_ongoing)))
+        self.n_flight += admitted
+        share = admitted / PIPE
+        for q in self.pipe:  # each share leaves after its service time
+            at = k + max(1, round(s_now * q / self.dt))
+            self.done_at[at] = self.done_at.get(at, 0.0) + share
+        for w, n in waits:
+            self.lat_wait.append(w)
+            self.lat_s.append(s_now)
+            self.lat_w.append(n)
+            self.lat_k.append(k)
+
+
+class _Reports:
+    """What routers report (step 5): the time-weighted running + queued at their cadence; a queue
+    at zero replicas (cold start) and a sharp rise that holds are reported at once."""
+
+    def __init__(self, report_s: float) -> None:
+        self.report_s = report_s
+        self.acc = 0.0  # integral of running + queued since the last report
+        self.last = 0.0
+        self.value = 0.0
+        self.rise_ticks = 0
+
+    def step(self, now: float, dt: float, load: float, cold: bool, queued: float) -> float:
+        self.acc += load * dt
+        rising = load >= RISE_FACTOR * self.value + RISE_MIN
+        self.rise_ticks = self.rise_ticks + 1 if rising else 0
+        due = now - self.last >= self.report_s - 1e-9
+        if due or (cold and self.value < queued) or self.rise_ticks >= 2:
+            span = now - self.last
+            self.value = load if self.rise_ticks >= 2 else self.acc / span if span > 0 else load
+            if cold:
+                self.value = max(self.value, queued)
+            self.acc, self.last, self.rise_ticks = 0.0, now, 0
+        return self.value
+
+
+def run_deployment(
+    key: str,
+    cfg: AutoscalingConfig,
+    max_ongoing: int,
+    cal: Calibration,
+    duration_s: float,
+    opts: ModelOptions,
+) -> ClosedRun:
+    """Simulate one deployment over [0, duration_s] (see the module docstring), once per
+    replication; several are pooled into the first."""
+    if cal.arrivals is None:
+        raise UsageError(f"{key}: the recording has no request stats to drive the closed loop")
+    runs = [
+        _run_once(key, cfg, max_ongoing, cal, duration_s, dataclasses.replace(opts, seed=seed))
+        for seed in range(opts.seed, opts.seed + opts.replications)
+    ]
+    if len(runs) == 1:
+        return runs[0]
+    k = float(len(runs))
+    lat = np.concatenate([r.latency for r in runs])
+    order = np.argsort(lat, kind="stable")
+    wts = np.concatenate([r.weight for r in runs]) / k
+    return dataclasses.replace(
+        runs[0],
+        latency=lat[order],
+        weight=wts[order],
+        arrived=sum(r.arrived for r in runs) / k,
+        rejected=sum(r.rejected for r in runs) / k,
+        timed_out=sum(r.timed_out for r in runs) / k,
+        replications=tuple(runs),
+    )
+
+
+def _run_once(
+    key: str,
+    cfg: AutoscalingConfig,
+    max_ongoing: int,
+    cal: Calibration,
+    duration_s: float,
+    opts: ModelOptions,
+) -> ClosedRun:
+    dt = opts.interval_s
+    n = max(1, math.ceil(duration_s / dt))
+    report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s
+    arrivals = _arrival_draw(cal, n, dt, max(1, round(report_s / dt)), opts.seed)
+    startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
+    nodes = _nodes(cal.cv, key, opts.seed)
+    q = _Queue(cal, max_ongoing, nodes, opts)
+    reports = _Reports(report_s)
+    window = DemandWindow.for_policy(cfg)
+    keep_s = max(cfg.look_back_period_s, cfg.panic_window_s)
+    state = initial_state(cfg, 0.0)
+    ready_at = [0.0] * state.target
+    demand, in_flight, queue = np.empty(n), np.empty(n), np.empty(n)
+    target = np.empty(n, dtype=np.int64)
+    running = np.empty(n, dtype=np.int64)
+    timeline: list[TimelineEntry] = []
+    last_rule = ""
+    for k, a in enumerate(arrivals.tolist()):
+        now = (k + 1) * dt
+        r = bisect.bisect_right(ready_at, now)
+        q.step(k, a, r)
+        cold = state.target == 0 and q.queued > 0
+        reported = reports.step(now, dt, q.n_flight + q.queued, cold, q.queued)
+        window.add(now, reported)
+        mean, short, full = window.policy_demand(cfg, state.target, now)
+        state, d = decide(cfg, state, PolicyInputs(mean, short, full, cold, r), now)
+        while len(ready_at) < d.target:
+            ready_at.append(now + startup)
+        del ready_at[d.target :]
+        window.trim(now, keep_s)
+        r_after = bisect.bisect_right(ready_at, now)
+        if d.changed or d.rule != last_rule:
+            timeline.append(
+                TimelineEntry(now, key, mean, d.target, d.desired, r_after, d.rule, d.reason)
+            )
+        last_rule = d.rule
+        demand[k], in_flight[k], queue[k] = reported, q.n_flight, q.queued
+        target[k], running[k] = d.target, r_after
+    lat, wts = _latencies(q.lat_wait, q.lat_s, q.lat_w, nodes)
+    p99 = _p99_over_time(q, nodes, n, max(1, round(P99_EVERY_S / dt)))
+    timed_out = q.timed_out
+    if opts.timeout_s is not None and lat.size:
+        late = lat > opts.timeout_s
+        timed_out += float(wts[late].sum())
+        lat, wts = lat[~late], wts[~late]
+    return ClosedRun(
+        key=key,
+        config=cfg,
+        max_ongoing=max_ongoing,
+        calibration=cal,
+        startup_s=startup,
+        times=dt * np.arange(1, n + 1, dtype=np.float64),
+        arrivals=arrivals,
+        demand=demand,
+        in_flight=in_flight,
+        queued=queue,
+        target=target,
+        running=running,
+        latency=lat,
+        weight=wts,
+        arrived=float(arrivals.sum()),
+        rejected=q.rejected,
+        timed_out=timed_out,
+        timeline=tuple(timeline),
+        p99_series=p99,
+    )
+
+
+def _p99_over_time(q: _Queue, nodes: F64, n: int, every: int) -> F64:
+    """p99 latency of the requests admitted in each window of `every` steps (NaN: none)."""
+    out = np.full(math.ceil(n / every), np.nan)
+    if not q.lat_k:
+        return out
+    win = np.asarray(q.lat_k) // every
+    lat = np.asarray(q.lat_wait)[:, None] + np.asarray(q.lat_s)[:, None] * nodes[None, :]
+    w = np.repeat(np.asarray(q.lat_w)[:, None], nodes.size, axis=1)
+    for b in np.unique(win).tolist():
+        sel = win == b
+        x, y = lat[sel].ravel(), w[sel].ravel()
+        order = np.argsort(x, kind="stable")
+        cum = np.cumsum(y[order])
+        if cum[-1] > 0:
+            i = int(np.searchsorted(cum, 0.99 * cum[-1]))
+            out[b] = x[order][min(i, x.size - 1)]
+    return out
+
+
+def _latencies(
+    wait: list[float], service: list[float], weight: list[float], nodes: F64
+) -> tuple[F64, F64]:
+    if not wait:
+        return np.empty(0), np.empty(0)
+    w = np.asarray(wait)[:, None] + np.asarray(service)[:, None] * nodes[None, :]
+    c = np.repeat(np.asarray(weight) / nodes.size, nodes.size)
+    flat = w.ravel()
+    order = np.argsort(flat, kind="stable")
+    return flat[order], c[order]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClosedResult:
+    options: ModelOptions
+    start_us: int
+    duration_s: float
+    deployments: dict[str, ClosedRun]
+
+
+def simulate_closed(
+    calibrations: dict[str, Calibration],
+    apps: Sequence[AppConfig],
+    duration_s: float,
+    start_us: int = 0,
+    opts: ModelOptions | None = None,
+) -> ClosedResult:
+    """Every deployment of `apps` that has a calibration with arrivals, in sorted order."""
+    opts = opts or ModelOptions()
+    runs: dict[str, ClosedRun] = {}
+    for app in apps:
+        for d in app.deployments:
+            key = deployment_key(app.name, d.name)
+            cal = calibrations.get(key)
+            if cal is None or cal.arrivals is None:
+                continue
+            runs[key] = run_deployment(key, d.policy, d.max_ongoing_requests, cal, duration_s, opts)
+    return ClosedResult(opts, start_us, duration_s, dict(sorted(runs.items())))
+
+
+def under_provisioned_s(run: ClosedRun, interval_s: float) -> float:
+    """Time with fewer replicas running than the offered load needs at the config's target."""
+    need = np.fromiter(
+        (needed_replicas(run.config, x) for x in (run.in_flight + run.queued).tolist()),
+        dtype=np.int64,
+        count=run.running.size,
+    )
+    return float(np.count_nonzero(run.running < need)) * interval_s
