@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -46,10 +47,12 @@ from typing import Any
 import numpy as np
 
 from scripts.bench.common import RESULTS_DIR, ROOT, result_line, write_json
+from scripts.bench.fleet_apps import AppsFleetSim, late_summary
 from scripts.bench.fleet_report import (
     HEALTH_PERIOD_S,
     HEALTH_TIMEOUT_S,
     STALE_AFTER_S,
+    apps_table,
     check_targets,
     plot,
     table,
@@ -62,11 +65,14 @@ from scripts.bench.fleet_sim import (
     SimConfig,
     SimCounters,
 )
+from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
 from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.kv import envelope
+from shared.kv.group import ControllerMember
 from shared.natsbus import NatsBus
-from shared.natsserver import NatsServer, free_ports
-from shared.subjects import KV_APPS
+from shared.natsserver import NatsCluster, NatsServer, free_ports
+from shared.subjects import KV_APPS, KV_CONTROLLERS
 from shared.wire.limits import DEFAULT_MAX_PAYLOAD
 
 log = logging.getLogger("fleet")
@@ -161,34 +167,58 @@ def app_config(n: int, deployments: int, interval: float) -> AppConfig:
 
 
 class Point:
-    """One replica count: servers up, fleet running, measured at each interval."""
+    """One fleet shape: servers up, fleet running, measured at each interval. `apps` > 0: that
+    many apps of one deployment each (the many-apps simulator), else one app of `deployments`."""
 
-    def __init__(self, n: int, args: argparse.Namespace, workdir: Path) -> None:
-        self.n, self.args, self.workdir = n, args, workdir
-        self.deployments = max(1, min(args.deployments, n // 64))
+    def __init__(self, n: int, args: argparse.Namespace, workdir: Path, apps: int = 0) -> None:
+        self.n, self.args, self.workdir, self.apps = n, args, workdir, apps
+        self.deployments = apps or max(1, min(args.deployments, n // 64))
         # the server's defaults: no control value or message grows with a deployment any more
         self.max_payload = args.max_payload or DEFAULT_MAX_PAYLOAD
-        self.server = NatsServer(max_payload=self.max_payload, monitoring=True)
-        self.stats = StatsFile(workdir / f"controller-{n}.jsonl")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.cluster: NatsServer | NatsCluster = (
+            NatsServer(max_payload=self.max_payload, monitoring=True)
+            if args.nodes == 1
+            else NatsCluster(args.nodes, max_payload=self.max_payload)
+        )
+        self.member_ids = (
+            ["bench"] if args.members == 1 else [f"bench{i}" for i in range(args.members)]
+        )
+        tag = f"{apps}apps" if apps else str(n)
+        self.stats = [StatsFile(workdir / f"controller-{tag}-{m}.jsonl") for m in self.member_ids]
+        self.logs = [workdir / f"controller-{tag}-{m}.log" for m in self.member_ids]
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.sim: FleetSim | None = None
         self.bus: NatsBus | None = None
 
+    @property
+    def servers(self) -> list[NatsServer]:
+        c = self.cluster
+        return c.servers if isinstance(c, NatsCluster) else [c]
+
+    @property
+    def urls(self) -> list[str]:
+        return [x.url for x in self.servers]
+
     async def run(self) -> list[dict[str, Any]]:
         a = self.args
-        self.server.start()
+        self.cluster.start()
         try:
-            self.bus = await NatsBus.connect(self.server.url, name="fleet-bench")
-            names = [f"d{i:02d}" for i in range(self.deployments)]
+            self.bus = await NatsBus.connect(self.cluster.url, name="fleet-bench")
             cfg = SimConfig(
                 APP, HEALTH_PERIOD_S, a.intervals[0], a.routers, a.request_rate, a.idle_share,
                 a.push_share,
             )  # fmt: skip
-            self.sim = FleetSim(cfg, names, seed=a.seed)
-            await self.sim.start(self.server.url)
+            if self.apps:
+                keys = [(app_name(i), "d") for i in range(self.apps)]
+                self.sim = AppsFleetSim(cfg, keys, seed=a.seed)
+            else:
+                self.sim = FleetSim(
+                    cfg, [f"d{i:02d}" for i in range(self.deployments)], seed=a.seed
+                )
+            await self.sim.start(self.cluster.url)
             self.sim.set_interval(a.intervals[0])
             await self._put_app(a.intervals[0])
-            self._start_controller()
+            self._start_controllers()
             startup = await self._wait_members(time.monotonic())
             rows = []
             for i, interval in enumerate(a.intervals):
@@ -206,54 +236,96 @@ class Point:
     async def _put_app(self, interval: float) -> None:
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
-        await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+        if not self.apps:
+            await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+            return
+        per = self.n // self.apps
+        docs = [
+            (app_name(i), one_deployment_app(app_name(i), per, interval)) for i in range(self.apps)
+        ]
+        for i in range(0, len(docs), 500):
+            await asyncio.gather(*(kv.put(k, v) for k, v in docs[i : i + 500]))
 
-    def _start_controller(self) -> None:
-        (port,) = free_ports(1)
-        cmd = [
-            sys.executable, "-m", "services.controller", "--nats", self.server.url,
-            "--stats-file", str(self.stats.path), "--metrics-port", str(port),
-            "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", "bench",
-            "--decode-threads", str(self.args.decode_threads),
-            "--retention-s", str(self.args.retention_s),
-        ]  # fmt: skip
-        log_path = self.workdir / f"controller-{self.n}.log"
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    def _start_controllers(self) -> None:
+        urls = self.urls
+        env = dict(os.environ)
+        if self.args.stream_replicas > 1:
+            env["FLEETPULSE_KV_REPLICAS"] = str(self.args.stream_replicas)
+        for i, (member, stats, log_path) in enumerate(
+            zip(self.member_ids, self.stats, self.logs, strict=True)
+        ):
+            (port,) = free_ports(1)
+            cmd = [
+                sys.executable, "-m", "services.controller", "--nats", urls[i % len(urls)],
+                "--stats-file", str(stats.path), "--metrics-port", str(port),
+                "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", member,
+                "--decode-threads", str(self.args.decode_threads),
+                "--retention-s", str(self.args.retention_s),
+                "--stream-replicas", str(self.args.stream_replicas),
+            ]  # fmt: skip
+            self.procs.append(subprocess.Popen(
+                cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            ))  # fmt: skip
 
     async def _wait_members(self, since: float) -> float:
         assert self.sim is not None
         deadline = since + self.args.startup_timeout_s + self.n / 500
-        while self.sim.members() < self.n:
+        while self.sim.members() < self.n or not await self._balanced():
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"N={self.n}: only {self.sim.members()} members after "
-                    f"{time.monotonic() - since:.0f} s"
+                    f"{time.monotonic() - since:.0f} s (shares {await self._shares()})"
                 )
             self._check_controller()
             await asyncio.sleep(0.25)
         return time.monotonic() - since
 
+    async def _shares(self) -> dict[str, dict[str, int]]:
+        """Each controller member's partitions and apps, from its fp_controllers entry."""
+        assert self.bus is not None
+        if len(self.member_ids) == 1:
+            return {}
+        kv = await self.bus.kv(KV_CONTROLLERS)
+        out = {}
+        for m in self.member_ids:
+            entry = await kv.get(m)
+            if entry is not None and entry.value:
+                doc = envelope.decode(entry.value, ControllerMember)
+                out[m] = {"partitions": len(doc.partitions), "apps": doc.apps}
+        return out
+
+    async def _balanced(self) -> bool:
+        """Every partition owned, no member more than one partition above another."""
+        if len(self.member_ids) == 1:
+            return True
+        got = [x["partitions"] for x in (await self._shares()).values()]
+        return (
+            len(got) == len(self.member_ids) and sum(got) == PARTITIONS and max(got) - min(got) <= 1
+        )
+
     def _check_controller(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = (self.workdir / f"controller-{self.n}.log").read_text()[-3000:]
-            raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{tail}")
+        for proc, log_path in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                tail = log_path.read_text()[-3000:]
+                raise RuntimeError(f"controller exited with {proc.returncode}:\n{tail}")
 
     async def _measure(self, interval: float) -> dict[str, Any]:
         a, sim = self.args, self.sim
-        assert sim is not None and self.proc is not None
+        assert sim is not None and self.procs
         await asyncio.sleep(a.warm_s)
         self._check_controller()
         spy = self._py_spy(interval)
         before = self._sample()
         await asyncio.sleep(a.measure_s)
         after = self._sample()
+        shares = await self._shares()
         if spy is not None:
             spy.wait(30)
         self._check_controller()
         row = self._window(interval, before, after)
+        for m in row.get("per_member", ()):
+            m.update(shares.get(m["member"], {}))
         row.update(await self._faults())
         # replacements must be members again before the next phase
         await self._wait_members(time.monotonic())
@@ -261,7 +333,7 @@ class Point:
 
     def _py_spy(self, interval: float) -> subprocess.Popen[bytes] | None:
         """With --py-spy: sample the controller over the window into collapsed stacks."""
-        if not self.args.py_spy or self.proc is None:
+        if not self.args.py_spy or not self.procs:
             return None
         out = RESULTS_DIR / f"fleet-pyspy-{self.n}-{interval:g}s.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +341,7 @@ class Point:
             str(Path(sys.executable).parent / "py-spy"),
             "record",
             "-p",
-            str(self.proc.pid),
+            str(self.procs[0].pid),
             "-d",
             str(int(self.args.measure_s)),
             "-r",
@@ -282,39 +354,47 @@ class Point:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _sample(self) -> dict[str, Any]:
-        assert self.sim is not None and self.proc is not None
-        v = varz(self.server)
+        assert self.sim is not None and self.procs
+        v = [varz(x) for x in self.servers]  # summed over nodes (a routed message counts twice)
+        fleet = getattr(self.sim, "fleet", None)
         return {
             "t": time.monotonic(),
-            "ctl_cpu": cpu_seconds(self.proc.pid),
-            "nats_cpu": cpu_seconds(self.server.pid or 0),
+            "ctl_cpu": [cpu_seconds(x.pid) for x in self.procs],
+            "nats_cpu": sum(cpu_seconds(x.pid or 0) for x in self.servers),
             "sim_cpu": cpu_seconds(),
-            "in_msgs": v["in_msgs"], "out_msgs": v["out_msgs"],
-            "in_bytes": v["in_bytes"], "out_bytes": v["out_bytes"],
+            **{k: sum(x[k] for x in v) for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes")},
             "sim": self.sim.counters.snapshot(),
             "sim_ticks": len(self.sim.tick_seconds),
             "sim_late": self.sim.late_ticks,
-            "ctl": self.stats.last(),
+            "sim_lateness": None if fleet is None else fleet.lateness_hist.copy(),
+            "ctl": [x.last() for x in self.stats],
+            "load": os.getloadavg(),
         }  # fmt: skip
 
     def _window(self, interval: float, b: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
-        assert self.sim is not None and self.proc is not None
+        assert self.sim is not None and self.procs
         span = e["t"] - b["t"]
-        ticks = self.stats.ticks(b["t"], e["t"])
+        per_member = [
+            _member(m, st, b["t"], e["t"], (c1 - c0) / span)
+            for m, st, c0, c1 in zip(self.member_ids, self.stats, b["ctl_cpu"], e["ctl_cpu"],
+                                     strict=True)
+        ]  # fmt: skip
+        ticks = np.concatenate([st.ticks(b["t"], e["t"]) for st in self.stats])
         loop = ticks[:, 1] * 1e3
         late = ticks[:, 2] * 1e3
         core = ticks[:, 3] * 1e3
         core_cpu = ticks[:, 4] * 1e3
-        writes = self.stats.writes(b["t"], e["t"]) * 1e3
+        writes = np.concatenate([st.writes(b["t"], e["t"]) for st in self.stats]) * 1e3
+        bc, ec = _sum_lines(b["ctl"]), _sum_lines(e["ctl"])
         sb, se = b["sim"], e["sim"]
         assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
         probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
         replica_periods = self.n * span / HEALTH_PERIOD_S
         hb = {k: se.heartbeats[k] - sb.heartbeats[k] for k in se.heartbeats}
         sent = {k: (se.sent[k] - sb.sent[k]) / span for k in se.sent}
-        ib, ie = b["ctl"].get("ingest_s", {}), e["ctl"].get("ingest_s", {})
+        ib, ie = bc["ingest_s"], ec["ingest_s"]
         sim_ticks = np.asarray(self.sim.tick_seconds[b["sim_ticks"] : e["sim_ticks"]]) * 1e3
-        lines = [x for x in self.stats.lines if b["t"] <= x.get("mono", 0) < e["t"]]
+        lines = [x for st in self.stats for x in st.lines if b["t"] <= x.get("mono", 0) < e["t"]]
         return {
             "replicas": self.n,
             "deployments": self.deployments,
@@ -326,7 +406,8 @@ class Point:
             "window_s": span,
             "ticks": int(loop.size),
             "loop_p50_ms": _pct(loop, 50),
-            "loop_p99_ms": _pct(loop, 99),
+            # several members: the worst member's p99 (each one's is in per_member)
+            "loop_p99_ms": max(m["loop_p99_ms"] for m in per_member),
             "loop_max_ms": float(loop.max()) if loop.size else math.nan,
             "core_p50_ms": _pct(core, 50),
             "core_p99_ms": _pct(core, 99),
@@ -339,18 +420,29 @@ class Point:
             "kv_writes": int(writes.size),
             "kv_write_p50_ms": _pct(writes, 50),
             "kv_write_p99_ms": _pct(writes, 99),
-            "kv_write_failures": e["ctl"].get("writes_failed", 0)
-            - b["ctl"].get("writes_failed", 0),
+            "kv_writes_per_s": writes.size / span,
+            "kv_write_failures": ec["writes_failed"] - bc["writes_failed"],
             "tick_late_p99_ms": _pct(late, 99),
-            "controller_cpu": (e["ctl_cpu"] - b["ctl_cpu"]) / span,
-            "controller_rss_mib": rss_mib(self.proc.pid),
+            "controller_cpu": sum(m["cpu"] for m in per_member),
+            "controller_rss_mib": sum(rss_mib(x.pid) for x in self.procs),
+            "apps": self.apps,
+            "members": len(self.procs),
+            "nodes": len(self.servers),
+            "per_member": per_member,
+            "load_before": b["load"],
+            "load_after": e["load"],
             "nats_cpu": (e["nats_cpu"] - b["nats_cpu"]) / span,
             "sim_cpu": (e["sim_cpu"] - b["sim_cpu"]) / span,
             "sim_tick_p99_ms": _pct(sim_ticks, 99),
             "sim_late_ticks": e["sim_late"] - b["sim_late"],
+            **(
+                {}
+                if b["sim_lateness"] is None
+                else late_summary(e["sim_lateness"] - b["sim_lateness"])
+            ),
             "ingest_ms_per_s": {k: (v - ib.get(k, 0.0)) * 1e3 / span for k, v in ie.items()},
-            "gc_ms_per_s": [x * 1e3 / span for x in _delta(b["ctl"], e["ctl"], "gc_s")],
-            "gc_collections": _delta(b["ctl"], e["ctl"], "gc_n"),
+            "gc_ms_per_s": [x * 1e3 / span for x in _delta(bc, ec, "gc_s")],
+            "gc_collections": _delta(bc, ec, "gc_n"),
             "bus_in_msgs_per_s": (e["in_msgs"] - b["in_msgs"]) / span,
             "bus_out_msgs_per_s": (e["out_msgs"] - b["out_msgs"]) / span,
             "bus_in_mib_per_s": (e["in_bytes"] - b["in_bytes"]) / span / 2**20,
@@ -360,7 +452,7 @@ class Point:
             "heartbeats_behind_routers": hb.get("window_active", 0),
             "probes_per_s": sum(se.probes[k] - sb.probes[k] for k in se.probes) / span,
             "probes_healthy": probes_healthy,
-            "controller_probes": e["ctl"].get("probes", 0) - b["ctl"].get("probes", 0),
+            "controller_probes": ec["probes"] - bc["probes"],
             "misses_pct": 100.0 * probes_healthy / replica_periods,
             "pending_max": max((x.get("pending", 0) for x in lines), default=0),
             "stalled": any(x.get("stalled") for x in lines),
@@ -389,18 +481,57 @@ class Point:
         return out
 
     async def _shutdown(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
             try:
-                self.proc.wait(10)
+                proc.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                proc.kill()
+                proc.wait(5)
         if self.sim is not None:
             await self.sim.stop()
         if self.bus is not None:
             await self.bus.close()
-        self.server.stop()
+        self.cluster.stop()
+
+
+def app_name(i: int) -> str:
+    return f"a{i:05d}"
+
+
+def one_deployment_app(name: str, replicas: int, interval: float) -> bytes:
+    """An app of one deployment `d` of `replicas` pinned replicas."""
+    app = app_config(replicas, 1, interval)
+    d = dataclasses.replace(app.deployments[0], name="d")
+    return dataclasses.replace(app, name=name, deployments=(d,)).to_json()
+
+
+def _member(member: str, stats: StatsFile, t0: float, t1: float, cpu: float) -> dict[str, Any]:
+    ticks = stats.ticks(t0, t1)
+    loop = ticks[:, 1] * 1e3
+    return {
+        "member": member, "ticks": int(loop.size), "loop_p50_ms": _pct(loop, 50),
+        "loop_p99_ms": _pct(loop, 99), "core_p99_ms": _pct(ticks[:, 3] * 1e3, 99),
+        "core_cpu_p99_ms": _pct(ticks[:, 4] * 1e3, 99), "cpu": cpu,
+        "kv_writes_per_s": stats.writes(t0, t1).size / (t1 - t0),
+    }  # fmt: skip
+
+
+def _sum_lines(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The members' cumulative stats-file counters, added up."""
+    ingest: dict[str, float] = {}
+    for x in lines:
+        for k, v in x.get("ingest_s", {}).items():
+            ingest[k] = ingest.get(k, 0.0) + v
+    return {
+        "ingest_s": ingest,
+        "gc_s": [sum(x.get("gc_s", [0] * 3)[i] for x in lines) for i in range(3)],
+        "gc_n": [sum(x.get("gc_n", [0] * 3)[i] for x in lines) for i in range(3)],
+        "writes_failed": sum(x.get("writes_failed", 0) for x in lines),
+        "probes": sum(x.get("probes", 0) for x in lines),
+    }
 
 
 def _delta(b: dict[str, Any], e: dict[str, Any], key: str) -> list[float]:
@@ -444,7 +575,20 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"N = {QUICK_SIZES}, shorter windows")
     ap.add_argument("--sizes", type=int, nargs="+", help=f"replica counts (default {SIZES})")
-    ap.add_argument("--intervals", type=float, nargs="+", default=list(INTERVALS))
+    ap.add_argument(
+        "--intervals", type=float, nargs="+", help=f"default {INTERVALS}; 10 with --apps"
+    )
+    ap.add_argument(
+        "--apps", type=int, nargs="+",
+        help="app counts: N apps of one deployment each (the many-apps simulator), not --sizes",
+    )  # fmt: skip
+    ap.add_argument("--replicas-per-app", type=int, default=4)
+    ap.add_argument("--members", type=int, default=1, help="controller members (one group)")
+    ap.add_argument("--nodes", type=int, default=1, help="nats-servers (>1: one cluster)")
+    ap.add_argument(
+        "--stream-replicas", type=int, default=1,
+        help="FP_REPORTS and KV replicas (3 on a 3-node cluster for durability; costs CPU)",
+    )  # fmt: skip
     ap.add_argument("--deployments", type=int, default=16, help="deployments per point")
     ap.add_argument("--routers", type=int, default=4, help="routers per deployment")
     ap.add_argument("--request-rate", type=float, default=2.0, help="admissions/s per replica")
@@ -477,6 +621,7 @@ def parser() -> argparse.ArgumentParser:
 
 def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    args.intervals = args.intervals or ([10.0] if args.apps else list(INTERVALS))
     args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
     args.measure_s = (
         args.measure_s if args.measure_s is not None else (30.0 if args.quick else 60.0)
@@ -495,9 +640,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        for n in args.sizes:
-            rows += asyncio.run(Point(n, args, workdir).run())
+        if args.apps:
+            for apps in args.apps:
+                rows += asyncio.run(Point(apps * args.replicas_per_app, args, workdir, apps).run())
+        else:
+            for n in args.sizes:
+                rows += asyncio.run(Point(n, args, workdir).run())
     table(rows)
+    if args.apps:
+        apps_table(rows)
     targets = check_targets(rows)
     for name, ok in targets.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
@@ -516,7 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             controller_cpu=r["controller_cpu"], detect_s=r["detect_unhealthy_max_s"],
             metrics_interval_s=r["metrics_interval_s"], core_p99_ms=r["core_p99_ms"],
             core_cpu_p99_ms=r["core_cpu_p99_ms"], largest_kv_value_bytes=r["largest_kv_value_bytes"],
-            largest_message_bytes=r["largest_message_bytes"],
+            largest_message_bytes=r["largest_message_bytes"], apps=r["apps"],
+            members=r["members"], kv_writes_per_s=r["kv_writes_per_s"],
+            member_loop_p99_ms=[m["loop_p99_ms"] for m in r["per_member"]],
         )  # fmt: skip
     return 0
 
