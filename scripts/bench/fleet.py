@@ -68,7 +68,7 @@ from scripts.bench.fleet_sim import (
 from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
 from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.kv import envelope
+from shared.kv import buckets, envelope
 from shared.kv.group import ControllerMember
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster, NatsServer, free_ports
@@ -216,6 +216,7 @@ class Point:
                     cfg, [f"d{i:02d}" for i in range(self.deployments)], seed=a.seed
                 )
             await self.sim.start(self.cluster.url)
+            await self._raise_consumer_limits()
             self.sim.set_interval(a.intervals[0])
             await self._put_app(a.intervals[0])
             self._start_controllers()
@@ -232,6 +233,20 @@ class Point:
             return rows
         finally:
             await self._shutdown()
+
+    async def _raise_consumer_limits(self) -> None:
+        """nats-server 2.15 caps every stream at 1,000 consumers unless it sets its own limit,
+        and a controller taking its partitions reads each app's targets and members through a
+        watch whose ephemeral consumer outlives it (docs/benchmarks.md): with more apps than
+        that per member the takeover fails. `--max-consumers` raises the two buckets' limit
+        (0: the server's default, to reproduce)."""
+        assert self.bus is not None
+        if not self.args.max_consumers:
+            return
+        for bucket in (buckets.TARGETS, buckets.MEMBERSHIP):
+            info = await self.bus.js.stream_info(f"KV_{bucket.name}")
+            cfg = dataclasses.replace(info.config, max_consumers=self.args.max_consumers)
+            await self.bus.js.update_stream(cfg)
 
     async def _put_app(self, interval: float) -> None:
         assert self.bus is not None
@@ -583,6 +598,10 @@ def parser() -> argparse.ArgumentParser:
         help="app counts: N apps of one deployment each (the many-apps simulator), not --sizes",
     )  # fmt: skip
     ap.add_argument("--replicas-per-app", type=int, default=4)
+    ap.add_argument(
+        "--max-consumers", type=int, default=100_000,
+        help="consumer limit of fp_targets and fp_membership (0: nats-server's default, 1,000)",
+    )  # fmt: skip
     ap.add_argument("--members", type=int, default=1, help="controller members (one group)")
     ap.add_argument("--nodes", type=int, default=1, help="nats-servers (>1: one cluster)")
     ap.add_argument(
