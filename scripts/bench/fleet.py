@@ -218,9 +218,15 @@ class Point:
             await self.sim.start(self.cluster.url)
             await self._raise_consumer_limits()
             self.sim.set_interval(a.intervals[0])
-            await self._put_app(a.intervals[0])
-            self._start_controllers()
-            startup = await self._wait_members(time.monotonic())
+            since = time.monotonic()
+            if a.put_rate:  # the group first, then the apps arrive, as on a running platform
+                self._start_controllers()
+                await self._wait_balanced(since)
+                await self._put_app(a.intervals[0], a.put_rate)
+            else:
+                await self._put_app(a.intervals[0])
+                self._start_controllers()
+            startup = await self._wait_members(since)
             rows = []
             for i, interval in enumerate(a.intervals):
                 if i:
@@ -248,7 +254,8 @@ class Point:
             cfg = dataclasses.replace(info.config, max_consumers=self.args.max_consumers)
             await self.bus.js.update_stream(cfg)
 
-    async def _put_app(self, interval: float) -> None:
+    async def _put_app(self, interval: float, rate: float = 0.0) -> None:
+        """Put the app(s); with `rate` > 0, at that many apps a second."""
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
         if not self.apps:
@@ -258,8 +265,12 @@ class Point:
         docs = [
             (app_name(i), one_deployment_app(app_name(i), per, interval)) for i in range(self.apps)
         ]
-        for i in range(0, len(docs), 500):
-            await asyncio.gather(*(kv.put(k, v) for k, v in docs[i : i + 500]))
+        batch = 500 if not rate else max(1, int(rate / 10))
+        started = time.monotonic()
+        for i in range(0, len(docs), batch):
+            await asyncio.gather(*(kv.put(k, v) for k, v in docs[i : i + batch]))
+            if rate:
+                await asyncio.sleep(max(0.0, started + (i + batch) / rate - time.monotonic()))
 
     def _start_controllers(self) -> None:
         urls = self.urls
@@ -296,11 +307,16 @@ class Point:
             await asyncio.sleep(0.25)
         return time.monotonic() - since
 
+    async def _wait_balanced(self, since: float) -> None:
+        while not await self._balanced():
+            if time.monotonic() > since + self.args.startup_timeout_s:
+                raise RuntimeError(f"partitions not balanced: {await self._shares()}")
+            self._check_controller()
+            await asyncio.sleep(0.25)
+
     async def _shares(self) -> dict[str, dict[str, int]]:
         """Each controller member's partitions and apps, from its fp_controllers entry."""
         assert self.bus is not None
-        if len(self.member_ids) == 1:
-            return {}
         kv = await self.bus.kv(KV_CONTROLLERS)
         out = {}
         for m in self.member_ids:
@@ -312,8 +328,6 @@ class Point:
 
     async def _balanced(self) -> bool:
         """Every partition owned, no member more than one partition above another."""
-        if len(self.member_ids) == 1:
-            return True
         got = [x["partitions"] for x in (await self._shares()).values()]
         return (
             len(got) == len(self.member_ids) and sum(got) == PARTITIONS and max(got) - min(got) <= 1
@@ -598,6 +612,11 @@ def parser() -> argparse.ArgumentParser:
         help="app counts: N apps of one deployment each (the many-apps simulator), not --sizes",
     )  # fmt: skip
     ap.add_argument("--replicas-per-app", type=int, default=4)
+    ap.add_argument(
+        "--put-rate", type=float, default=0.0,
+        help="start the controllers first and put the apps at this many a second"
+        " (default 0: put them all, then start the controllers, which take them over from KV)",
+    )  # fmt: skip
     ap.add_argument(
         "--max-consumers", type=int, default=100_000,
         help="consumer limit of fp_targets and fp_membership (0: nats-server's default, 1,000)",
