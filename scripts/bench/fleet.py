@@ -65,6 +65,7 @@ from scripts.bench.fleet_sim import (
     SimConfig,
     SimCounters,
 )
+from services.controller.group import DEFAULT_MEMBER_TTL_S
 from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
 from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
@@ -288,6 +289,8 @@ class Point:
                 "--decode-threads", str(self.args.decode_threads),
                 "--retention-s", str(self.args.retention_s),
                 "--stream-replicas", str(self.args.stream_replicas),
+                "--member-ttl-s", str(self.args.member_ttl_s),
+                "--heartbeat-s", str(self.args.member_ttl_s / 4),
             ]  # fmt: skip
             self.procs.append(subprocess.Popen(
                 cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
@@ -623,6 +626,10 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument("--members", type=int, default=1, help="controller members (one group)")
     ap.add_argument("--nodes", type=int, default=1, help="nats-servers (>1: one cluster)")
+    ap.add_argument(
+        "--member-ttl-s", type=float, default=DEFAULT_MEMBER_TTL_S,
+        help="the controllers' --member-ttl-s (their --heartbeat-s a quarter of it)",
+    )  # fmt: skip
     ap.add_argument(
         "--stream-replicas", type=int, default=1,
         help="FP_REPORTS and KV replicas (3 on a 3-node cluster for durability; costs CPU)",
