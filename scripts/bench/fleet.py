@@ -22,6 +22,15 @@ standalone heartbeats by reason, probes/s, messages/s on the bus (nats-server /v
 
     .venv/bin/python -m scripts.bench.fleet [--quick] [--sizes 1024 4096 ...] [--intervals 10 1]
 
+Many apps (`--apps N ...`): N apps of one deployment of `--replicas-per-app` replicas each, played
+by the many-apps simulator (scripts/bench/fleet_apps.py), one interval (10 s); `--members M
+--nodes K` runs M controller members of one group on a K-node cluster and reports each member's
+loop, CPU and share (partitions, apps) beside the fleet's misses, KV writes/s and the simulator's
+own CPU and event lateness.
+
+    .venv/bin/python -m scripts.bench.fleet --apps 1000 --routers 2 --retention-s 120 \
+        [--members 3 --nodes 3 --member-ttl-s 10] [--put-rate 200]
+
 Output: a table, bench-results/fleet.json, docs/img/fleet_scale.png, one RESULT line per point.
 """
 
@@ -39,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,19 +59,28 @@ from scripts.bench.fleet_apps import AppsFleetSim, late_summary
 from scripts.bench.fleet_report import (
     HEALTH_PERIOD_S,
     HEALTH_TIMEOUT_S,
-    STALE_AFTER_S,
     apps_table,
     check_targets,
     plot,
     table,
 )
 from scripts.bench.fleet_sim import (
-    GAP_BIN_S,
     SILENT,
     UNHEALTHY,
     FleetSim,
     SimConfig,
     SimCounters,
+)
+from scripts.bench.fleet_stats import (
+    StatsFile,
+    cpu_seconds,
+    delta,
+    gaps,
+    member_row,
+    pct,
+    rss_mib,
+    sum_lines,
+    varz,
 )
 from services.controller.group import DEFAULT_MEMBER_TTL_S
 from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
@@ -82,66 +99,9 @@ APP = "bench"
 SIZES = (1024, 4096, 16384, 65536)
 QUICK_SIZES = (1024, 16384)
 INTERVALS = (10.0, 1.0)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- process and server probes -----------------------------------------------------------------
-
-
-def cpu_seconds(pid: int | str = "self") -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def varz(server: NatsServer) -> dict[str, Any]:
-    with urllib.request.urlopen(server.monitor_url + "/varz", timeout=2) as r:
-        doc: dict[str, Any] = json.loads(r.read())
-    return doc
-
-
-class StatsFile:
-    """Reads the controller's --stats-file as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines: list[dict[str, Any]] = []
-        self._offset = 0
-
-    def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return self.lines
-        with self.path.open() as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind("\n") + 1
-        self._offset += len(chunk[:end].encode())
-        self.lines += [json.loads(x) for x in chunk[:end].splitlines() if x]
-        return self.lines
-
-    def ticks(self, t0: float, t1: float) -> np.ndarray:
-        """[start, duration, late, core, core_cpu] per tick (core_cpu NaN in older files)."""
-        rows = [
-            [*t, math.nan][:5] for line in self.poll() for t in line["ticks"] if t0 <= t[0] < t1
-        ]
-        return np.asarray(rows, dtype=np.float64).reshape(-1, 5)
-
-    def writes(self, t0: float, t1: float) -> np.ndarray:
-        """Durations of the KV write attempts reported in lines written in [t0, t1)."""
-        return np.asarray(
-            [w for line in self.poll() if t0 <= line["mono"] < t1 for w in line.get("writes", ())],
-            dtype=np.float64,
-        )
-
-    def last(self) -> dict[str, Any]:
-        lines = self.poll()
-        return lines[-1] if lines else {}
 
 
 # -- one point -------------------------------------------------------------------------------
@@ -407,7 +367,7 @@ class Point:
         assert self.sim is not None and self.procs
         span = e["t"] - b["t"]
         per_member = [
-            _member(m, st, b["t"], e["t"], (c1 - c0) / span)
+            member_row(m, st, b["t"], e["t"], (c1 - c0) / span)
             for m, st, c0, c1 in zip(self.member_ids, self.stats, b["ctl_cpu"], e["ctl_cpu"],
                                      strict=True)
         ]  # fmt: skip
@@ -417,7 +377,7 @@ class Point:
         core = ticks[:, 3] * 1e3
         core_cpu = ticks[:, 4] * 1e3
         writes = np.concatenate([st.writes(b["t"], e["t"]) for st in self.stats]) * 1e3
-        bc, ec = _sum_lines(b["ctl"]), _sum_lines(e["ctl"])
+        bc, ec = sum_lines(b["ctl"]), sum_lines(e["ctl"])
         sb, se = b["sim"], e["sim"]
         assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
         probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
@@ -437,24 +397,24 @@ class Point:
             "largest_message_bytes": max(self.sim.largest_kv_value, self.sim.largest_sent),
             "window_s": span,
             "ticks": int(loop.size),
-            "loop_p50_ms": _pct(loop, 50),
+            "loop_p50_ms": pct(loop, 50),
             # several members: the worst member's p99 (each one's is in per_member)
             "loop_p99_ms": max(m["loop_p99_ms"] for m in per_member),
             "loop_max_ms": float(loop.max()) if loop.size else math.nan,
-            "core_p50_ms": _pct(core, 50),
-            "core_p99_ms": _pct(core, 99),
-            "core_cpu_p50_ms": _pct(core_cpu, 50),
-            "core_cpu_p99_ms": _pct(core_cpu, 99),
+            "core_p50_ms": pct(core, 50),
+            "core_p99_ms": pct(core, 99),
+            "core_cpu_p50_ms": pct(core_cpu, 50),
+            "core_cpu_p99_ms": pct(core_cpu, 99),
             # the decision is synchronous: wall time over its thread's CPU time is time spent
             # waiting for a CPU (or collecting garbage, counted apart)
             "core_waited_ms_max": float(np.nanmax(core - core_cpu)) if core.size else math.nan,
             "core_waited_ticks": int(np.count_nonzero(core - core_cpu > 1.0)),
             "kv_writes": int(writes.size),
-            "kv_write_p50_ms": _pct(writes, 50),
-            "kv_write_p99_ms": _pct(writes, 99),
+            "kv_write_p50_ms": pct(writes, 50),
+            "kv_write_p99_ms": pct(writes, 99),
             "kv_writes_per_s": writes.size / span,
             "kv_write_failures": ec["writes_failed"] - bc["writes_failed"],
-            "tick_late_p99_ms": _pct(late, 99),
+            "tick_late_p99_ms": pct(late, 99),
             "controller_cpu": sum(m["cpu"] for m in per_member),
             "controller_rss_mib": sum(rss_mib(x.pid) for x in self.procs),
             "apps": self.apps,
@@ -465,7 +425,7 @@ class Point:
             "load_after": e["load"],
             "nats_cpu": (e["nats_cpu"] - b["nats_cpu"]) / span,
             "sim_cpu": (e["sim_cpu"] - b["sim_cpu"]) / span,
-            "sim_tick_p99_ms": _pct(sim_ticks, 99),
+            "sim_tick_p99_ms": pct(sim_ticks, 99),
             "sim_late_ticks": e["sim_late"] - b["sim_late"],
             **(
                 {}
@@ -473,8 +433,8 @@ class Point:
                 else late_summary(e["sim_lateness"] - b["sim_lateness"])
             ),
             "ingest_ms_per_s": {k: (v - ib.get(k, 0.0)) * 1e3 / span for k, v in ie.items()},
-            "gc_ms_per_s": [x * 1e3 / span for x in _delta(bc, ec, "gc_s")],
-            "gc_collections": _delta(bc, ec, "gc_n"),
+            "gc_ms_per_s": [x * 1e3 / span for x in delta(bc, ec, "gc_s")],
+            "gc_collections": delta(bc, ec, "gc_n"),
             "bus_in_msgs_per_s": (e["in_msgs"] - b["in_msgs"]) / span,
             "bus_out_msgs_per_s": (e["out_msgs"] - b["out_msgs"]) / span,
             "bus_in_mib_per_s": (e["in_bytes"] - b["in_bytes"]) / span / 2**20,
@@ -488,7 +448,7 @@ class Point:
             "misses_pct": 100.0 * probes_healthy / replica_periods,
             "pending_max": max((x.get("pending", 0) for x in lines), default=0),
             "stalled": any(x.get("stalled") for x in lines),
-            **_gaps(se.gap_hist - sb.gap_hist),
+            **gaps(se.gap_hist - sb.gap_hist),
         }
 
     async def _faults(self) -> dict[str, Any]:
@@ -538,56 +498,6 @@ def one_deployment_app(name: str, replicas: int, interval: float) -> bytes:
     app = app_config(replicas, 1, interval)
     d = dataclasses.replace(app.deployments[0], name="d")
     return dataclasses.replace(app, name=name, deployments=(d,)).to_json()
-
-
-def _member(member: str, stats: StatsFile, t0: float, t1: float, cpu: float) -> dict[str, Any]:
-    ticks = stats.ticks(t0, t1)
-    loop = ticks[:, 1] * 1e3
-    return {
-        "member": member, "ticks": int(loop.size), "loop_p50_ms": _pct(loop, 50),
-        "loop_p99_ms": _pct(loop, 99), "core_p99_ms": _pct(ticks[:, 3] * 1e3, 99),
-        "core_cpu_p99_ms": _pct(ticks[:, 4] * 1e3, 99), "cpu": cpu,
-        "kv_writes_per_s": stats.writes(t0, t1).size / (t1 - t0),
-    }  # fmt: skip
-
-
-def _sum_lines(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """The members' cumulative stats-file counters, added up."""
-    ingest: dict[str, float] = {}
-    for x in lines:
-        for k, v in x.get("ingest_s", {}).items():
-            ingest[k] = ingest.get(k, 0.0) + v
-    return {
-        "ingest_s": ingest,
-        "gc_s": [sum(x.get("gc_s", [0] * 3)[i] for x in lines) for i in range(3)],
-        "gc_n": [sum(x.get("gc_n", [0] * 3)[i] for x in lines) for i in range(3)],
-        "writes_failed": sum(x.get("writes_failed", 0) for x in lines),
-        "probes": sum(x.get("probes", 0) for x in lines),
-    }
-
-
-def _delta(b: dict[str, Any], e: dict[str, Any], key: str) -> list[float]:
-    return [x - y for x, y in zip(e.get(key, [0] * 3), b.get(key, [0] * 3), strict=True)]
-
-
-def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.nanpercentile(a, q)) if a.size and not np.isnan(a).all() else math.nan
-
-
-def _gaps(hist: np.ndarray) -> dict[str, float]:
-    total = int(hist.sum())
-    if not total:
-        return {"gap_p50_s": math.nan, "gap_p99_s": math.nan, "gap_max_s": math.nan,
-                "gaps_over_stale_pct": math.nan}  # fmt: skip
-    cum = np.cumsum(hist)
-    edges = (np.arange(hist.size) + 1) * GAP_BIN_S  # upper edge of each bin
-    over = int(hist[int(STALE_AFTER_S / GAP_BIN_S) :].sum())
-    return {
-        "gap_p50_s": float(edges[np.searchsorted(cum, 0.5 * total)]),
-        "gap_p99_s": float(edges[np.searchsorted(cum, 0.99 * total)]),
-        "gap_max_s": float(edges[np.flatnonzero(hist)[-1]]),
-        "gaps_over_stale_pct": 100.0 * over / total,
-    }
 
 
 def _brief(r: dict[str, Any]) -> str:
