@@ -50,12 +50,11 @@ from scripts.bench.fleet_sim import (
     F64,
     FAULT_NAMES,
     I64,
-    JITTER,
     OK,
     ROUTER_MAX_AGE_S,
     RUNNING_PER_REQUEST_S,
     SILENT,
-    UNHEALTHY,
+    DeploymentSim,
     FaultRecord,
     FleetSim,
     Outbox,
@@ -71,7 +70,7 @@ from shared.kv.membership import Member, MembershipView, parse_member_key
 from shared.kv.targets import ReplicaTarget, TargetKey
 from shared.subjects import Subjects
 from shared.wire.codec import encode
-from shared.wire.messages import HealthStatus, Heartbeat, ReplicaReport
+from shared.wire.messages import Heartbeat, ReplicaReport
 
 LATE_BIN_S = 0.001
 LATE_MAX_S = 10.0
@@ -244,17 +243,7 @@ class AppsSim:
         iv = self.cfg.metrics_interval_s
         self.next_push[slots] = np.where(self.push[slots], now + self.rng.random(k) * iv, math.inf)
 
-    def _checks(self, now: float, wall: float) -> I64:
-        due = np.flatnonzero(self.started & (self.fault != SILENT) & (self.next_check <= now))
-        if due.size:
-            self._late(self.next_check[due], now)
-            ok = self.fault[due] != UNHEALTHY
-            self.checked[due] = wall
-            self.healthy[due] = ok
-            self.failures[due] = np.where(ok, 0, self.failures[due] + 1)
-            jitter = self.rng.uniform(1 - JITTER, 1 + JITTER, due.size)
-            self.next_check[due] = now + self.cfg.health_period_s * jitter
-        return due
+    _checks = DeploymentSim._checks  # the same arrays, by the same names
 
     def _admissions(self, now: float, dt: float) -> None:
         active = self.member & self.started & (self.fault != SILENT) & (self.rate > 0)
@@ -376,16 +365,8 @@ class AppsSim:
                 s = np.concatenate([x for x, _ in got])
                 self._offered(s, np.concatenate([c for _, c in got]), now, direct=False)
 
-    def _status(self, slot: int) -> HealthStatus:
-        rid = self.ids[slot]
-        assert rid is not None
-        return HealthStatus(
-            rid, bool(self.healthy[slot]), float(self.checked[slot]), int(self.failures[slot])
-        )
-
-    def _count(self, kind: str, msgs: Outbox) -> None:
-        self.counters.sent[kind] += len(msgs)
-        self.counters.bytes_sent[kind] += sum(len(d) for _, d in msgs)
+    _status = DeploymentSim._status
+    _count = DeploymentSim._count
 
     def _offered(self, slots: I64, ck: F64, now: float, *, direct: bool) -> None:
         offered(self.pub_ck, self.last_fresh, self.counters.gap_hist, slots, ck, now, direct=direct)

@@ -344,6 +344,7 @@ class DeploymentSim:
     def _checks(self, now: float, wall: float) -> I64:
         due = np.flatnonzero(self.started & (self.fault != SILENT) & (self.next_check <= now))
         if due.size:
+            self._late(self.next_check[due], now)
             ok = self.fault[due] != UNHEALTHY
             self.checked[due] = wall
             self.healthy[due] = ok
@@ -351,6 +352,9 @@ class DeploymentSim:
             jitter = self.rng.uniform(1 - JITTER, 1 + JITTER, due.size)
             self.next_check[due] = now + self.cfg.health_period_s * jitter
         return due
+
+    def _late(self, due: F64, now: float) -> None:
+        """Events that ran at `now`, due at `due` (fleet_apps.AppsSim counts them)."""
 
     def _admissions(self, now: float, dt: float) -> None:
         active = self.member & self.started & (self.fault != SILENT) & (self.rate > 0)
