@@ -22,6 +22,15 @@ standalone heartbeats by reason, probes/s, messages/s on the bus (nats-server /v
 
     .venv/bin/python -m scripts.bench.fleet [--quick] [--sizes 1024 4096 ...] [--intervals 10 1]
 
+Many apps (`--apps N ...`): N apps of one deployment of `--replicas-per-app` replicas each, played
+by the many-apps simulator (scripts/bench/fleet_apps.py), one interval (10 s); `--members M
+--nodes K` runs M controller members of one group on a K-node cluster and reports each member's
+loop, CPU and share (partitions, apps) beside the fleet's misses, KV writes/s and the simulator's
+own CPU and event lateness.
+
+    .venv/bin/python -m scripts.bench.fleet --apps 1000 --routers 2 --retention-s 120 \
+        [--members 3 --nodes 3 --member-ttl-s 10] [--put-rate 200]
+
 Output: a table, bench-results/fleet.json, docs/img/fleet_scale.png, one RESULT line per point.
 """
 
@@ -30,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -38,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,27 +55,42 @@ from typing import Any
 import numpy as np
 
 from scripts.bench.common import RESULTS_DIR, ROOT, result_line, write_json
+from scripts.bench.fleet_apps import AppsFleetSim, late_summary
 from scripts.bench.fleet_report import (
     HEALTH_PERIOD_S,
     HEALTH_TIMEOUT_S,
-    STALE_AFTER_S,
+    apps_table,
     check_targets,
     plot,
     table,
 )
 from scripts.bench.fleet_sim import (
-    GAP_BIN_S,
     SILENT,
     UNHEALTHY,
     FleetSim,
     SimConfig,
     SimCounters,
 )
+from scripts.bench.fleet_stats import (
+    StatsFile,
+    cpu_seconds,
+    delta,
+    gaps,
+    member_row,
+    pct,
+    rss_mib,
+    sum_lines,
+    varz,
+)
+from services.controller.group import DEFAULT_MEMBER_TTL_S
+from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
 from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.kv import buckets, envelope
+from shared.kv.group import ControllerMember
 from shared.natsbus import NatsBus
-from shared.natsserver import NatsServer, free_ports
-from shared.subjects import KV_APPS
+from shared.natsserver import NatsCluster, NatsServer, free_ports
+from shared.subjects import KV_APPS, KV_CONTROLLERS
 from shared.wire.limits import DEFAULT_MAX_PAYLOAD
 
 log = logging.getLogger("fleet")
@@ -75,66 +99,9 @@ APP = "bench"
 SIZES = (1024, 4096, 16384, 65536)
 QUICK_SIZES = (1024, 16384)
 INTERVALS = (10.0, 1.0)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- process and server probes -----------------------------------------------------------------
-
-
-def cpu_seconds(pid: int | str = "self") -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def varz(server: NatsServer) -> dict[str, Any]:
-    with urllib.request.urlopen(server.monitor_url + "/varz", timeout=2) as r:
-        doc: dict[str, Any] = json.loads(r.read())
-    return doc
-
-
-class StatsFile:
-    """Reads the controller's --stats-file as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines: list[dict[str, Any]] = []
-        self._offset = 0
-
-    def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return self.lines
-        with self.path.open() as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind("\n") + 1
-        self._offset += len(chunk[:end].encode())
-        self.lines += [json.loads(x) for x in chunk[:end].splitlines() if x]
-        return self.lines
-
-    def ticks(self, t0: float, t1: float) -> np.ndarray:
-        """[start, duration, late, core, core_cpu] per tick (core_cpu NaN in older files)."""
-        rows = [
-            [*t, math.nan][:5] for line in self.poll() for t in line["ticks"] if t0 <= t[0] < t1
-        ]
-        return np.asarray(rows, dtype=np.float64).reshape(-1, 5)
-
-    def writes(self, t0: float, t1: float) -> np.ndarray:
-        """Durations of the KV write attempts reported in lines written in [t0, t1)."""
-        return np.asarray(
-            [w for line in self.poll() if t0 <= line["mono"] < t1 for w in line.get("writes", ())],
-            dtype=np.float64,
-        )
-
-    def last(self) -> dict[str, Any]:
-        lines = self.poll()
-        return lines[-1] if lines else {}
 
 
 # -- one point -------------------------------------------------------------------------------
@@ -161,35 +128,66 @@ def app_config(n: int, deployments: int, interval: float) -> AppConfig:
 
 
 class Point:
-    """One replica count: servers up, fleet running, measured at each interval."""
+    """One fleet shape: servers up, fleet running, measured at each interval. `apps` > 0: that
+    many apps of one deployment each (the many-apps simulator), else one app of `deployments`."""
 
-    def __init__(self, n: int, args: argparse.Namespace, workdir: Path) -> None:
-        self.n, self.args, self.workdir = n, args, workdir
-        self.deployments = max(1, min(args.deployments, n // 64))
+    def __init__(self, n: int, args: argparse.Namespace, workdir: Path, apps: int = 0) -> None:
+        self.n, self.args, self.workdir, self.apps = n, args, workdir, apps
+        self.deployments = apps or max(1, min(args.deployments, n // 64))
         # the server's defaults: no control value or message grows with a deployment any more
         self.max_payload = args.max_payload or DEFAULT_MAX_PAYLOAD
-        self.server = NatsServer(max_payload=self.max_payload, monitoring=True)
-        self.stats = StatsFile(workdir / f"controller-{n}.jsonl")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.cluster: NatsServer | NatsCluster = (
+            NatsServer(max_payload=self.max_payload, monitoring=True)
+            if args.nodes == 1
+            else NatsCluster(args.nodes, max_payload=self.max_payload)
+        )
+        self.member_ids = (
+            ["bench"] if args.members == 1 else [f"bench{i}" for i in range(args.members)]
+        )
+        tag = f"{apps}apps" if apps else str(n)
+        self.stats = [StatsFile(workdir / f"controller-{tag}-{m}.jsonl") for m in self.member_ids]
+        self.logs = [workdir / f"controller-{tag}-{m}.log" for m in self.member_ids]
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.sim: FleetSim | None = None
         self.bus: NatsBus | None = None
 
+    @property
+    def servers(self) -> list[NatsServer]:
+        c = self.cluster
+        return c.servers if isinstance(c, NatsCluster) else [c]
+
+    @property
+    def urls(self) -> list[str]:
+        return [x.url for x in self.servers]
+
     async def run(self) -> list[dict[str, Any]]:
         a = self.args
-        self.server.start()
+        self.cluster.start()
         try:
-            self.bus = await NatsBus.connect(self.server.url, name="fleet-bench")
-            names = [f"d{i:02d}" for i in range(self.deployments)]
+            self.bus = await NatsBus.connect(self.cluster.url, name="fleet-bench")
             cfg = SimConfig(
                 APP, HEALTH_PERIOD_S, a.intervals[0], a.routers, a.request_rate, a.idle_share,
                 a.push_share,
             )  # fmt: skip
-            self.sim = FleetSim(cfg, names, seed=a.seed)
-            await self.sim.start(self.server.url)
+            if self.apps:
+                keys = [(app_name(i), "d") for i in range(self.apps)]
+                self.sim = AppsFleetSim(cfg, keys, seed=a.seed)
+            else:
+                self.sim = FleetSim(
+                    cfg, [f"d{i:02d}" for i in range(self.deployments)], seed=a.seed
+                )
+            await self.sim.start(self.cluster.url)
+            await self._raise_consumer_limits()
             self.sim.set_interval(a.intervals[0])
-            await self._put_app(a.intervals[0])
-            self._start_controller()
-            startup = await self._wait_members(time.monotonic())
+            since = time.monotonic()
+            if a.put_rate:  # the group first, then the apps arrive, as on a running platform
+                self._start_controllers()
+                await self._wait_balanced(since)
+                await self._put_app(a.intervals[0], a.put_rate)
+            else:
+                await self._put_app(a.intervals[0])
+                self._start_controllers()
+            startup = await self._wait_members(since)
             rows = []
             for i, interval in enumerate(a.intervals):
                 if i:
@@ -203,57 +201,123 @@ class Point:
         finally:
             await self._shutdown()
 
-    async def _put_app(self, interval: float) -> None:
+    async def _raise_consumer_limits(self) -> None:
+        """nats-server 2.15 caps every stream at 1,000 consumers unless it sets its own limit,
+        and a controller taking its partitions reads each app's targets and members through a
+        watch whose ephemeral consumer outlives it (docs/benchmarks.md): with more apps than
+        that per member the takeover fails. `--max-consumers` raises the two buckets' limit
+        (0: the server's default, to reproduce)."""
+        assert self.bus is not None
+        if not self.args.max_consumers:
+            return
+        for bucket in (buckets.TARGETS, buckets.MEMBERSHIP):
+            info = await self.bus.js.stream_info(f"KV_{bucket.name}")
+            cfg = dataclasses.replace(info.config, max_consumers=self.args.max_consumers)
+            await self.bus.js.update_stream(cfg)
+
+    async def _put_app(self, interval: float, rate: float = 0.0) -> None:
+        """Put the app(s); with `rate` > 0, at that many apps a second."""
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
-        await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+        if not self.apps:
+            await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+            return
+        per = self.n // self.apps
+        docs = [
+            (app_name(i), one_deployment_app(app_name(i), per, interval)) for i in range(self.apps)
+        ]
+        batch = 500 if not rate else max(1, int(rate / 10))
+        started = time.monotonic()
+        for i in range(0, len(docs), batch):
+            await asyncio.gather(*(kv.put(k, v) for k, v in docs[i : i + batch]))
+            if rate:
+                await asyncio.sleep(max(0.0, started + (i + batch) / rate - time.monotonic()))
 
-    def _start_controller(self) -> None:
-        (port,) = free_ports(1)
-        cmd = [
-            sys.executable, "-m", "services.controller", "--nats", self.server.url,
-            "--stats-file", str(self.stats.path), "--metrics-port", str(port),
-            "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", "bench",
-            "--decode-threads", str(self.args.decode_threads),
-            "--retention-s", str(self.args.retention_s),
-        ]  # fmt: skip
-        log_path = self.workdir / f"controller-{self.n}.log"
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    def _start_controllers(self) -> None:
+        urls = self.urls
+        env = dict(os.environ)
+        if self.args.stream_replicas > 1:
+            env["FLEETPULSE_KV_REPLICAS"] = str(self.args.stream_replicas)
+        for i, (member, stats, log_path) in enumerate(
+            zip(self.member_ids, self.stats, self.logs, strict=True)
+        ):
+            (port,) = free_ports(1)
+            cmd = [
+                sys.executable, "-m", "services.controller", "--nats", urls[i % len(urls)],
+                "--stats-file", str(stats.path), "--metrics-port", str(port),
+                "--log-level", "WARNING", "--rebuild-s", "5", "--member-id", member,
+                "--decode-threads", str(self.args.decode_threads),
+                "--retention-s", str(self.args.retention_s),
+                "--stream-replicas", str(self.args.stream_replicas),
+                "--member-ttl-s", str(self.args.member_ttl_s),
+                "--heartbeat-s", str(self.args.member_ttl_s / 4),
+            ]  # fmt: skip
+            self.procs.append(subprocess.Popen(
+                cmd, cwd=ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            ))  # fmt: skip
 
     async def _wait_members(self, since: float) -> float:
         assert self.sim is not None
         deadline = since + self.args.startup_timeout_s + self.n / 500
-        while self.sim.members() < self.n:
+        while self.sim.members() < self.n or not await self._balanced():
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"N={self.n}: only {self.sim.members()} members after "
-                    f"{time.monotonic() - since:.0f} s"
+                    f"{time.monotonic() - since:.0f} s (shares {await self._shares()})"
                 )
             self._check_controller()
             await asyncio.sleep(0.25)
         return time.monotonic() - since
 
+    async def _wait_balanced(self, since: float) -> None:
+        while not await self._balanced():
+            if time.monotonic() > since + self.args.startup_timeout_s:
+                raise RuntimeError(f"partitions not balanced: {await self._shares()}")
+            self._check_controller()
+            await asyncio.sleep(0.25)
+
+    async def _shares(self) -> dict[str, dict[str, int]]:
+        """Each controller member's partitions and apps, from its fp_controllers entry."""
+        assert self.bus is not None
+        kv = await self.bus.kv(KV_CONTROLLERS)
+        out = {}
+        for m in self.member_ids:
+            entry = await kv.get(m)
+            if entry is not None and entry.value:
+                doc = envelope.decode(entry.value, ControllerMember)
+                out[m] = {"partitions": len(doc.partitions), "apps": doc.apps}
+        return out
+
+    async def _balanced(self) -> bool:
+        """Every partition owned, no member more than one partition above another."""
+        got = [x["partitions"] for x in (await self._shares()).values()]
+        return (
+            len(got) == len(self.member_ids) and sum(got) == PARTITIONS and max(got) - min(got) <= 1
+        )
+
     def _check_controller(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = (self.workdir / f"controller-{self.n}.log").read_text()[-3000:]
-            raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{tail}")
+        for proc, log_path in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                tail = log_path.read_text()[-3000:]
+                raise RuntimeError(f"controller exited with {proc.returncode}:\n{tail}")
 
     async def _measure(self, interval: float) -> dict[str, Any]:
         a, sim = self.args, self.sim
-        assert sim is not None and self.proc is not None
+        assert sim is not None and self.procs
         await asyncio.sleep(a.warm_s)
         self._check_controller()
         spy = self._py_spy(interval)
         before = self._sample()
         await asyncio.sleep(a.measure_s)
         after = self._sample()
+        shares = await self._shares()
         if spy is not None:
             spy.wait(30)
         self._check_controller()
         row = self._window(interval, before, after)
+        for m in row.get("per_member", ()):
+            m.update(shares.get(m["member"], {}))
         row.update(await self._faults())
         # replacements must be members again before the next phase
         await self._wait_members(time.monotonic())
@@ -261,7 +325,7 @@ class Point:
 
     def _py_spy(self, interval: float) -> subprocess.Popen[bytes] | None:
         """With --py-spy: sample the controller over the window into collapsed stacks."""
-        if not self.args.py_spy or self.proc is None:
+        if not self.args.py_spy or not self.procs:
             return None
         out = RESULTS_DIR / f"fleet-pyspy-{self.n}-{interval:g}s.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +333,7 @@ class Point:
             str(Path(sys.executable).parent / "py-spy"),
             "record",
             "-p",
-            str(self.proc.pid),
+            str(self.procs[0].pid),
             "-d",
             str(int(self.args.measure_s)),
             "-r",
@@ -282,39 +346,47 @@ class Point:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _sample(self) -> dict[str, Any]:
-        assert self.sim is not None and self.proc is not None
-        v = varz(self.server)
+        assert self.sim is not None and self.procs
+        v = [varz(x) for x in self.servers]  # summed over nodes (a routed message counts twice)
+        fleet = getattr(self.sim, "fleet", None)
         return {
             "t": time.monotonic(),
-            "ctl_cpu": cpu_seconds(self.proc.pid),
-            "nats_cpu": cpu_seconds(self.server.pid or 0),
+            "ctl_cpu": [cpu_seconds(x.pid) for x in self.procs],
+            "nats_cpu": sum(cpu_seconds(x.pid or 0) for x in self.servers),
             "sim_cpu": cpu_seconds(),
-            "in_msgs": v["in_msgs"], "out_msgs": v["out_msgs"],
-            "in_bytes": v["in_bytes"], "out_bytes": v["out_bytes"],
+            **{k: sum(x[k] for x in v) for k in ("in_msgs", "out_msgs", "in_bytes", "out_bytes")},
             "sim": self.sim.counters.snapshot(),
             "sim_ticks": len(self.sim.tick_seconds),
             "sim_late": self.sim.late_ticks,
-            "ctl": self.stats.last(),
+            "sim_lateness": None if fleet is None else fleet.lateness_hist.copy(),
+            "ctl": [x.last() for x in self.stats],
+            "load": os.getloadavg(),
         }  # fmt: skip
 
     def _window(self, interval: float, b: dict[str, Any], e: dict[str, Any]) -> dict[str, Any]:
-        assert self.sim is not None and self.proc is not None
+        assert self.sim is not None and self.procs
         span = e["t"] - b["t"]
-        ticks = self.stats.ticks(b["t"], e["t"])
+        per_member = [
+            member_row(m, st, b["t"], e["t"], (c1 - c0) / span)
+            for m, st, c0, c1 in zip(self.member_ids, self.stats, b["ctl_cpu"], e["ctl_cpu"],
+                                     strict=True)
+        ]  # fmt: skip
+        ticks = np.concatenate([st.ticks(b["t"], e["t"]) for st in self.stats])
         loop = ticks[:, 1] * 1e3
         late = ticks[:, 2] * 1e3
         core = ticks[:, 3] * 1e3
         core_cpu = ticks[:, 4] * 1e3
-        writes = self.stats.writes(b["t"], e["t"]) * 1e3
+        writes = np.concatenate([st.writes(b["t"], e["t"]) for st in self.stats]) * 1e3
+        bc, ec = sum_lines(b["ctl"]), sum_lines(e["ctl"])
         sb, se = b["sim"], e["sim"]
         assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
         probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
         replica_periods = self.n * span / HEALTH_PERIOD_S
         hb = {k: se.heartbeats[k] - sb.heartbeats[k] for k in se.heartbeats}
         sent = {k: (se.sent[k] - sb.sent[k]) / span for k in se.sent}
-        ib, ie = b["ctl"].get("ingest_s", {}), e["ctl"].get("ingest_s", {})
+        ib, ie = bc["ingest_s"], ec["ingest_s"]
         sim_ticks = np.asarray(self.sim.tick_seconds[b["sim_ticks"] : e["sim_ticks"]]) * 1e3
-        lines = [x for x in self.stats.lines if b["t"] <= x.get("mono", 0) < e["t"]]
+        lines = [x for st in self.stats for x in st.lines if b["t"] <= x.get("mono", 0) < e["t"]]
         return {
             "replicas": self.n,
             "deployments": self.deployments,
@@ -325,32 +397,44 @@ class Point:
             "largest_message_bytes": max(self.sim.largest_kv_value, self.sim.largest_sent),
             "window_s": span,
             "ticks": int(loop.size),
-            "loop_p50_ms": _pct(loop, 50),
-            "loop_p99_ms": _pct(loop, 99),
+            "loop_p50_ms": pct(loop, 50),
+            # several members: the worst member's p99 (each one's is in per_member)
+            "loop_p99_ms": max(m["loop_p99_ms"] for m in per_member),
             "loop_max_ms": float(loop.max()) if loop.size else math.nan,
-            "core_p50_ms": _pct(core, 50),
-            "core_p99_ms": _pct(core, 99),
-            "core_cpu_p50_ms": _pct(core_cpu, 50),
-            "core_cpu_p99_ms": _pct(core_cpu, 99),
+            "core_p50_ms": pct(core, 50),
+            "core_p99_ms": pct(core, 99),
+            "core_cpu_p50_ms": pct(core_cpu, 50),
+            "core_cpu_p99_ms": pct(core_cpu, 99),
             # the decision is synchronous: wall time over its thread's CPU time is time spent
             # waiting for a CPU (or collecting garbage, counted apart)
             "core_waited_ms_max": float(np.nanmax(core - core_cpu)) if core.size else math.nan,
             "core_waited_ticks": int(np.count_nonzero(core - core_cpu > 1.0)),
             "kv_writes": int(writes.size),
-            "kv_write_p50_ms": _pct(writes, 50),
-            "kv_write_p99_ms": _pct(writes, 99),
-            "kv_write_failures": e["ctl"].get("writes_failed", 0)
-            - b["ctl"].get("writes_failed", 0),
-            "tick_late_p99_ms": _pct(late, 99),
-            "controller_cpu": (e["ctl_cpu"] - b["ctl_cpu"]) / span,
-            "controller_rss_mib": rss_mib(self.proc.pid),
+            "kv_write_p50_ms": pct(writes, 50),
+            "kv_write_p99_ms": pct(writes, 99),
+            "kv_writes_per_s": writes.size / span,
+            "kv_write_failures": ec["writes_failed"] - bc["writes_failed"],
+            "tick_late_p99_ms": pct(late, 99),
+            "controller_cpu": sum(m["cpu"] for m in per_member),
+            "controller_rss_mib": sum(rss_mib(x.pid) for x in self.procs),
+            "apps": self.apps,
+            "members": len(self.procs),
+            "nodes": len(self.servers),
+            "per_member": per_member,
+            "load_before": b["load"],
+            "load_after": e["load"],
             "nats_cpu": (e["nats_cpu"] - b["nats_cpu"]) / span,
             "sim_cpu": (e["sim_cpu"] - b["sim_cpu"]) / span,
-            "sim_tick_p99_ms": _pct(sim_ticks, 99),
+            "sim_tick_p99_ms": pct(sim_ticks, 99),
             "sim_late_ticks": e["sim_late"] - b["sim_late"],
+            **(
+                {}
+                if b["sim_lateness"] is None
+                else late_summary(e["sim_lateness"] - b["sim_lateness"])
+            ),
             "ingest_ms_per_s": {k: (v - ib.get(k, 0.0)) * 1e3 / span for k, v in ie.items()},
-            "gc_ms_per_s": [x * 1e3 / span for x in _delta(b["ctl"], e["ctl"], "gc_s")],
-            "gc_collections": _delta(b["ctl"], e["ctl"], "gc_n"),
+            "gc_ms_per_s": [x * 1e3 / span for x in delta(bc, ec, "gc_s")],
+            "gc_collections": delta(bc, ec, "gc_n"),
             "bus_in_msgs_per_s": (e["in_msgs"] - b["in_msgs"]) / span,
             "bus_out_msgs_per_s": (e["out_msgs"] - b["out_msgs"]) / span,
             "bus_in_mib_per_s": (e["in_bytes"] - b["in_bytes"]) / span / 2**20,
@@ -360,11 +444,11 @@ class Point:
             "heartbeats_behind_routers": hb.get("window_active", 0),
             "probes_per_s": sum(se.probes[k] - sb.probes[k] for k in se.probes) / span,
             "probes_healthy": probes_healthy,
-            "controller_probes": e["ctl"].get("probes", 0) - b["ctl"].get("probes", 0),
+            "controller_probes": ec["probes"] - bc["probes"],
             "misses_pct": 100.0 * probes_healthy / replica_periods,
             "pending_max": max((x.get("pending", 0) for x in lines), default=0),
             "stalled": any(x.get("stalled") for x in lines),
-            **_gaps(se.gap_hist - sb.gap_hist),
+            **gaps(se.gap_hist - sb.gap_hist),
         }
 
     async def _faults(self) -> dict[str, Any]:
@@ -389,42 +473,31 @@ class Point:
         return out
 
     async def _shutdown(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
             try:
-                self.proc.wait(10)
+                proc.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                proc.kill()
+                proc.wait(5)
         if self.sim is not None:
             await self.sim.stop()
         if self.bus is not None:
             await self.bus.close()
-        self.server.stop()
+        self.cluster.stop()
 
 
-def _delta(b: dict[str, Any], e: dict[str, Any], key: str) -> list[float]:
-    return [x - y for x, y in zip(e.get(key, [0] * 3), b.get(key, [0] * 3), strict=True)]
+def app_name(i: int) -> str:
+    return f"a{i:05d}"
 
 
-def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.nanpercentile(a, q)) if a.size and not np.isnan(a).all() else math.nan
-
-
-def _gaps(hist: np.ndarray) -> dict[str, float]:
-    total = int(hist.sum())
-    if not total:
-        return {"gap_p50_s": math.nan, "gap_p99_s": math.nan, "gap_max_s": math.nan,
-                "gaps_over_stale_pct": math.nan}  # fmt: skip
-    cum = np.cumsum(hist)
-    edges = (np.arange(hist.size) + 1) * GAP_BIN_S  # upper edge of each bin
-    over = int(hist[int(STALE_AFTER_S / GAP_BIN_S) :].sum())
-    return {
-        "gap_p50_s": float(edges[np.searchsorted(cum, 0.5 * total)]),
-        "gap_p99_s": float(edges[np.searchsorted(cum, 0.99 * total)]),
-        "gap_max_s": float(edges[np.flatnonzero(hist)[-1]]),
-        "gaps_over_stale_pct": 100.0 * over / total,
-    }
+def one_deployment_app(name: str, replicas: int, interval: float) -> bytes:
+    """An app of one deployment `d` of `replicas` pinned replicas."""
+    app = app_config(replicas, 1, interval)
+    d = dataclasses.replace(app.deployments[0], name="d")
+    return dataclasses.replace(app, name=name, deployments=(d,)).to_json()
 
 
 def _brief(r: dict[str, Any]) -> str:
@@ -444,7 +517,33 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help=f"N = {QUICK_SIZES}, shorter windows")
     ap.add_argument("--sizes", type=int, nargs="+", help=f"replica counts (default {SIZES})")
-    ap.add_argument("--intervals", type=float, nargs="+", default=list(INTERVALS))
+    ap.add_argument(
+        "--intervals", type=float, nargs="+", help=f"default {INTERVALS}; 10 with --apps"
+    )
+    ap.add_argument(
+        "--apps", type=int, nargs="+",
+        help="app counts: N apps of one deployment each (the many-apps simulator), not --sizes",
+    )  # fmt: skip
+    ap.add_argument("--replicas-per-app", type=int, default=4)
+    ap.add_argument(
+        "--put-rate", type=float, default=0.0,
+        help="start the controllers first and put the apps at this many a second"
+        " (default 0: put them all, then start the controllers, which take them over from KV)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-consumers", type=int, default=100_000,
+        help="consumer limit of fp_targets and fp_membership (0: nats-server's default, 1,000)",
+    )  # fmt: skip
+    ap.add_argument("--members", type=int, default=1, help="controller members (one group)")
+    ap.add_argument("--nodes", type=int, default=1, help="nats-servers (>1: one cluster)")
+    ap.add_argument(
+        "--member-ttl-s", type=float, default=DEFAULT_MEMBER_TTL_S,
+        help="the controllers' --member-ttl-s (their --heartbeat-s a quarter of it)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--stream-replicas", type=int, default=1,
+        help="FP_REPORTS and KV replicas (3 on a 3-node cluster for durability; costs CPU)",
+    )  # fmt: skip
     ap.add_argument("--deployments", type=int, default=16, help="deployments per point")
     ap.add_argument("--routers", type=int, default=4, help="routers per deployment")
     ap.add_argument("--request-rate", type=float, default=2.0, help="admissions/s per replica")
@@ -477,6 +576,7 @@ def parser() -> argparse.ArgumentParser:
 
 def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    args.intervals = args.intervals or ([10.0] if args.apps else list(INTERVALS))
     args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
     args.measure_s = (
         args.measure_s if args.measure_s is not None else (30.0 if args.quick else 60.0)
@@ -495,9 +595,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        for n in args.sizes:
-            rows += asyncio.run(Point(n, args, workdir).run())
+        if args.apps:
+            for apps in args.apps:
+                rows += asyncio.run(Point(apps * args.replicas_per_app, args, workdir, apps).run())
+        else:
+            for n in args.sizes:
+                rows += asyncio.run(Point(n, args, workdir).run())
     table(rows)
+    if args.apps:
+        apps_table(rows)
     targets = check_targets(rows)
     for name, ok in targets.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
@@ -516,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             controller_cpu=r["controller_cpu"], detect_s=r["detect_unhealthy_max_s"],
             metrics_interval_s=r["metrics_interval_s"], core_p99_ms=r["core_p99_ms"],
             core_cpu_p99_ms=r["core_cpu_p99_ms"], largest_kv_value_bytes=r["largest_kv_value_bytes"],
-            largest_message_bytes=r["largest_message_bytes"],
+            largest_message_bytes=r["largest_message_bytes"], apps=r["apps"],
+            members=r["members"], kv_writes_per_s=r["kv_writes_per_s"],
+            member_loop_p99_ms=[m["loop_p99_ms"] for m in r["per_member"]],
         )  # fmt: skip
     return 0
 

@@ -107,3 +107,31 @@ def table(rows: Sequence[dict[str, Any]]) -> None:
     print("\ningest ms per second by kind:")
     for r in rows:
         print(f"  N={r['replicas']} interval={r['metrics_interval_s']:g}s: {ingest(r)}")
+
+
+def apps_table(rows: Sequence[dict[str, Any]]) -> None:
+    """The many-apps shape: each member's loop and CPU, its share, and the simulator's own cost
+    and lateness (it must keep real time for the controller's numbers to hold)."""
+    print_table(
+        "Many apps: per controller member (loop from its stats file, CPU from /proc)",
+        ["apps", "members", "member", "partitions", "apps owned", "loop p50", "p99", "core p99",
+         "its cpu", "cpu", "kv w/s"],
+        [
+            [r["apps"], r["members"], m["member"], m.get("partitions", "-"), m.get("apps", "-"),
+             m["loop_p50_ms"], m["loop_p99_ms"], m["core_p99_ms"], m["core_cpu_p99_ms"],
+             m["cpu"], m["kv_writes_per_s"]]
+            for r in rows for m in r["per_member"]
+        ],
+    )  # fmt: skip
+    print_table(
+        "Many apps: fleet and simulator",
+        ["apps", "members", "replicas", "misses", "ctl probes", "kv w/s", "nats cpu", "sim cpu",
+         "sim late p99 s", "sim late max s", "late ticks", "load before", "load after"],
+        [
+            [r["apps"], r["members"], r["replicas"], r["probes_healthy"], r["controller_probes"],
+             r["kv_writes_per_s"], r["nats_cpu"], r["sim_cpu"], r.get("late_p99_s"),
+             r.get("late_max_s"), r["sim_late_ticks"], " ".join(f"{x:.1f}" for x in r["load_before"]),
+             " ".join(f"{x:.1f}" for x in r["load_after"])]
+            for r in rows
+        ],
+    )  # fmt: skip

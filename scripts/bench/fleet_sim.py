@@ -119,6 +119,74 @@ def _grown(a: npt.NDArray[np.generic], n: int, fill: object) -> npt.NDArray[np.g
     return out
 
 
+def lifecycle(
+    subjects: Subjects,
+    app: str,
+    deployment: str,
+    rid: str,
+    version: str,
+    state: str,
+    wall: float,
+    exit_code: int | None = None,
+) -> bytes:
+    """A replica's lifecycle event, as its agent (or runtime) publishes it."""
+    return encode(Lifecycle(
+        replica_id=rid, agent_id="", state=state, at=wall,
+        rpc_subject=subjects.rpc(app, deployment, rid), version=version, exit_code=exit_code,
+        app=app, deployment=deployment,
+    ))  # fmt: skip
+
+
+def encode_handle(
+    cfg: SimConfig,
+    meta: dict[str, Any],
+    member_ids: pa.Array | list[str],
+    running: F64,
+    healthy: Mask,
+    ck: F64,
+    failures: npt.NDArray[np.int32],
+    valid: Mask,
+) -> tuple[str, list[bytes]]:
+    """One router's handle report over its members, as the router encodes it: columnar (split
+    under max_payload) from `columnar_min_replicas` rows, msgpack below. Returns (kind, parts)."""
+    if len(member_ids) >= cfg.columnar_min_replicas:
+        if isinstance(member_ids, list):
+            member_ids = pa.array(member_ids, type=pa.utf8())
+        parts = encode_handle_report_columnar(
+            **meta, replica_ids=member_ids, running=running, health_healthy=healthy,
+            health_checked_at=np.where(valid, ck, 0.0), health_failures=failures,
+            health_valid=valid, max_payload=min(cfg.max_payload, REPORT_PART_MAX_BYTES),
+        )  # fmt: skip
+        return "handle_columnar", parts
+    ids = member_ids if isinstance(member_ids, list) else member_ids.to_pylist()
+    health = tuple(
+        HealthStatus(ids[i], bool(healthy[i]), float(ck[i]), int(failures[i]))
+        for i in np.flatnonzero(valid).tolist()
+    )
+    report = HandleReport(
+        **meta, running=dict(zip(ids, running.tolist(), strict=True)), health=health
+    )
+    return "handle_msgpack", [encode(report)]
+
+
+def offered(
+    pub_ck: F64, last_fresh: F64, hist: I64, slots: I64, ck: F64, now: float, *, direct: bool
+) -> None:
+    """Health offered to the controller: record the gap since each replica's last fresh
+    observation (a relayed entry is fresh with a newer `checked_at`, a direct one also with an
+    equal one) into `hist`, in place."""
+    held = pub_ck[slots]
+    fresh = ck >= held if direct else ck > held
+    s = slots[fresh]
+    gaps = now - last_fresh[s]
+    gaps = gaps[~np.isnan(gaps)]
+    if gaps.size:
+        bins = np.minimum((gaps / GAP_BIN_S).astype(np.int64), hist.size - 1)
+        hist += np.bincount(bins, minlength=hist.size)
+    last_fresh[s] = now
+    pub_ck[s] = np.maximum(held[fresh], ck[fresh])
+
+
 class DeploymentSim:
     """One deployment's replicas and routers."""
 
@@ -215,12 +283,9 @@ class DeploymentSim:
     def _lifecycle(
         self, rid: str, version: str, state: str, wall: float, exit_code: int | None = None
     ) -> tuple[str, bytes]:
-        msg = Lifecycle(
-            replica_id=rid, agent_id="", state=state, at=wall,
-            rpc_subject=self.subjects.rpc(self.cfg.app, self.name, rid), version=version,
-            exit_code=exit_code, app=self.cfg.app, deployment=self.name,
-        )  # fmt: skip
-        return self.subject["lifecycle"], encode(msg)
+        return self.subject["lifecycle"], lifecycle(
+            self.subjects, self.cfg.app, self.name, rid, version, state, wall, exit_code
+        )
 
     def apply_membership(self, view: MembershipView) -> None:
         self.membership_epoch = view.epoch
@@ -279,6 +344,7 @@ class DeploymentSim:
     def _checks(self, now: float, wall: float) -> I64:
         due = np.flatnonzero(self.started & (self.fault != SILENT) & (self.next_check <= now))
         if due.size:
+            self._late(self.next_check[due], now)
             ok = self.fault[due] != UNHEALTHY
             self.checked[due] = wall
             self.healthy[due] = ok
@@ -286,6 +352,9 @@ class DeploymentSim:
             jitter = self.rng.uniform(1 - JITTER, 1 + JITTER, due.size)
             self.next_check[due] = now + self.cfg.health_period_s * jitter
         return due
+
+    def _late(self, due: F64, now: float) -> None:
+        """Events that ran at `now`, due at `due` (fleet_apps.AppsSim counts them)."""
 
     def _admissions(self, now: float, dt: float) -> None:
         active = self.member & self.started & (self.fault != SILENT) & (self.rate > 0)
@@ -377,28 +446,10 @@ class DeploymentSim:
             handle_id=self.handle_ids[r], app=self.cfg.app, deployment=self.name, sent_at=wall,
             seq=int(self.seq[r]), queued_requests=0.0, membership_epoch=self.membership_epoch,
         )  # fmt: skip
-        if ms.size >= self.cfg.columnar_min_replicas:
-            parts = encode_handle_report_columnar(
-                **meta, replica_ids=self.member_ids, running=running,  # type: ignore[arg-type]
-                health_healthy=self.r_healthy[r, ms], health_checked_at=np.where(valid, ck, 0.0),
-                health_failures=self.r_failures[r, ms], health_valid=valid,
-                max_payload=min(self.cfg.max_payload, REPORT_PART_MAX_BYTES),
-            )  # fmt: skip
-            kind = "handle_columnar"
-        else:
-            ids = self.member_ids.to_pylist()
-            health = tuple(
-                HealthStatus(ids[i], bool(self.r_healthy[r, s]), float(ck[i]),
-                             int(self.r_failures[r, s]))
-                for i, s in enumerate(ms.tolist()) if valid[i]
-            )  # fmt: skip
-            report = HandleReport(
-                **meta,
-                running=dict(zip(ids, running.tolist(), strict=True)),
-                health=health,  # type: ignore[arg-type]
-            )
-            parts = [encode(report)]
-            kind = "handle_msgpack"
+        kind, parts = encode_handle(
+            self.cfg, meta, self.member_ids, running, self.r_healthy[r, ms], ck,
+            self.r_failures[r, ms], valid,
+        )  # fmt: skip
         out.extend((self.subject["handle"], p) for p in parts)
         self._count(kind, out[-len(parts) :])
         self._offered(ms[valid], ck[valid], now, direct=False)
@@ -408,17 +459,7 @@ class DeploymentSim:
         self.counters.bytes_sent[kind] += sum(len(d) for _, d in msgs)
 
     def _offered(self, slots: I64, ck: F64, now: float, *, direct: bool) -> None:
-        """Health offered to the controller: record the gap since the last fresh observation."""
-        held = self.pub_ck[slots]
-        fresh = ck >= held if direct else ck > held
-        s = slots[fresh]
-        gaps = now - self.last_fresh[s]
-        gaps = gaps[~np.isnan(gaps)]
-        if gaps.size:
-            bins = np.minimum((gaps / GAP_BIN_S).astype(np.int64), self.counters.gap_hist.size - 1)
-            self.counters.gap_hist += np.bincount(bins, minlength=self.counters.gap_hist.size)
-        self.last_fresh[s] = now
-        self.pub_ck[s] = np.maximum(held[fresh], ck[fresh])
+        offered(self.pub_ck, self.last_fresh, self.counters.gap_hist, slots, ck, now, direct=direct)
 
     # -- probes and faults ---------------------------------------------------------------------
 
@@ -584,10 +625,7 @@ class FleetSim:
             started = time.perf_counter()
             now, wall = time.monotonic(), time.time()
             await self._apply_changes()
-            out: Outbox = []
-            for d in self.deps.values():
-                out += d.tick(now, wall, self.tick_s)
-            await self._publish(out)
+            await self._publish(self._tick(now, wall))
             self.tick_seconds.append(time.perf_counter() - started)
             next_at += self.tick_s
             delay = next_at - time.monotonic()
@@ -595,6 +633,12 @@ class FleetSim:
                 self.late_ticks += 1
                 next_at = time.monotonic()
             await asyncio.sleep(max(0.0, delay))
+
+    def _tick(self, now: float, wall: float) -> Outbox:
+        out: Outbox = []
+        for d in self.deps.values():
+            out += d.tick(now, wall, self.tick_s)
+        return out
 
     async def _publish(self, out: Outbox) -> None:
         nc = self._bus.nc
