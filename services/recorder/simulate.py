@@ -39,7 +39,7 @@ import math
 import zlib
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
@@ -433,7 +433,13 @@ def simulate_closed(
             cal = calibrations.get(key)
             if cal is None or cal.arrivals is None:
                 continue
-            runs[key] = run_deployment(key, d.policy, d.max_ongoing_requests, cal, duration_s, opts)
+            # the deployment's own queue bound where it sets one, else the routers' default
+            mine = (
+                opts
+                if d.max_queued_requests < 0
+                else replace(opts, max_queued=d.max_queued_requests)
+            )
+            runs[key] = run_deployment(key, d.policy, d.max_ongoing_requests, cal, duration_s, mine)
     return ClosedResult(opts, start_us, duration_s, dict(sorted(runs.items())))
 
 

@@ -220,3 +220,24 @@ def test_columnar_stats_of_bad_json_or_counts_are_refused() -> None:
             decode_handle_report_columnar(with_stats(text))
         assert exc.value.reason == reason
     assert decode_handle_report_columnar(with_stats(b'{"v":9}')).stats is None
+
+
+def test_a_deployment_s_own_queue_bound_is_the_model_s() -> None:
+    """`max_queued_requests` set on the deployment bounds the simulated routers' queue, as it
+    bounds the real ones; unset (-1), the routers' default applies."""
+    from services.recorder.simulate import simulate_closed
+    from shared.appconfig import AppConfig, DeploymentConfig
+
+    c = calibrate(rows(peak=40.0), [KEY])[0][KEY]
+
+    def app(bound: int) -> AppConfig:
+        d = DeploymentConfig(
+            "d000", "services.examples.model:Model", max_ongoing_requests=5,
+            max_queued_requests=bound, autoscaling=cfg(max_replicas=1),
+        )  # fmt: skip
+        return AppConfig("queue", (d,))
+
+    bounded = simulate_closed({KEY: c}, [app(20)], 600.0).deployments[KEY]
+    default = simulate_closed({KEY: c}, [app(-1)], 600.0).deployments[KEY]
+    assert bounded.rejected > 0 and bounded.queued.max() <= 20 + 1e-9
+    assert default.queued.max() > 20

@@ -376,3 +376,24 @@ def test_inputs_that_keep_a_deployment_fresh_move_its_timer_later() -> None:
         tw.tick()
     tw.compare_state()
     assert looked <= 2, looked
+
+
+def test_an_app_put_looks_only_at_the_apps_that_changed() -> None:
+    """Each fp_apps put hands the core the whole owned set: the apps equal to what it had are
+    not rebuilt or visited again, only the new and the changed one."""
+    core = ControllerCore()
+    apps = {f"a{i:03d}": _app(f"a{i:03d}", FIXED) for i in range(200)}
+    core.set_apps(apps, 100.0)
+    core.tick(100.1, WALL0 + 100.1)
+    touched: list[tuple[str, str]] = []
+
+    class Spy(Schedule[tuple[str, str]]):
+        def touch(self, key: tuple[str, str]) -> None:
+            touched.append(key)
+            super().touch(key)
+
+    core.schedule = Spy()
+    changed = {**apps, "a007": _app("a007", FIXED, version="v2"), "new": _app("new", FIXED)}
+    core.set_apps(changed, 100.2)
+    assert sorted(touched) == [("a007", "D"), ("new", "D")]
+    assert core.deployments[("a007", "D")].state.version == "v2"
