@@ -31,6 +31,7 @@ from shared.kv.routes import DeploymentRouteDoc, RouteDoc
 from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.replicaspec import ReplicaSpec
+from shared.rollout import RolloutConfig
 
 T0 = 1_712_345_678.5
 RPC = "fp.v1.rpc.shop.ranker.replica-0007"
@@ -44,6 +45,7 @@ SHOP = AppConfig(
             init_kwargs={"threshold": 0.5},
             max_ongoing_requests=8,
             autoscaling=AutoscalingConfig(min_replicas=0, max_replicas=16, upscale_delay_s=5.0),
+            rollout=RolloutConfig(max_surge="25%", max_unavailable=1),
         ),
         DeploymentConfig("ranker", "shop.rank:Ranker", num_replicas=2, push_metrics=True),
     ),
@@ -280,6 +282,34 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
             ),
             "bad_value",
             "a custom policy must be 'package.module:function'",
+        ),
+        (
+            "app_rollout_both_zero",
+            "app",
+            with_(
+                app,
+                deployments=[
+                    {**app["deployments"][0], "rollout": {"max_surge": 0, "max_unavailable": "0%"}}
+                ],
+            ),
+            "bad_value",
+            "the config's own checks: a rollout that could never move",
+        ),
+        (
+            "app_rollout_percent_without_sign",
+            "app",
+            with_(app, deployments=[{**app["deployments"][0], "rollout": {"max_surge": "25"}}]),
+            "bad_value",
+            "a percentage needs its '%'",
+        ),
+        (
+            "app_rollout_bool",
+            "app",
+            with_(
+                app, deployments=[{**app["deployments"][0], "rollout": {"max_unavailable": True}}]
+            ),
+            "wrong_type",
+            "",
         ),
         ("agent_bool_capacity", "agent", with_(agent, capacity=True), "wrong_type", ""),
         (

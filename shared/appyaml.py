@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import replicaspec
+from shared import replicaspec, rollout
 from shared.appconfig import (
     IMPORT_PATH_RE,
     REPLICA_FIELDS,
@@ -274,6 +274,7 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "push_metrics": _boolean,
     "num_replicas": _COUNT,
     "autoscaling_config": None,
+    "rollout": None,
 }
 _AUTOSCALING_KEYS: dict[str, Conv | None] = {
     "min_replicas": _COUNT,
@@ -293,6 +294,20 @@ _AUTOSCALING_KEYS: dict[str, Conv | None] = {
     "policy": None,
 }
 _POLICY_KEYS: dict[str, Conv | None] = {"policy_function": _import_path}
+
+
+def _rollout_amount(param: rollout.Param) -> Conv:
+    def check(value: Any) -> int | str:
+        problem = param.problem(value)
+        if problem is not None:
+            raise _Bad(problem)
+        converted: int | str = value
+        return converted
+
+    return check
+
+
+_ROLLOUT_KEYS: dict[str, Conv | None] = {p.name: _rollout_amount(p) for p in rollout.PARAMS}
 
 
 def _line(node: Node) -> int | None:
@@ -520,6 +535,10 @@ class _Checker:
                 )
         elif "num_replicas" not in d.nodes:
             kwargs["num_replicas"] = DEFAULT_NUM_REPLICAS
+        if "rollout" in d.nodes:
+            strategy = self.rollout_strategy(d.nodes["rollout"], f"{path}.rollout")
+            if strategy is not None:
+                kwargs["rollout"] = strategy
         if len(self.problems) != before or not {"name", "import_path"} <= d.values.keys():
             return None  # (a bad name or import_path was reported by mapping())
         return self.build(path, d, lambda: DeploymentConfig(**kwargs, autoscaling=scaling))
@@ -551,6 +570,14 @@ class _Checker:
         if len(self.problems) != before:
             return None
         return self.build(path, a, lambda: AutoscalingConfig(**v))
+
+    def rollout_strategy(self, node: Node, path: str) -> rollout.RolloutConfig | None:
+        """fleetpulse's `rollout: {max_surge, max_unavailable}` (shared.rollout)."""
+        before = len(self.problems)
+        m = self.mapping(node, path, _ROLLOUT_KEYS)
+        if m is None or len(self.problems) != before:
+            return None
+        return self.build(path, m, lambda: rollout.RolloutConfig(**m.values))
 
     def policy(self, node: Node, path: str) -> str | None:
         """Ray Serve's `policy: {policy_function: 'package.module:function'}`."""
@@ -607,6 +634,8 @@ class _Checker:
 def _unknown_key(key: str, known: Mapping[str, object]) -> str:
     if key in _AUTOSCALING_KEYS and "autoscaling_config" in known:
         return f"unknown key {key!r} here (it belongs under autoscaling_config)"
+    if key in _ROLLOUT_KEYS and "rollout" in known:
+        return f"unknown key {key!r} here (it belongs under rollout)"
     if key in _RENAMED and _RENAMED[key] in known:
         return f"unknown key {key!r} (Ray Serve's older name; use {_RENAMED[key]!r})"
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=SUGGESTION_CUTOFF)

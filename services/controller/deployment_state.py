@@ -9,13 +9,23 @@ How it works: the controller decides *how many* replicas (the policy) and this m
 PENDING means "in fp_targets, not yet heard from"; lifecycle events from the replica (or its agent)
 drive the rest. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
 live count meets the target, drains the surplus (pending first, then the newest running), replaces
-replicas with an unhealthy verdict, and rolls a new version one replica at a time (surge of one:
-an old replica drains only when a new one is running). Membership (what routers may call) is the
-RUNNING replicas without a verdict, in start order; it gets a new epoch whenever it changes.
+replicas with an unhealthy verdict, and rolls a new version. Membership (what routers may call)
+is the RUNNING replicas without a verdict, in start order; it gets a new epoch whenever it changes.
+
+A rollout (the deployment's `rollout`, shared/rollout.py; surge S and unavailable U resolved for
+the target T at every tick) keeps two bounds, Kubernetes' rolling update: live replicas (old and
+new, not draining) <= T + S, and routable ones (running, no verdict) >= T - U. Each tick: old
+replicas still starting drain at once (they cost no routable replica: a new version arriving
+mid-rollout), then as many routable old ones drain as the floor allows (oldest first), then new
+ones start into the room left. So at the defaults (1, 0) one new replica is in flight and an old
+one drains per new one running; with U > 0 up to U old ones drain before their successors run.
+A target moved by the autoscaler mid-rollout moves both bounds; new replicas above a lower target
+drain (starting ones first). Draining replicas count against neither bound (they are out of
+membership already and leave on their own).
 
 Status follows the brief: UPDATING until the current version first meets its target (or during a
-rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING), HEALTHY when the target is met with healthy replicas (target 0 reached counts),
-UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
+rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING),
+HEALTHY when the target is met with healthy replicas (target 0 reached counts), UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
 again, DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
 
 Cost: every tick asks for the live set, the running ids, the counts and the status, and at tens
@@ -31,6 +41,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from shared.rollout import DEFAULT as DEFAULT_ROLLOUT
+from shared.rollout import RolloutConfig
 
 from .records import RecordSets, ReplicaRecord, ReplicaState, Revision, take
 
@@ -82,6 +95,7 @@ class DeploymentState:
     _retire_queue: list[ReplicaRecord] = field(default_factory=list, repr=False, compare=False)
     """Old-version replicas, newest first (popped from the end), for the rollout in progress."""
     _retire_version: str | None = field(default=None, repr=False, compare=False)
+    rollout: RolloutConfig = DEFAULT_ROLLOUT
 
     def __post_init__(self) -> None:
         self._rev.channels += [self._sets_changes, self._kv_changes]
@@ -257,23 +271,56 @@ class DeploymentState:
         return events
 
     def _roll(self, view: RecordSets, now: float) -> list[StateEvent]:
-        """One new replica in flight at a time; an old one retires per new one running. From
+        """Rolling onto the current version within `rollout`'s budget (see the header). From
         the counts, and the oldest old replicas from a queue sorted once per rollout, so a
-        rollout tick costs O(1), not a pass over the deployment. (A replica with a verdict is
-        draining, never running, so the running replicas of the new version are
-        `running_current`.)"""
+        rollout tick costs O(replicas it changes), not a pass over the deployment. (A replica
+        with a verdict is draining, never running, so the running replicas of the new version
+        are `running_current`.)"""
+        target = self.target
+        surge, unavailable = self.rollout.budget(target)
+        new_running, new_waiting = view.running_current, view.waiting_current
+        routable = len(view.running) - view.running_condemned
+        old_live, new_count = len(view.old), view.new_count
         events: list[StateEvent] = []
-        new_count, new_running = view.new_count, view.running_current
-        if new_running == new_count and new_count < max(self.target, 1) and self.target > 0:
+        # old replicas still starting will never serve this version: stopping them costs no
+        # routable replica and frees their room (a new version arriving mid-rollout)
+        old_waiting = len(view.waiting) - new_waiting
+        if old_waiting:
+            stale = [r for r in view.waiting.values() if r.version != self.version]
+            events += self._drain(stale, now, "replaced by new version")
+            old_live -= len(stale)
+        # an old routable replica retires whenever the floor allows it
+        floor = target - unavailable
+        retire = min(routable - new_running, routable - floor)
+        retired = self._oldest_old(view, retire)
+        events += self._drain(retired, now, "replaced by new version")
+        old_live -= len(retired)
+        if new_count > target:  # the target fell mid-rollout: the newest new ones go first
+            events += self._drain_new(view, new_count - target, now)
+            new_count = target
+        room = target + surge - old_live - new_count
+        for _ in range(min(target - new_count, room)):
             rec = self._new_replica(now)
             events.append(StateEvent("replica_added", rec.replica_id, f"rollout to {self.version}"))
-        retire = len(view.old) + new_running - self.target
-        if self.target == 0:
-            retire = len(view.old)
-        for rec in self._oldest_old(view, retire):
-            rec.state, rec.since = ReplicaState.DRAINING, now
-            events.append(StateEvent("replica_draining", rec.replica_id, "replaced by new version"))
         return events
+
+    def _drain(self, recs: list[ReplicaRecord], now: float, why: str) -> list[StateEvent]:
+        for rec in recs:
+            rec.state, rec.since = ReplicaState.DRAINING, now
+        return [StateEvent("replica_draining", rec.replica_id, why) for rec in recs]
+
+    def _drain_new(self, view: RecordSets, surplus: int, now: float) -> list[StateEvent]:
+        """`surplus` new-version replicas: those still starting (newest first), then running
+        ones only beyond the target (so the floor holds); a pass over the deployment only in
+        the second case."""
+        waiting = [r for r in view.waiting.values() if r.version == self.version]
+        victims = sorted(waiting, key=lambda r: (r.state is ReplicaState.STARTING, -r.order))
+        victims = victims[:surplus]
+        if len(victims) < surplus:
+            running = [r for r in view.new() if r.state is ReplicaState.RUNNING]
+            running.sort(key=lambda r: -r.order)
+            victims += running[: surplus - len(victims)]
+        return self._drain(victims, now, "scale down")
 
     def _oldest_old(self, view: RecordSets, n: int) -> list[ReplicaRecord]:
         """The `n` old-version live replicas first in start order."""
@@ -286,7 +333,8 @@ class DeploymentState:
         queue, out = self._retire_queue, list[ReplicaRecord]()
         while queue and len(out) < n:
             rec = queue.pop()
-            if view.old.get(rec.replica_id) is rec:
+            # (one drained since, or still starting and drained this tick, is passed over)
+            if view.old.get(rec.replica_id) is rec and rec.state is ReplicaState.RUNNING:
                 out.append(rec)
         return out
 

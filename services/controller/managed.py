@@ -76,6 +76,7 @@ class ManagedDeployment:
         self.policy_cfg: AutoscalingConfig = cfg.policy
         self.subjects = subjects
         self.state = DeploymentState(app, cfg.name, version, id_prefix=id_prefix)
+        self.state.rollout = cfg.rollout
         self.index = ReplicaIndex()
         self.metrics = DeploymentMetrics(self.index, self.policy_cfg.metrics_interval_s)
         self.health = self._registry()
@@ -120,6 +121,7 @@ class ManagedDeployment:
         self.health = self._registry()
         self._follow_in_full = True
         self.kv.set_spec(version, cfg.replica_spec())
+        self.state.rollout = cfg.rollout
         self.state.set_version(version)
 
     def _registry(self) -> HealthRegistry:

@@ -83,7 +83,7 @@ Contribution = tuple[ReplicaState, bool, bool]
 class RecordSets:
     __slots__ = (
         "_seen", "condemned", "draining_clean", "live", "old", "running", "running_condemned",
-        "running_current", "version", "waiting",
+        "running_current", "version", "waiting", "waiting_current",
     )  # fmt: skip
 
     def __init__(self, version: str) -> None:
@@ -92,6 +92,8 @@ class RecordSets:
         """Not draining, in the order they became live (creation order)."""
         self.waiting: dict[str, ReplicaRecord] = {}
         """PENDING or STARTING."""
+        self.waiting_current = 0
+        """Waiting replicas of the current version (the rest of `waiting` are old)."""
         self.running: dict[str, ReplicaRecord] = {}
         self.old: dict[str, ReplicaRecord] = {}
         """Live replicas of another version than the deployment's."""
@@ -141,6 +143,8 @@ class RecordSets:
         self.condemned += sign * verdict
         if state is ReplicaState.DRAINING:
             self.draining_clean += sign * (not verdict)
+        elif state is not ReplicaState.RUNNING:
+            self.waiting_current += sign * current
         elif state is ReplicaState.RUNNING:
             if verdict:
                 self.running_condemned += sign

@@ -246,7 +246,7 @@ def test_autoscaling_value_problems(line: str, path: str, message: str) -> None:
         ("min_replicas: 1", "min_replicas", "it belongs under autoscaling_config"),
         ("max_concurrent_queries: 4", "max_concurrent_queries", "use 'max_ongoing_requests'"),
         ("ray_actor_options: {num_cpus: 1}", "ray_actor_options", "Ray Serve option"),
-        ("colour: red", "colour", "unknown key 'colour' (known keys: name, import_path"),
+        ("shade: red", "shade", "unknown key 'shade' (known keys: name, import_path"),
     ],
 )
 def test_deployment_value_problems(line: str, key: str, message: str) -> None:
