@@ -21,7 +21,8 @@ ones start into the room left. So at the defaults (1, 0) one new replica is in f
 one drains per new one running; with U > 0 up to U old ones drain before their successors run.
 A target moved by the autoscaler mid-rollout moves both bounds; new replicas above a lower target
 drain (starting ones first). Draining replicas count against neither bound (they are out of
-membership already and leave on their own).
+membership already and leave on their own). A tick starts and drains at most ROLLOUT_STEP
+replicas each, so a large surge is reached over a few ticks, not in one long one.
 
 Status follows the brief: UPDATING until the current version first meets its target (or during a
 rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING),
@@ -52,6 +53,10 @@ __all__ = ["DeploymentState", "DeploymentStatus", "ReplicaRecord", "ReplicaState
 STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
 UNHEALTHY_HOLD_S = 30.0
+ROLLOUT_STEP = 128
+"""A rollout tick starts at most this many replicas and drains at most this many: a change costs
+~25 us of tick (its record, index slot, KV put), so a 25% surge of 16,384 replicas would be a
+0.1-0.2 s tick at once; 128 of each keep a tick near 5 ms and still start 1,280 replicas/s."""
 
 
 class DeploymentStatus(enum.Enum):
@@ -282,24 +287,26 @@ class DeploymentState:
         routable = len(view.running) - view.running_condemned
         old_live, new_count = len(view.old), view.new_count
         events: list[StateEvent] = []
+        drains = ROLLOUT_STEP  # what this tick may still drain
         # old replicas still starting will never serve this version: stopping them costs no
         # routable replica and frees their room (a new version arriving mid-rollout)
-        old_waiting = len(view.waiting) - new_waiting
-        if old_waiting:
-            stale = [r for r in view.waiting.values() if r.version != self.version]
+        if len(view.waiting) > new_waiting:
+            stale = [r for r in view.waiting.values() if r.version != self.version][:drains]
             events += self._drain(stale, now, "replaced by new version")
             old_live -= len(stale)
+            drains -= len(stale)
         # an old routable replica retires whenever the floor allows it
-        floor = target - unavailable
-        retire = min(routable - new_running, routable - floor)
+        retire = min(routable - new_running, routable - (target - unavailable), drains)
         retired = self._oldest_old(view, retire)
         events += self._drain(retired, now, "replaced by new version")
         old_live -= len(retired)
+        drains -= len(retired)
         if new_count > target:  # the target fell mid-rollout: the newest new ones go first
-            events += self._drain_new(view, new_count - target, now)
-            new_count = target
+            surplus = self._drain_new(view, min(new_count - target, drains), now)
+            events += surplus
+            new_count -= len(surplus)
         room = target + surge - old_live - new_count
-        for _ in range(min(target - new_count, room)):
+        for _ in range(min(target - new_count, room, ROLLOUT_STEP)):
             rec = self._new_replica(now)
             events.append(StateEvent("replica_added", rec.replica_id, f"rollout to {self.version}"))
         return events

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.controller.deployment_state import DeploymentState, ReplicaRecord, ReplicaState
+from services.controller.deployment_state import (
+    ROLLOUT_STEP,
+    DeploymentState,
+    ReplicaRecord,
+    ReplicaState,
+)
 from shared.rollout import RolloutConfig
 
 
@@ -105,6 +110,19 @@ def test_surge_starts_that_many_at_once_and_retires_as_they_run() -> None:
     assert sorted(r.order for r in drained) == [1, 2, 3]  # the oldest first
     ticks, _ = roll_to_the_end(d, 1.2, floor=16)
     assert ticks <= 6  # 16 / 4 waves, give or take the partial one
+
+
+def test_a_large_surge_is_reached_over_ticks_of_bounded_work() -> None:
+    d = deployment(1000, RolloutConfig(max_surge="50%", max_unavailable="20%"))
+    d.set_version("v2")
+    events = d.reconcile(1.0)
+    kinds = [e.kind for e in events]
+    assert kinds.count("replica_draining") == ROLLOUT_STEP  # of the 200 the floor allows
+    assert kinds.count("replica_added") == ROLLOUT_STEP
+    d.reconcile(1.1)
+    c = counts(d)
+    assert c.routable == 800 and c.new_waiting == 2 * ROLLOUT_STEP
+    roll_to_the_end(d, 1.2, floor=800)
 
 
 def test_max_unavailable_drains_before_successors_run_but_never_below_the_floor() -> None:
