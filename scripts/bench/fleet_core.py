@@ -38,6 +38,7 @@ import numpy as np
 from scripts.bench.common import result_line, write_json
 from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
+from services.agent.info import AgentInfo
 from services.controller.collector import Collector
 from services.controller.core import Action, ControllerCore, Probe
 from services.controller.kv_delta import DeleteDoc, PutDoc
@@ -91,7 +92,7 @@ def apps_config(n: int, apps: int, interval: float) -> dict[str, AppConfig]:
 class Offline:
     def __init__(
         self, n: int, deployments: int, interval: float, seed: int, *, apps: int = 0,
-        visit_all: bool = False, routers: int = 4, start_s: float = 0.0,
+        visit_all: bool = False, routers: int = 4, start_s: float = 0.0, agents: int = 0,
     ) -> None:  # fmt: skip
         self.core = ControllerCore(visit_all=visit_all)
         rng = np.random.default_rng(seed)
@@ -111,6 +112,12 @@ class Offline:
             for d in acfg.deployments:
                 self.sims[(app, d.name)] = DeploymentSim(cfg, d.name, counters, rng)
         self.configs = configs
+        # node agents with room for the fleet and a surge of it: placement on, as in a real
+        # fleet (the simulator runs whatever it is given, wherever it is placed)
+        room = -(-2 * n // agents) if agents else 0
+        self.agents = [AgentInfo(f"agent-{i:03d}", room, 0, "bench", 1, WALL0)
+                       for i in range(agents)]  # fmt: skip
+        self._announce()
         self.core.set_apps(configs, self.now)
         self.gc = GcInTicks()
         self.collector: Collector | None = None
@@ -119,6 +126,10 @@ class Offline:
         self.replaced = 0
         self.probes = 0
         """Probes the core sent: every replica here is healthy, so each one is a miss."""
+
+    def _announce(self) -> None:
+        for info in self.agents:
+            self.core.on_agent(info, self.now)
 
     def members(self) -> int:
         return sum(int(s.member_slots.size) for s in self.sims.values())
@@ -166,6 +177,7 @@ class Offline:
             self._apply(self.core.tick(self.now, WALL0 + self.now))
             for s in self.sims.values():
                 self._feed(s.tick(self.now, WALL0 + self.now, TICK_S))
+            self._announce()
             self.now += TICK_S
         for s in self.sims.values():
             s.set_interval(self.now)
@@ -179,6 +191,7 @@ class Offline:
                 for s in self.sims.values():
                     self._feed(s.tick(self.now, WALL0 + self.now, SIM_TICK_S))
                 self._churn(SIM_TICK_S)
+                self._announce()
             wall, cpu = time.perf_counter(), time.thread_time()
             self.gc.inside = True
             if prof is not None:
@@ -231,6 +244,7 @@ class Offline:
             if i % every == 0:
                 for s in self.sims.values():
                     self._feed(s.tick(self.now, WALL0 + self.now, SIM_TICK_S))
+                self._announce()
             wall, cpu = time.perf_counter(), time.thread_time()
             self.gc.inside = True
             actions = self.core.tick(self.now, WALL0 + self.now)
@@ -316,7 +330,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     built = time.perf_counter()
     off = Offline(
         args.replicas, args.deployments, args.interval, args.seed, apps=args.apps,
-        visit_all=visit_all, routers=args.routers, start_s=args.start_s,
+        visit_all=visit_all, routers=args.routers, start_s=args.start_s, agents=args.agents,
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
@@ -452,6 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--max-unavailable", default="0",
         help="the rollout's max_unavailable (one value, or one per --surge value)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--agents", type=int, default=0,
+        help="node agents (placement on; 0: off, replicas unplaced as in hand-run fleets)",
     )  # fmt: skip
     ap.add_argument(
         "--start-s", type=float, default=0.0,

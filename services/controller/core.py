@@ -503,14 +503,11 @@ class ControllerCore:
         waiting = [(m, rid) for _, m in managed for rid in m.waiting_for_agent()]
         if not waiting:
             return  # the usual tick: nothing to place, and no pass over every replica for load
-        load: Counter[str] = Counter(
-            r.agent_id
-            for table in (self.deployments, self.deleting)
-            for (app, _), m in table.items()
-            if app not in self.held
-            for r in m.state.replicas.values()
-            if r.agent_id
-        )
+        load: Counter[str] = Counter()
+        for table in (self.deployments, self.deleting):
+            for (app, _), m in table.items():
+                if app not in self.held:
+                    load.update(m.agent_load())  # kept by delta: no pass over the replicas
         chosen = self.placement.assign([rid for _, rid in waiting], load, now)
         for m, rid in waiting:
             agent = chosen.get(rid)

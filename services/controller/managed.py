@@ -22,6 +22,7 @@ and a status change, so a steady deployment costs no KV writes and one replaced 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +90,10 @@ class ManagedDeployment:
         self.kv.set_spec(version, cfg.replica_spec())
         self._changes = self.state.channel()
         """Records changed since the index, registry and metrics last followed them."""
+        self._placed = self.state.channel()
+        self._agent_of: dict[str, str] = {}
+        self._agent_load: Counter[str] = Counter()
+        """Replicas on each agent (see `agent_load`), and the agent each was counted on."""
         self._follow_in_full = True
         """The next follow looks at every record (first time, or a new registry)."""
         self._last_rule = ""
@@ -330,6 +335,23 @@ class ManagedDeployment:
 
     def _rpc_for(self, replica_id: str) -> str:
         return self.subjects.rpc(self.app, self.name, replica_id)
+
+    def agent_load(self) -> Counter[str]:
+        """How many of this deployment's replicas each agent runs, draining ones included (a
+        slot is free once the process exited), kept by delta: O(records changed since)."""
+        replicas, load = self.state.replicas, self._agent_load
+        for rid in self._placed:
+            old = self._agent_of.pop(rid, "")
+            if old:
+                load[old] -= 1
+                if not load[old]:
+                    del load[old]
+            rec = replicas.get(rid)
+            if rec is not None and rec.agent_id:
+                self._agent_of[rid] = rec.agent_id
+                load[rec.agent_id] += 1
+        self._placed.clear()
+        return load
 
     def waiting_for_agent(self) -> list[str]:
         """PENDING replicas without an agent, in start order (a look at the waiting ones only)."""

@@ -3,7 +3,7 @@ version mid-rollout, and a property test over random event sequences."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,3 +275,35 @@ def test_property_floor_surge_and_completion(
     roll_to_the_end(d, now, floor=0)
     c = counts(d)
     assert c.old == 0 and c.new == d.target == c.routable
+
+
+def test_placement_during_a_rollout_counts_agent_load_by_delta() -> None:
+    """With node agents, each new replica of a rollout is placed by the agents' load, which the
+    core keeps by delta (a pass over every replica at every placing tick was the rollout's
+    cost): the load always equals a full count, and no agent goes over its capacity."""
+    from collections import Counter
+
+    from tests.unit.test_controller_core import Sim, agent, app_with
+
+    base = app_with(num_replicas=6)
+    dep = replace(base.deployments[0], rollout=RolloutConfig(max_surge=2))
+    sim = Sim(replace(base, deployments=(dep,)))
+    m = sim.core.deployments[("shop", "Model")]
+    for _ in range(2):
+        sim.core.on_agent(agent("a", 4), sim.t)
+        sim.core.on_agent(agent("b", 4), sim.t)
+        sim.tick()
+    sim.start_all()
+    sim.core.set_apps({"shop": replace(sim.core.apps["shop"], version="v2")}, sim.t)
+    for _ in range(60):
+        sim.core.on_agent(agent("a", 4), sim.t)
+        sim.core.on_agent(agent("b", 4), sim.t)
+        for rid, rec in list(m.state.replicas.items()):
+            if rec.state is ReplicaState.DRAINING:
+                sim.lifecycle(rid, "exited")
+        sim.start_all()
+        full = Counter(r.agent_id for r in m.state.replicas.values() if r.agent_id)
+        assert m.agent_load() == full
+        assert all(n <= 4 for n in full.values())
+    assert {r.version for r in m.state.replicas.values()} == {"v2"}
+    assert len(sim.membership) == 6
