@@ -40,6 +40,7 @@ at all, and one changed replica costs O(1) (a rollout re-sorts old from new once
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,8 @@ __all__ = ["DeploymentState", "DeploymentStatus", "ReplicaRecord", "ReplicaState
 STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
 UNHEALTHY_HOLD_S = 30.0
+EARLY_S = 1e-6
+"""Start timeouts are looked for this much early (float rounding of `now - since`)."""
 ROLLOUT_STEP = 128
 """A rollout tick starts at most this many replicas and drains at most this many: a change costs
 ~25 us of tick (its record, index slot, KV put), so a 25% surge of 16,384 replicas would be a
@@ -101,6 +104,8 @@ class DeploymentState:
     """Old-version replicas, newest first (popped from the end), for the rollout in progress."""
     _retire_version: str | None = field(default=None, repr=False, compare=False)
     rollout: RolloutConfig = DEFAULT_ROLLOUT
+    _starts_due: float = field(default=-math.inf, repr=False, compare=False)
+    """No waiting replica's start times out before this (`_time_out_starts`)."""
 
     def __post_init__(self) -> None:
         self._rev.channels += [self._sets_changes, self._kv_changes]
@@ -137,6 +142,7 @@ class DeploymentState:
             rid, self.version, ReplicaState.PENDING, now, self._next_order, rev=self._rev
         )
         self.replicas[rid] = rec
+        self._waits_from(now)
         return rec
 
     def adopt(
@@ -148,9 +154,11 @@ class DeploymentState:
             return
         self._next_order = max(self._next_order + 1, order)
         self._next_id = max(self._next_id, id_number)
-        self.replicas[replica_id] = ReplicaRecord(
+        rec = ReplicaRecord(
             replica_id, version, ReplicaState.PENDING, now, order or self._next_order, rev=self._rev
         )
+        self.replicas[replica_id] = rec
+        self._waits_from(now)
 
     # -- lifecycle input ---------------------------------------------------------------------
 
@@ -166,6 +174,7 @@ class DeploymentState:
             rec.rpc_subject = rpc_subject
         if state == "starting" and rec.state is ReplicaState.PENDING:
             rec.state, rec.since = ReplicaState.STARTING, now
+            self._waits_from(now)
         elif state == "ready" and rec.state in (ReplicaState.PENDING, ReplicaState.STARTING):
             rec.state, rec.since = ReplicaState.RUNNING, now
             if rec.version == self.version:
@@ -249,7 +258,12 @@ class DeploymentState:
         return events
 
     def _time_out_starts(self, now: float) -> list[StateEvent]:
+        """Starts that took too long. The waiting replicas are looked at only once the earliest
+        of them could be due (a rollout keeps up to a surge of them waiting at every tick)."""
+        if now < self._starts_due:
+            return []
         events: list[StateEvent] = []
+        due = math.inf
         for rec in list(self.view().waiting.values()):
             if now - rec.since >= STARTUP_TIMEOUT_S:
                 self._remove(rec.replica_id)
@@ -258,7 +272,14 @@ class DeploymentState:
                 events.append(
                     StateEvent("start_timeout", rec.replica_id, f"{STARTUP_TIMEOUT_S:g} s")
                 )
+            else:
+                due = min(due, rec.since)
+        self._starts_due = due + STARTUP_TIMEOUT_S - EARLY_S
         return events
+
+    def _waits_from(self, now: float) -> None:
+        """A replica waits (again) from `now`: its start times out no earlier than that."""
+        self._starts_due = min(self._starts_due, now + STARTUP_TIMEOUT_S - EARLY_S)
 
     def _resize(self, view: RecordSets, now: float) -> list[StateEvent]:
         events: list[StateEvent] = []

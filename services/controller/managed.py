@@ -356,11 +356,8 @@ class ManagedDeployment:
     def waiting_for_agent(self) -> list[str]:
         """PENDING replicas without an agent, in start order (a look at the waiting ones only)."""
         waiting = self.state.view().waiting.values()
-        return [
-            r.replica_id
-            for r in sorted(waiting, key=lambda r: r.order)
-            if r.state is ReplicaState.PENDING and not r.agent_id
-        ]
+        unplaced = [r for r in waiting if r.state is ReplicaState.PENDING and not r.agent_id]
+        return [r.replica_id for r in sorted(unplaced, key=lambda r: r.order)]
 
     def lose_agent(self, agent_id: str, now: float) -> list[StateEvent]:
         """The agent is gone and its replicas with it: replace them."""

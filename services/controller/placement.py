@@ -13,6 +13,7 @@ how tests and hand-run replicas work without agents.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -57,22 +58,17 @@ class Placement:
         return lost
 
     def assign(self, waiting: Iterable[str], load: Counter[str], now: float) -> dict[str, str]:
-        """replica id -> agent id for the waiting replicas that fit somewhere (in order)."""
-        live = self.live(now)
+        """replica id -> agent id for the waiting replicas that fit somewhere (in order): each
+        to the agent with the most free capacity, ties to the smallest id. A heap of (free
+        capacity, id), so placing a rollout's batch costs O(batch x log agents)."""
+        free = [(-(a.capacity - load[a.agent_id]), a.agent_id) for a in self.live(now).values()]
+        heapq.heapify(free)
         out: dict[str, str] = {}
         for rid in waiting:
-            best = max(
-                (a for a in live.values() if a.capacity - load[a.agent_id] > 0),
-                key=lambda a: (a.capacity - load[a.agent_id], _neg(a.agent_id)),
-                default=None,
-            )
-            if best is None:
-                break
-            out[rid] = best.agent_id
-            load[best.agent_id] += 1
+            if not free or free[0][0] >= 0:
+                break  # the agent with the most room has none
+            room, agent_id = free[0]
+            out[rid] = agent_id
+            load[agent_id] += 1
+            heapq.heapreplace(free, (room + 1, agent_id))
         return out
-
-
-def _neg(agent_id: str) -> tuple[int, ...]:
-    # max() picks the largest; invert the id so that ties go to the smallest id
-    return tuple(-ord(c) for c in agent_id)

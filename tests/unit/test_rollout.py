@@ -307,3 +307,22 @@ def test_placement_during_a_rollout_counts_agent_load_by_delta() -> None:
         assert all(n <= 4 for n in full.values())
     assert {r.version for r in m.state.replicas.values()} == {"v2"}
     assert len(sim.membership) == 6
+
+
+def test_start_timeouts_come_on_time_and_the_waiting_are_looked_at_only_then() -> None:
+    from services.controller.deployment_state import STARTUP_TIMEOUT_S
+
+    d = DeploymentState("app", "dep", "v1", id_prefix="dep-x")
+    d.target = 2
+    d.reconcile(0.0)
+    late = sorted(d.replicas)[1]
+    d.on_lifecycle(late, "starting", 50.0)  # its wait starts again at 50
+    waiting_ = Counting(d.view().waiting)
+    d.view().waiting = waiting_
+    for t in (1.0, 60.0, STARTUP_TIMEOUT_S - 0.1):
+        assert d.reconcile(t) == [] and waiting_.iterated == 0
+    events = d.reconcile(STARTUP_TIMEOUT_S)
+    assert [e.kind for e in events][:1] == ["start_timeout"] and late in d.replicas
+    assert [e.replica_id for e in events if e.kind == "start_timeout"] != [late]
+    kinds = [e.kind for e in d.reconcile(50.0 + STARTUP_TIMEOUT_S)]
+    assert kinds.count("start_timeout") == 1 and late not in d.replicas
