@@ -354,9 +354,9 @@ class ManagedDeployment:
         return load
 
     def waiting_for_agent(self) -> list[str]:
-        """PENDING replicas without an agent, in start order (a look at the waiting ones only)."""
-        waiting = self.state.view().waiting.values()
-        unplaced = [r for r in waiting if r.state is ReplicaState.PENDING and not r.agent_id]
+        """PENDING replicas without an agent, in start order (a look at the pending ones only:
+        not those starting, which a rollout keeps up to a surge of)."""
+        unplaced = [r for r in self.state.view().pending.values() if not r.agent_id]
         return [r.replica_id for r in sorted(unplaced, key=lambda r: r.order)]
 
     def lose_agent(self, agent_id: str, now: float) -> list[StateEvent]:
