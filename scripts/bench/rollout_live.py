@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_STATUS, KV_TARGETS
 
-from .common import ROOT, result_line, write_json
+from .common import cli_deploy, result_line, start_service, stop_services, write_json
 
 APP, DEPLOYMENT = "roll", "Echo"
 LISTENING_RE = re.compile(r"proxy: listening on (http://\S+)")
@@ -89,13 +88,7 @@ class Stack:
         self.proxy_url = ""
 
     def _start(self, args: Sequence[str], log: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        with open(self.tmp / log, "wb") as out:
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-                )
-            )
+        self.procs.append(start_service(args, self.tmp / log))
 
     def start(self) -> None:
         self.server.start()
@@ -147,27 +140,10 @@ class Stack:
                 delay_s=delay_s,
             )
         )
-        res = subprocess.run(
-            [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", self.server.url],
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"deploy failed: {res.stdout}{res.stderr}")
+        cli_deploy(path, self.server.url)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_services(self.procs)
         self.server.stop()
 
 
