@@ -77,7 +77,7 @@ _DEFAULT: Mapping[str, int | str] = {p.name: p.default for p in PARAMS}
 
 
 def _is_zero(value: int | str) -> bool:
-    return value in (0, "0%")
+    return (value if isinstance(value, int) else int(value.removesuffix("%"))) == 0
 
 
 @dataclass(frozen=True, slots=True)

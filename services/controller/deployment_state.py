@@ -26,8 +26,9 @@ replicas each, so a large surge is reached over a few ticks, not in one long one
 
 Status follows the brief: UPDATING until the current version first meets its target (or during a
 rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING),
-HEALTHY when the target is met with healthy replicas (target 0 reached counts), UPSCALING / DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy
-again, DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
+HEALTHY when the target is met with healthy replicas (target 0 reached counts), UPSCALING /
+DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy again,
+DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
 
 Cost: every tick asks for the live set, the running ids, the counts and the status, and at tens
 of thousands of replicas a pass over the records each time is the whole control loop. So what is

@@ -2,11 +2,12 @@
 
 The document is `AppConfig` (shared/appconfig.py) as JSON: the app's fields, `deployments` a list
 of deployment objects, each with an `autoscaling` object or null and a `rollout` object (absent:
-the defaults). Writer: `fleetpulse deploy` (revision-checked). Readers: controllers, the proxy, `fleetpulse status`.
+the defaults). Writer: `fleetpulse deploy` (revision-checked). Readers: controllers, the proxy,
+`fleetpulse status`.
 
-Every reader ignores fields it does not know at every level (app, deployment, autoscaling, rollout), so a
-newer CLI that adds a setting never makes an older controller drop the app; an absent field takes
-its default. The fields and their types are read off the config dataclasses, so a field added
+Every reader ignores fields it does not know at every level (app, deployment, autoscaling,
+rollout), so a newer CLI that adds a setting never makes an older controller drop the app; an
+absent field takes its default. The fields and their types are read off the config dataclasses, so a field added
 there is written and read with no change here. A value whose fields decode but that is not a
 valid app (min_replicas above max_replicas, ...) is `bad_value` as well: the config's own checks
 (`__post_init__`) decide, in one place.

@@ -47,7 +47,7 @@ def test_budget_resolves_counts_and_percentages(
         ({"max_unavailable": 1.5}, "max_unavailable", "must be a count (like 2)"),
         ({"max_surge": True}, "max_surge", "must be a count"),
         ({"max_surge": 0}, "max_surge", "cannot both be 0"),
-        ({"max_surge": "0%", "max_unavailable": "0%"}, "max_surge", "cannot both be 0"),
+        ({"max_surge": "0%", "max_unavailable": "00%"}, "max_surge", "cannot both be 0"),
     ],
 )
 def test_bad_values_name_the_field(kwargs: dict[str, object], field: str, message: str) -> None:
