@@ -31,6 +31,7 @@ from shared.kv.routes import DeploymentRouteDoc, RouteDoc
 from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.replicaspec import ReplicaSpec
+from shared.rollout import RolloutConfig
 
 T0 = 1_712_345_678.5
 LOGS = {"log_level": "INFO", "encoding": "JSON", "enable_access_log": True, "logs_dir": None}
@@ -47,6 +48,7 @@ SHOP = AppConfig(
             env={"MODEL_ID": "small-v2"},
             user_config={"temperature": 0.7},
             autoscaling=AutoscalingConfig(min_replicas=0, max_replicas=16, upscale_delay_s=5.0),
+            rollout=RolloutConfig(max_surge="25%", max_unavailable=1),
         ),
         DeploymentConfig(
             "ranker",
@@ -348,6 +350,34 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
             ),
             "bad_value",
             "a custom policy must be 'package.module:function'",
+        ),
+        (
+            "app_rollout_both_zero",
+            "app",
+            with_(
+                app,
+                deployments=[
+                    {**app["deployments"][0], "rollout": {"max_surge": 0, "max_unavailable": "0%"}}
+                ],
+            ),
+            "bad_value",
+            "the config's own checks: a rollout that could never move",
+        ),
+        (
+            "app_rollout_percent_without_sign",
+            "app",
+            with_(app, deployments=[{**app["deployments"][0], "rollout": {"max_surge": "25"}}]),
+            "bad_value",
+            "a percentage needs its '%'",
+        ),
+        (
+            "app_rollout_bool",
+            "app",
+            with_(
+                app, deployments=[{**app["deployments"][0], "rollout": {"max_unavailable": True}}]
+            ),
+            "wrong_type",
+            "",
         ),
         ("agent_bool_capacity", "agent", with_(agent, capacity=True), "wrong_type", ""),
         (

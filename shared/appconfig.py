@@ -17,6 +17,7 @@ from typing import Any
 from shared import replicaspec
 from shared.errors import ConfigError, UsageError
 from shared.replicaspec import ReplicaSpec
+from shared.rollout import RolloutConfig
 from shared.subjects import validate_name
 
 IMPORT_PATH_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -131,6 +132,8 @@ class DeploymentConfig:
     num_replicas: int | None = None
     """A fixed size (default 1 when no autoscaling_config is given)."""
     autoscaling: AutoscalingConfig | None = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How a new version rolls out (fleetpulse's own key; shared.rollout)."""
 
     def __post_init__(self) -> None:
         validate_name(self.name, "deployment name")

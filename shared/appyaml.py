@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import logconfig, replicaspec, resources
+from shared import logconfig, replicaspec, resources, rollout
 from shared.appconfig import (
     IMPORT_PATH_RE,
     REPLICA_FIELDS,
@@ -335,6 +335,7 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "push_metrics": _boolean,
     "num_replicas": _replica_count,
     "autoscaling_config": None,
+    "rollout": None,
     "user_config": None,
     "ray_actor_options": None,
     "max_replicas_per_node": _Number(integer=True, low=1, nullable=True),
@@ -371,6 +372,20 @@ _AUTOSCALING_KEYS: dict[str, Conv | None] = {
     "policy": None,
 }
 _POLICY_KEYS: dict[str, Conv | None] = {"policy_function": _import_path}
+
+
+def _rollout_amount(param: rollout.Param) -> Conv:
+    def check(value: Any) -> int | str:
+        problem = param.problem(value)
+        if problem is not None:
+            raise _Bad(problem)
+        converted: int | str = value
+        return converted
+
+    return check
+
+
+_ROLLOUT_KEYS: dict[str, Conv | None] = {p.name: _rollout_amount(p) for p in rollout.PARAMS}
 
 
 def _line(node: Node) -> int | None:
@@ -650,6 +665,10 @@ class _Checker:
         if "logging_config" in d.nodes:
             logs = self.logging_config(d.nodes["logging_config"], f"{path}.logging_config")
             kwargs["logging_config"] = logs or {}
+        if "rollout" in d.nodes:
+            strategy = self.rollout_strategy(d.nodes["rollout"], f"{path}.rollout")
+            if strategy is not None:
+                kwargs["rollout"] = strategy
         if len(self.problems) != before or not {"name", "import_path"} <= kwargs.keys():
             return None  # (a bad name or import_path was reported by mapping())
         return self.build(path, d, lambda: DeploymentConfig(**kwargs, autoscaling=scaling))
@@ -732,6 +751,14 @@ class _Checker:
             return None
         return logconfig.normalise(m.values)
 
+    def rollout_strategy(self, node: Node, path: str) -> rollout.RolloutConfig | None:
+        """fleetpulse's `rollout: {max_surge, max_unavailable}` (shared.rollout)."""
+        before = len(self.problems)
+        m = self.mapping(node, path, _ROLLOUT_KEYS)
+        if m is None or len(self.problems) != before:
+            return None
+        return self.build(path, m, lambda: rollout.RolloutConfig(**m.values))
+
     def policy(self, node: Node, path: str) -> str | None:
         """Ray Serve's `policy: {policy_function: 'package.module:function'}`."""
         before = len(self.problems)
@@ -808,6 +835,8 @@ def _unknown_key(key: str, known: Mapping[str, object]) -> str:
         return f"unknown key {key!r} here (it belongs under autoscaling_config)"
     if key in _DEPLOYMENT_LEVEL and key not in known:
         return f"unknown key {key!r} here (set it per deployment, under deployments[])"
+    if key in _ROLLOUT_KEYS and "rollout" in known:
+        return f"unknown key {key!r} here (it belongs under rollout)"
     if key in _RENAMED and _RENAMED[key] in known:
         return f"unknown key {key!r} (Ray Serve's older name; use {_RENAMED[key]!r})"
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=SUGGESTION_CUTOFF)

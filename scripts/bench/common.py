@@ -69,3 +69,40 @@ def machine_facts() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "commit": commit,
     }
+
+
+def start_service(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """A service process (`python ARGS`) of the tree, its output in `log`."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def stop_services(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM to each, then wait; what does not stop in time is killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def cli_deploy(path: Path, nats_url: str) -> None:
+    """`fleetpulse deploy PATH`; RuntimeError with its output if it fails."""
+    import os
+
+    res = subprocess.run(
+        [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", nats_url],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise RuntimeError(f"deploy failed: {res.stdout}{res.stderr}")

@@ -11,7 +11,10 @@ collector runs inside a tick are counted by generation (gc callbacks).
 Shapes: `--deployments D` splits the replicas over D deployments of one app; `--apps N` makes
 N apps of one deployment each instead (10,000 apps x 4 replicas: `--apps 10000 --replicas 40000`);
 `--churn P` replaces P% of the replicas per minute (each crashes: its process exits) during the
-measured window. `--compare` runs the same fleet twice in one process, visiting every deployment
+measured window. `--roll` then rolls the first app to a new version with the rollout settings
+`--surge` / `--max-unavailable` (comma lists roll once per value, one after the other on the same
+fleet), replicas taking `--start-s` to become ready: completion time, the fewest routable
+replicas against the floor (target - max_unavailable), the most new ones in flight, tick times. `--compare` runs the same fleet twice in one process, visiting every deployment
 at every tick and then only the due ones (the schedule), for a before/after in one run.
 
     .venv/bin/python -m scripts.bench.fleet_core [--replicas 16384] [--interval 1] [--profile]
@@ -44,6 +47,7 @@ from shared.appconfig import AppConfig
 from shared.kv import buckets, envelope
 from shared.kv.membership import Member, parse_member_key
 from shared.kv.targets import ReplicaTarget, TargetKey
+from shared.rollout import RolloutConfig
 from shared.wire.codec import encode
 from shared.wire.messages import Lifecycle
 
@@ -89,7 +93,8 @@ def apps_config(n: int, apps: int, interval: float) -> dict[str, AppConfig]:
 class Offline:
     def __init__(
         self, n: int, deployments: int, interval: float, seed: int, *, apps: int = 0,
-        visit_all: bool = False, routers: int = 4, agents: int = 0,
+        visit_all: bool = False, routers: int = 4, start_s: float = 0.0, agents: int = 0,
+        agent_room: float = 1.25,
     ) -> None:  # fmt: skip
         self.core = ControllerCore(visit_all=visit_all)
         rng = np.random.default_rng(seed)
@@ -100,13 +105,13 @@ class Offline:
             configs = apps_config(n, apps, interval)
         else:
             configs = {"bench": app_config(n, deployments, interval)}
-        slots = -(-n * 5 // 4 // agents) if agents else 0
+        slots = math.ceil(n * agent_room / agents) if agents else 0
         offer = {"cpus": float(slots), "gpus": float(-(-slots // 10))}
         self.agents = [
             AgentInfo(f"agent-{i:05d}", slots, 0, "host", 1, 0.0, offer) for i in range(agents)
         ]
         """With agents, placement is on and every replica asks for a CPU and a tenth of a GPU:
-        the fleet fills them to 80%."""
+        the fleet fills them to 1 / agent_room (80%; a rollout gets room for a surge)."""
         if agents:
             ask = {"cpus": 1.0, "gpus": 0.1}
             configs = {
@@ -122,11 +127,12 @@ class Offline:
         for app, acfg in configs.items():
             cfg = SimConfig(
                 app, HEALTH_PERIOD_S, interval, routers_per_deployment=routers,
-                max_payload=64 << 20,
+                max_payload=64 << 20, start_s=start_s,
             )  # fmt: skip
             for d in acfg.deployments:
                 self.sims[(app, d.name)] = DeploymentSim(cfg, d.name, counters, rng)
         self.configs = configs
+        self.announce()
         self.core.set_apps(configs, self.now)
         self.gc = GcInTicks()
         self.collector: Collector | None = None
@@ -235,16 +241,22 @@ class Offline:
             self._feed([sim._lifecycle(victim, sim.versions.get(victim, ""), "exited", wall, 1)])
             self.replaced += 1
 
-    def roll(self, limit_s: float) -> dict[str, Any]:
-        """A new version of the first app: ticks until no replica of the old version is left
-        (or `limit_s` of virtual time), with the fewest routable replicas seen meanwhile."""
+    def roll(self, limit_s: float, version: str, rollout: RolloutConfig) -> dict[str, Any]:
+        """A new version (and rollout settings) of the first app: ticks until no replica of the
+        old version is left (or `limit_s` of virtual time), with the fewest routable replicas
+        (the routers' membership) and the most new ones in flight seen meanwhile."""
         app, acfg = next(iter(self.configs.items()))
-        self.core.set_apps({**self.configs, app: dataclasses.replace(acfg, version="v2")}, self.now)
+        deps = tuple(dataclasses.replace(d, rollout=rollout) for d in acfg.deployments)
+        self.configs = {**self.configs, app: dataclasses.replace(acfg, deployments=deps,
+                                                                  version=version)}  # fmt: skip
+        self.core.set_apps(self.configs, self.now)
         key = (app, acfg.deployments[0].name)
         m, sim = self.core.deployments[key], self.sims[key]
         target = m.state.target
-        started, rows, fewest = self.now, [], target
+        surge, unavailable = rollout.budget(target)
+        started, rows, fewest, in_flight, most_live = self.now, [], target, 0, target
         every = round(SIM_TICK_S / TICK_S)
+        self.gc.count.clear()
         i = 0
         while self.now - started < limit_s:
             self.announce()
@@ -259,16 +271,25 @@ class Offline:
             self._apply(actions)
             self.now += TICK_S
             i += 1
-            fewest = min(fewest, int(sim.member_slots.size))
             view = m.state.view()
+            fewest = min(fewest, int(sim.member_slots.size))
+            in_flight = max(in_flight, view.waiting_current)
+            most_live = max(most_live, len(view.live))
             if not view.old and view.running_current >= target:
                 break
         ms, cpu = (np.asarray(rows) * 1e3).T
         return {
             "replicas": target,
+            "max_surge": rollout.max_surge,
+            "max_unavailable": rollout.max_unavailable,
+            "surge_n": surge,
+            "floor": target - unavailable,
             "done": not m.state.view().old,
             "virtual_s": round(self.now - started, 1),
             "fewest_routable": fewest,
+            "most_in_flight": in_flight,
+            "most_live": most_live,
+            "ticks": len(ms),
             "p50_ms": round(float(np.percentile(ms, 50)), 3),
             "p99_ms": round(float(np.percentile(ms, 99)), 3),
             "max_ms": round(float(ms.max()), 3),
@@ -327,7 +348,8 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     built = time.perf_counter()
     off = Offline(
         args.replicas, args.deployments, args.interval, args.seed, apps=args.apps,
-        visit_all=visit_all, routers=args.routers, agents=args.agents,
+        visit_all=visit_all, routers=args.routers, start_s=args.start_s, agents=args.agents,
+        agent_room=2.0 if args.roll else 1.25,
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
@@ -391,21 +413,47 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
             kv_bytes=int(rows[:, 3].sum()), members=off.members(),
         )  # fmt: skip
     if args.roll:
-        off.gc.count.clear()
-        r = off.roll(args.roll_limit_s)
-        row["roll"] = r
-        print(
-            f"rolling update of {r['replicas']} replicas (surge 1): "
-            f"{'done' if r['done'] else 'NOT done'} in {r['virtual_s']} virtual s, fewest routable "
-            f"{r['fewest_routable']}, tick p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max "
-            f"{r['max_ms']:.2f} ms (CPU p99 {r['cpu_p99_ms']:.2f}), {r['gc2_in_ticks']} full "
-            "collections in ticks"
-        )
+        row["roll"] = []
+        for n, (surge, unavailable) in enumerate(rollouts(args), start=2):
+            r = off.roll(args.roll_limit_s, f"v{n}", RolloutConfig(surge, unavailable))
+            row["roll"].append(r)
+            print(
+                f"rolling update of {r['replicas']} replicas, max_surge {r['max_surge']} "
+                f"({r['surge_n']}), max_unavailable {r['max_unavailable']} (floor {r['floor']}), "
+                f"replicas start in {args.start_s:g} s: {'done' if r['done'] else 'NOT done'} in "
+                f"{r['virtual_s']} virtual s ({r['ticks']} ticks), fewest routable "
+                f"{r['fewest_routable']}, most in flight {r['most_in_flight']}, most live "
+                f"{r['most_live']}; tick p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} max "
+                f"{r['max_ms']:.2f} ms (CPU p99 {r['cpu_p99_ms']:.2f}), {r['gc2_in_ticks']} full "
+                "collections in ticks"
+            )
+            result_line(
+                "fleet_core_roll", replicas=r["replicas"], max_surge=r["max_surge"],
+                max_unavailable=r["max_unavailable"], start_s=args.start_s, done=r["done"],
+                virtual_s=r["virtual_s"], fewest_routable=r["fewest_routable"],
+                floor=r["floor"], p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], max_ms=r["max_ms"],
+            )  # fmt: skip
     if off.collector is not None:
         off.collector.close()
         gc.unfreeze()
     del off
     return row
+
+
+def rollouts(args: argparse.Namespace) -> list[tuple[int | str, int | str]]:
+    """The (max_surge, max_unavailable) of each rollout, in order: `--surge 1,25%` rolls twice,
+    one after the other on the same fleet (a baseline in the same run)."""
+    surges = [_amount(a) for a in args.surge.split(",")]
+    unavailable = [_amount(a) for a in args.max_unavailable.split(",")]
+    if len(unavailable) == 1:
+        unavailable *= len(surges)
+    if len(unavailable) != len(surges):
+        raise SystemExit("--max-unavailable: one value, or one per --surge value")
+    return list(zip(surges, unavailable, strict=True))
+
+
+def _amount(text: str) -> int | str:
+    return text if text.endswith("%") else int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -434,6 +482,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--objects", action="store_true", help="only count objects per replica")
     ap.add_argument("--roll", action="store_true", help="then roll the first app to a new version")
     ap.add_argument("--roll-limit-s", type=float, default=7200.0, help="virtual seconds")
+    ap.add_argument(
+        "--surge", default="1",
+        help="the rollout's max_surge (a count or 'P%%'); a comma list rolls once per value",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-unavailable", default="0",
+        help="the rollout's max_unavailable (one value, or one per --surge value)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--start-s", type=float, default=0.0,
+        help="seconds a new replica takes to become ready (0: by the next simulator tick)",
+    )  # fmt: skip
     ap.add_argument(
         "--replace", action="store_true",
         help="then crash one replica and measure the ticks until it is replaced",

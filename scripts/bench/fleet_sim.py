@@ -87,6 +87,8 @@ class SimConfig:
     push_share: float = 0.01
     max_payload: int = 1_048_576
     columnar_min_replicas: int = DEFAULT_COLUMNAR_MIN_REPLICAS
+    start_s: float = 0.0
+    """How long a new replica takes from `starting` to `ready` (0: by the next tick)."""
 
     @property
     def freshness_s(self) -> float:
@@ -324,8 +326,10 @@ class DeploymentSim:
     def _become_ready(self, now: float, wall: float, out: Outbox) -> None:
         if not self.starting:
             return
-        slots = np.array([s for _, s in self.starting], dtype=np.int64)
-        self.starting.clear()
+        cut = now - self.cfg.start_s
+        due = [s for t, s in self.starting if t <= cut]
+        self.starting = [(t, s) for t, s in self.starting if t > cut]
+        slots = np.array(due, dtype=np.int64)
         slots = slots[self.alive[slots]]
         for slot in slots.tolist():
             rid = self.ids[slot]

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.common import ROOT, print_table, result_line, write_json
+from scripts.bench.common import (
+    cli_deploy,
+    print_table,
+    result_line,
+    start_service,
+    stop_services,
+    write_json,
+)
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle, connect_handle
 from shared.kv.status import AppStatusView
@@ -99,17 +104,7 @@ class Stack:
         self.bus: NatsBus | None = None
 
     def _start(self, args: list[str], log: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        out = open(self.log_dir / log, "wb")  # noqa: SIM115 - lives as long as the process
-        self.procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "services.cli", *args],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        )
+        self.procs.append(start_service(["-m", "services.cli", *args], self.log_dir / log))
 
     async def start(self) -> None:
         self.server.start()
@@ -125,13 +120,7 @@ class Stack:
     def deploy(self, app: str, min_replicas: int) -> None:
         path = self.log_dir / f"{app}.yaml"
         path.write_text(APP_YAML.format(app=app, min=min_replicas, latency=LATENCY_S))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        res = subprocess.run(
-            [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", self.server.url],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        if res.returncode != 0:
-            raise RuntimeError(f"deploy failed: {res.stderr}")
+        cli_deploy(path, self.server.url)
 
     async def model(self, app: str) -> tuple[int, int]:
         assert self.bus is not None
@@ -144,15 +133,7 @@ class Stack:
     async def stop(self) -> None:
         if self.bus is not None:
             await self.bus.close()
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_services(self.procs)
         self.server.stop()
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from shared.kv import buckets
 from shared.kv.membership import Member, member_key
-from shared.kv.targets import ReplicaTarget
+from shared.kv.targets import ReplicaTarget, target_key
 from shared.replicaspec import ReplicaSpec
 
 from .deployment_state import ReplicaRecord, ReplicaState
@@ -137,14 +137,15 @@ class KVDelta:
                 continue
             slot = self._slot(rid)
             rpc = rec.rpc_subject or rpc_for(rid)
-            if target:
-                doc = self._target(rec, slot, rpc)
-                if self.targets.get(rid) != doc.key:
-                    old = self.targets.get(rid)
-                    if old is not None:
-                        out.append(DeleteDoc(buckets.TARGETS.name, old))
-                    self.targets[rid] = doc.key
-                    out.append(PutDoc(buckets.TARGETS.name, doc.key, doc))
+            # a target is written when its key (agent, slot) changes; the document is built
+            # only then (a record changes several times while it starts: no doc each time)
+            key = target_key(rec.agent_id, self.app, self.deployment, slot) if target else None
+            if key is not None and self.targets.get(rid) != key:
+                old = self.targets.get(rid)
+                if old is not None:
+                    out.append(DeleteDoc(buckets.TARGETS.name, old))
+                self.targets[rid] = key
+                out.append(PutDoc(buckets.TARGETS.name, key, self._target(rec, slot, rpc)))
             written = (slot, rpc, self.report_interval_s, self.max_queued_requests)
             if member and self.members.get(rid) != written:
                 self.members[rid] = written

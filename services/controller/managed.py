@@ -77,6 +77,7 @@ class ManagedDeployment:
         self.policy_cfg: AutoscalingConfig = cfg.policy
         self.subjects = subjects
         self.state = DeploymentState(app, cfg.name, version, id_prefix=id_prefix)
+        self.state.rollout = cfg.rollout
         self.index = ReplicaIndex()
         self.metrics = DeploymentMetrics(self.index, self.policy_cfg.metrics_interval_s)
         self.health = self._registry()
@@ -125,6 +126,7 @@ class ManagedDeployment:
         self._follow_in_full = True
         self.kv.set_spec(version, cfg.replica_spec())
         self.kv.set_queue_bound(_queue_bound(cfg))
+        self.state.rollout = cfg.rollout
         self.state.set_version(version)
 
     def _registry(self) -> HealthRegistry:
@@ -347,11 +349,11 @@ class ManagedDeployment:
     def waiting_for_agent(self) -> list[Waiting]:
         """PENDING replicas without an agent, in start order, with what each asks for (its
         version's resources): a look at the waiting ones only."""
-        waiting = self.state.view().waiting.values()
+        pending = self.state.view().pending.values()  # not the starting ones a rollout keeps
         per_node = self.cfg.max_replicas_per_node
         out = []
-        for r in sorted(waiting, key=lambda r: r.order):
-            if r.state is ReplicaState.PENDING and not r.agent_id:
+        for r in sorted(pending, key=lambda r: r.order):
+            if not r.agent_id:
                 spec = self.kv.spec_of(r.version)
                 asked = spec.resources if spec is not None else self.cfg.resources
                 out.append(Waiting(r.replica_id, (self.app, self.name), asked, per_node))

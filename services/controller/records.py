@@ -84,8 +84,8 @@ Contribution = tuple[ReplicaState, bool, bool]
 
 class RecordSets:
     __slots__ = (
-        "_seen", "condemned", "draining_clean", "live", "old", "running", "running_condemned",
-        "running_current", "version", "waiting",
+        "_seen", "condemned", "draining_clean", "live", "old", "pending", "running",
+        "running_condemned", "running_current", "version", "waiting", "waiting_current",
     )  # fmt: skip
 
     def __init__(self, version: str) -> None:
@@ -94,6 +94,10 @@ class RecordSets:
         """Not draining, in the order they became live (creation order)."""
         self.waiting: dict[str, ReplicaRecord] = {}
         """PENDING or STARTING."""
+        self.pending: dict[str, ReplicaRecord] = {}
+        """PENDING: in fp_targets, not heard from (those without an agent are to be placed)."""
+        self.waiting_current = 0
+        """Waiting replicas of the current version (the rest of `waiting` are old)."""
         self.running: dict[str, ReplicaRecord] = {}
         self.old: dict[str, ReplicaRecord] = {}
         """Live replicas of another version than the deployment's."""
@@ -122,7 +126,7 @@ class RecordSets:
                 self._count(old, -1)
             if rec is None or new is None:
                 self._seen.pop(rid, None)
-                for s in (self.live, self.waiting, self.running, self.old):
+                for s in (self.live, self.waiting, self.pending, self.running, self.old):
                     s.pop(rid, None)
                 continue
             self._seen[rid] = new
@@ -143,6 +147,8 @@ class RecordSets:
         self.condemned += sign * verdict
         if state is ReplicaState.DRAINING:
             self.draining_clean += sign * (not verdict)
+        elif state is not ReplicaState.RUNNING:
+            self.waiting_current += sign * current
         elif state is ReplicaState.RUNNING:
             if verdict:
                 self.running_condemned += sign
@@ -156,6 +162,7 @@ class RecordSets:
         _member(self.old, rid, rec, state is not ReplicaState.DRAINING and not current)
         _member(self.running, rid, rec, state is ReplicaState.RUNNING)
         _member(self.waiting, rid, rec, state in (ReplicaState.PENDING, ReplicaState.STARTING))
+        _member(self.pending, rid, rec, state is ReplicaState.PENDING)
 
     # -- derived -------------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """KV `fp_apps`, key `{app}`: a deployed application, as `fleetpulse deploy` wrote it.
 
 The document is `AppConfig` (shared/appconfig.py) as JSON: the app's fields, `deployments` a list
-of deployment objects, each with an `autoscaling` object or null. Writer: `fleetpulse deploy`
-(revision-checked). Readers: controllers, the proxy, `fleetpulse status`.
+of deployment objects, each with an `autoscaling` object or null and a `rollout` object (absent:
+the defaults). Writer: `fleetpulse deploy` (revision-checked). Readers: controllers, the proxy,
+`fleetpulse status`.
 
-Every reader ignores fields it does not know at every level (app, deployment, autoscaling), so a
-newer CLI that adds a setting never makes an older controller drop the app; an absent field takes
-its default. The fields and their types are read off the config dataclasses, so a field added
+Every reader ignores fields it does not know at every level (app, deployment, autoscaling,
+rollout), so a newer CLI that adds a setting never makes an older controller drop the app; an
+absent field takes its default. The fields and their types are read off the config dataclasses, so a field added
 there is written and read with no change here. A value whose fields decode but that is not a
 valid app (min_replicas above max_replicas, ...) is `bad_value` as well: the config's own checks
 (`__post_init__`) decide, in one place.
@@ -23,6 +24,7 @@ from typing import Any, ClassVar, TypeVar
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import ConfigError, UsageError, WireError
 from shared.kv import envelope as e
+from shared.rollout import RolloutConfig
 from shared.wire import reasons
 
 C = TypeVar("C")
@@ -65,7 +67,12 @@ def _deployment(doc: dict[str, Any]) -> DeploymentConfig:
         autoscaling = e.nested(
             f"{where}.autoscaling", scaling, lambda d: _build(AutoscalingConfig, d, d["kind"])
         )
-    return _build(DeploymentConfig, doc, where, autoscaling=autoscaling)
+    given: dict[str, Any] = {"autoscaling": autoscaling}
+    if "rollout" in doc:  # absent (an older writer): the defaults
+        given["rollout"] = e.nested(
+            f"{where}.rollout", doc["rollout"], lambda d: _build(RolloutConfig, d, d["kind"])
+        )
+    return _build(DeploymentConfig, doc, where, **given)
 
 
 def _build(cls: Callable[..., C], doc: Mapping[str, Any], where: str, **given: Any) -> C:

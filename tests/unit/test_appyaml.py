@@ -257,7 +257,7 @@ def test_autoscaling_value_problems(line: str, path: str, message: str) -> None:
         ("logging_config: {encoding: XML}", "logging_config.encoding", "must be TEXT or JSON"),
         ("logging_config: {log_level: LOUD}", "logging_config.log_level", "must be one of DEBUG"),
         ("placement_group_strategy: PACK", "placement_group_strategy", "Ray Serve option"),
-        ("colour: red", "colour", "unknown key 'colour' (known keys: name, import_path"),
+        ("shade: red", "shade", "unknown key 'shade' (known keys: name, import_path"),
     ],
 )
 def test_deployment_value_problems(line: str, key: str, message: str) -> None:

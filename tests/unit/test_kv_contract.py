@@ -25,7 +25,7 @@ VECTORS = ROOT / "schemas" / "vectors" / "kv"
 INDEX = json.loads((VECTORS / "index.json").read_text())
 DOCUMENTS = INDEX["documents"]
 INVALID = INDEX["invalid"]
-CROSS_FIELD = {"app_min_above_max"}
+CROSS_FIELD = {"app_min_above_max", "app_rollout_both_zero"}
 """Invalid values a JSON Schema cannot see (the rule relates two fields)."""
 
 

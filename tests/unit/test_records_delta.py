@@ -49,9 +49,15 @@ def full(d: DeploymentState) -> RecordSets:
 
 
 def same(a: RecordSets, b: RecordSets) -> None:
-    for name in ("live", "waiting", "running", "old"):
+    for name in ("live", "waiting", "pending", "running", "old"):
         assert set(getattr(a, name)) == set(getattr(b, name)), name
-    for name in ("running_current", "running_condemned", "condemned", "draining_clean"):
+    for name in (
+        "running_current",
+        "running_condemned",
+        "condemned",
+        "draining_clean",
+        "waiting_current",
+    ):
         assert getattr(a, name) == getattr(b, name), name
     assert [r.replica_id for r in a.by_order()] == [r.replica_id for r in b.by_order()]
 
