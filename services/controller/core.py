@@ -124,7 +124,8 @@ class ControllerCore:
         wanted: set[DepKey] = set()
         came_or_went = looked = False
         for app in apps.values():
-            same = old.get(app.name) == app
+            prev = old.get(app.name)
+            same = prev is app or prev == app
             for d in app.deployments:
                 key = (app.name, d.name)
                 wanted.add(key)
