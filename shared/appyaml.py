@@ -321,6 +321,7 @@ _APP_KEYS: dict[str, Conv | None] = {
     "ingress": _string,
     "version": _version,
     "deployments": None,
+    "logging_config": None,
 }
 _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "name": _name("deployment name"),
@@ -342,7 +343,7 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "max_queued_requests": _max_queued,
     "logging_config": None,
 }
-_DEPLOYMENT_LEVEL = frozenset({"ray_actor_options", "max_replicas_per_node", "logging_config"})
+_DEPLOYMENT_LEVEL = frozenset({"ray_actor_options", "max_replicas_per_node"})
 _ACTOR_KEYS: dict[str, Conv | None] = {
     "num_cpus": _DELAY,
     "num_gpus": _DELAY,
@@ -570,6 +571,7 @@ class _Checker:
             self.code_app(m, path)
             return None
         env = self.app_env(m, path)
+        logs = self.app_logging(m, path)
         before = len(self.problems)
         deployments: list[DeploymentConfig] = []
         dep_names: dict[str, int | None] = {}
@@ -587,7 +589,7 @@ class _Checker:
             all_named = all_named and "name" in d.values
             if "name" in d.values:
                 self.unique(d, dpath, dep_names, "deployment")
-            dep = self.deployment(d, dpath, env=env)
+            dep = self.deployment(d, dpath, env=env, logging=logs)
             if dep is not None:
                 deployments.append(dep)
         ingress = m.values.get("ingress")
@@ -620,9 +622,15 @@ class _Checker:
         """The app's environment variables for its replicas (shared/serveconfig.py)."""
         return {}
 
+    def app_logging(self, m: _Map, path: str) -> Mapping[str, Any] | None:
+        """The app's `logging_config`: each deployment's that sets none (as in Ray Serve)."""
+        node = m.nodes.get("logging_config")
+        return None if node is None else self.logging_config(node, f"{path}.logging_config")
+
     def deployment(
-        self, d: _Map, path: str, env: Mapping[str, str] | None = None, import_path: str = ""
-    ) -> DeploymentConfig | None:
+        self, d: _Map, path: str, env: Mapping[str, str] | None = None, import_path: str = "",
+        logging: Mapping[str, Any] | None = None,
+    ) -> DeploymentConfig | None:  # fmt: skip
         """`import_path` given: the deployment is defined in code (the file may not set it)."""
         before = len(self.problems)
         self.required(d, path, "name", "a name like 'Echo'")
@@ -665,6 +673,8 @@ class _Checker:
         if "logging_config" in d.nodes:
             logs = self.logging_config(d.nodes["logging_config"], f"{path}.logging_config")
             kwargs["logging_config"] = logs or {}
+        elif logging:
+            kwargs["logging_config"] = dict(logging)
         if "rollout" in d.nodes:
             strategy = self.rollout_strategy(d.nodes["rollout"], f"{path}.rollout")
             if strategy is not None:

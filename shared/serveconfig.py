@@ -64,6 +64,8 @@ class CodeApp:
     import_path: str
     args: Mapping[str, Any] | None
     env: Mapping[str, str]
+    logging: Mapping[str, Any] | None
+    """The app's `logging_config`, for the deployments that set none."""
     route_prefix: str | None
     version: str
     overrides: Mapping[str, tuple[str, MappingNode]]
@@ -276,6 +278,7 @@ class ServeChecker(_Checker):
             )  # fmt: skip
         args = self._args(m.nodes.get("args"), f"{path}.args")
         env = self.app_env(m, path)
+        logs = self.app_logging(m, path)
         overrides = self._overrides(m.nodes.get("deployments"), path, env)
         if len(self.problems) != before or "import_path" not in m.values:
             return
@@ -286,6 +289,7 @@ class ServeChecker(_Checker):
                 import_path=m.values["import_path"],
                 args=args,
                 env=env,
+                logging=logs,
                 route_prefix=m.values.get("route_prefix", appyaml.DEFAULT_ROUTE_PREFIX),
                 version=m.values.get("version", ""),
                 overrides=overrides,
@@ -366,7 +370,9 @@ def complete(
         d = checker.mapping(merged, dpath, checker.deployment_keys)
         if d is None:
             continue
-        dep = checker.deployment(d, dpath, app.env, import_path=built.import_path)
+        dep = checker.deployment(
+            d, dpath, app.env, import_path=built.import_path, logging=app.logging
+        )
         if dep is not None and dep.user_config is not None and not built.has_reconfigure:
             checker.add(
                 f"{dpath}.user_config", d.nodes.get("user_config"), f"{built.import_path} has no "

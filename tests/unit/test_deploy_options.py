@@ -219,3 +219,30 @@ async def test_the_access_log_is_off_without_logging_config_or_when_disabled(
         finally:
             await rt.stop()
     assert not [r for r in caplog.records if r.name == logsetup.ACCESS_LOGGER]
+
+
+def test_an_app_level_logging_config_is_each_deployment_s_that_sets_none() -> None:
+    """As in Ray Serve: the application's logging_config applies to its deployments, and a
+    deployment's own replaces it."""
+    app = parse_apps(
+        """
+applications:
+  - name: shop
+    logging_config: {encoding: JSON, log_level: DEBUG}
+    deployments:
+      - {name: A, import_path: m:A}
+      - {name: B, import_path: m:B, logging_config: {log_level: WARNING}}
+"""
+    )[0]
+    a, b = app.deployments
+    assert a.logging_config["encoding"] == "JSON" and a.logging_config["log_level"] == "DEBUG"
+    assert b.logging_config["log_level"] == "WARNING" and b.logging_config["encoding"] == "TEXT"
+    with pytest.raises(ConfigError, match=r"applications\[0\]\.logging_config\.encoding"):
+        parse_apps(
+            """
+applications:
+  - name: shop
+    logging_config: {encoding: XML}
+    deployments: [{name: A, import_path: m:A}]
+"""
+        )

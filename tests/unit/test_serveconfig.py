@@ -377,3 +377,23 @@ def test_a_built_app_round_trips_through_fp_apps() -> None:
     )
     for app in c.apps:
         assert AppConfig.from_json(app.to_json()) == app
+
+
+def test_an_app_level_logging_config_reaches_the_deployments_built_from_code() -> None:
+    c = checked(
+        """
+        applications:
+          - name: app1
+            import_path: image_classifier:app
+            logging_config: {encoding: JSON}
+            deployments:
+              - name: downloader
+                logging_config: {log_level: DEBUG}
+        """,
+        {"image_classifier:app": CLASSIFIER},
+    )
+    assert c.problems == []
+    (app,) = c.apps
+    assert app.deployment("ImageClassifier").logging_config["encoding"] == "JSON"
+    own = app.deployment("downloader").logging_config
+    assert own["log_level"] == "DEBUG" and own["encoding"] == "TEXT"
