@@ -39,7 +39,7 @@ import math
 import zlib
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -437,7 +437,7 @@ def simulate_closed(
             mine = (
                 opts
                 if d.max_queued_requests < 0
-                else replace(opts, max_queued=d.max_queued_requests)
+                else dataclasses.replace(opts, max_queued=d.max_queued_requests)
             )
             runs[key] = run_deployment(key, d.policy, d.max_ongoing_requests, cal, duration_s, mine)
     return ClosedResult(opts, start_us, duration_s, dict(sorted(runs.items())))
