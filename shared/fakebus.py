@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -346,11 +346,12 @@ class _Bucket:
             watcher.offer(entry)
         return entry.revision
 
-    def snapshot(self, pattern: str, include_history: bool) -> list[KVEntry]:
+    def snapshot(self, pattern: str | Sequence[str], include_history: bool) -> list[KVEntry]:
         self._expire()
+        patterns = [pattern] if isinstance(pattern, str) else pattern
         entries: list[KVEntry] = []
         for key, revs in self._keys.items():
-            if not subject_matches(pattern, key):
+            if not any(subject_matches(p, key) for p in patterns):
                 continue
             if include_history:
                 entries.extend(r.entry for r in revs)
@@ -415,6 +416,12 @@ class _FakeKV:
             watcher.offer(entry)
         watcher.initial_done()
         return watcher
+
+    async def snapshot(self, patterns: Sequence[str]) -> list[KVEntry]:
+        self._conn._check_open()
+        for pattern in patterns:
+            validate_key(pattern, pattern=True)
+        return self._bucket.snapshot(patterns, include_history=False)
 
 
 _STOP: Final = object()

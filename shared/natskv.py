@@ -13,6 +13,10 @@ push consumer instead:
   change, and no second `None` is emitted. Messages from a replaced consumer are ignored.
 - Deleted keys are left out of the initial values (the snapshot holds their delete markers)
   unless this watcher already delivered them.
+
+A one-off read of many keys (`snapshot`) is a pull consumer instead, with the patterns as its
+filter subjects, read to its end and deleted: a watch per pattern would leave one consumer per
+pattern on the server until its inactivity threshold (and a stream takes only so many).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, Literal
 
 import nats.errors
@@ -50,6 +54,12 @@ _DELETE_OPERATIONS = frozenset({"DEL", "PURGE"})
 _MARKER_REASON = "Nats-Marker-Reason"
 _DELETE_MARKER_REASONS = frozenset({"MaxAge", "Purge", "Remove"})
 _STOP: Final = object()
+# filter subjects per snapshot consumer: the create request stays a few tens of KB
+SNAPSHOT_FILTERS_PER_READ = 512
+SNAPSHOT_FETCH = 1000
+SNAPSHOT_FETCH_TIMEOUT_S = 10.0
+# a snapshot consumer its reader never deleted (the reader died) is dropped this soon
+SNAPSHOT_INACTIVE_S = 30.0
 
 
 @contextlib.contextmanager
@@ -148,6 +158,54 @@ class NatsKV:
         self.bus.remember(watcher)
         return watcher
 
+    async def snapshot(self, patterns: Sequence[str]) -> list[KVEntry]:
+        for pattern in patterns:
+            validate_key(pattern, pattern=True)
+        unique = sorted(set(patterns))
+        entries: list[KVEntry] = []
+        with nats_errors(f"KV snapshot {self.bucket} ({len(unique)} patterns)"):
+            for i in range(0, len(unique), SNAPSHOT_FILTERS_PER_READ):
+                entries += await self._read_last(unique[i : i + SNAPSHOT_FILTERS_PER_READ])
+        entries.sort(key=lambda e: e.revision)
+        return entries
+
+    async def _read_last(self, patterns: list[str]) -> list[KVEntry]:
+        """The last value of each key under `patterns`, through one consumer deleted after."""
+        stream, prefix = f"KV_{self.bucket}", f"$KV.{self.bucket}."
+        config = api.ConsumerConfig(
+            filter_subjects=[prefix + p for p in patterns],
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=SNAPSHOT_INACTIVE_S,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        info = await self.js.add_consumer(stream, config=config)
+        out: list[KVEntry] = []
+        try:
+            left = info.num_pending
+            if not left:
+                return out
+            sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=stream)
+            try:
+                while left:
+                    batch = await sub.fetch(min(left, SNAPSHOT_FETCH), SNAPSHOT_FETCH_TIMEOUT_S)
+                    for msg in batch:
+                        meta = msg.metadata
+                        left = meta.num_pending
+                        if _operation(msg.headers) == "PUT":
+                            key = msg.subject[len(prefix) :]
+                            out.append(
+                                KVEntry(self.bucket, key, msg.data, meta.sequence.stream, "PUT")
+                            )
+            finally:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+        finally:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+                await self.js.delete_consumer(stream, info.name)
+        return out
+
 
 class NatsKVWatcher:
     """Current values (or history), then None, then live changes; survives reconnects."""
@@ -212,14 +270,9 @@ class NatsKVWatcher:
             end_of_snapshot()  # nothing to deliver: no message will carry num_pending == 0
 
     def _offer(self, msg: NatsMsg, revision: int) -> None:
-        headers = msg.headers or {}
-        op: Literal["PUT", "DEL"] = "PUT"
-        if headers.get(_KV_OPERATION) in _DELETE_OPERATIONS:
-            op = "DEL"
-        elif _MARKER_REASON in headers:
-            if headers[_MARKER_REASON] not in _DELETE_MARKER_REASONS:
-                return  # a marker of a kind this version does not know
-            op = "DEL"
+        op = _operation(msg.headers)
+        if op is None:
+            return
         if revision <= self._last:
             return
         self._last = revision
@@ -279,6 +332,17 @@ class NatsKVWatcher:
         self._queue.put_nowait(_STOP)
         if self._sub is not None:
             await _unsubscribe(self._sub)
+
+
+def _operation(headers: dict[str, str] | None) -> Literal["PUT", "DEL"] | None:
+    """What a KV stream message is; None for a marker of a kind this version does not know."""
+    if not headers:
+        return "PUT"
+    if headers.get(_KV_OPERATION) in _DELETE_OPERATIONS:
+        return "DEL"
+    if _MARKER_REASON in headers:
+        return "DEL" if headers[_MARKER_REASON] in _DELETE_MARKER_REASONS else None
+    return "PUT"
 
 
 async def _unsubscribe(sub: JetStreamContext.PushSubscription) -> None:

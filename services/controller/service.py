@@ -190,10 +190,8 @@ class ControllerService:
     async def _load_apps(self) -> None:
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
-        for key in await kv.keys():
-            entry = await kv.get(key)
-            if entry is not None:
-                self._apply_app(key, entry.value)
+        for entry in await kv.snapshot([">"]):
+            self._apply_app(entry.key, entry.value)
 
     def _owned_apps(self) -> dict[str, AppConfig]:
         parts = self.cfg.partitions
@@ -254,16 +252,15 @@ class ControllerService:
                 log.warning("ignoring fp_agents/%s: %s", entry.key, exc)
 
     async def _restore(self, now: float, apps: set[str]) -> None:
-        """The replicas and members the previous owner of `apps` left in KV (read per app:
-        what a takeover reads is bounded by what it takes over)."""
+        """The replicas and members the previous owner of `apps` left in KV: one read per bucket
+        filtered to `apps`, so what a takeover reads is bounded by what it takes over, and its
+        cost by that, not by a round trip per app."""
         assert self.bus is not None
         targets = DocKV(self._writers[buckets.TARGETS.name].kv, ReplicaTarget, self.bad_kv)
         members = DocKV(self._writers[buckets.MEMBERSHIP.name].kv, Member, self.bad_kv)
-        found_t: list[ReplicaTarget] = []
-        found_m: list[Member] = []
-        for app in sorted(apps):
-            found_t += [c.doc for c in await targets.snapshot(app_pattern(app)) if c.doc]
-            found_m += [c.doc for c in await members.snapshot(f"{app}.>") if c.doc]
+        names = sorted(apps)
+        found_t = [c.doc for c in await targets.snapshot([app_pattern(a) for a in names]) if c.doc]
+        found_m = [c.doc for c in await members.snapshot([f"{a}.>" for a in names]) if c.doc]
         self.core.restore(found_t, found_m, now)
         if found_t:
             log.info("restored %d replicas of %d app(s) from fp_targets", len(found_t), len(apps))

@@ -197,15 +197,12 @@ class Step:
 
 async def read_apps(kv: KV) -> dict[str, Current]:
     out: dict[str, Current] = {}
-    for key in await kv.keys():
-        entry = await kv.get(key)
-        if entry is None:  # deleted between keys() and get()
-            continue
+    for entry in await kv.snapshot([">"]):  # one read, however many apps
         try:
             decoded: AppConfig | None = AppConfig.from_json(entry.value)
         except ConfigError:
             decoded = None  # the controller ignores it too; overwriting it is a fix
-        out[key] = Current(entry.value, entry.revision, decoded)
+        out[entry.key] = Current(entry.value, entry.revision, decoded)
     return out
 
 

@@ -415,15 +415,12 @@ async def read_group(bus: Bus) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if kv is None:
         return out
-    for key in await kv.keys():
-        entry = await kv.get(key)
-        if entry is None:
-            continue
+    for entry in await kv.snapshot([">"]):
         try:
             member = envelope.decode(entry.value, ControllerMember)
         except WireError:
             continue
-        out[key] = {"partitions": list(member.partitions), "pending": member.pending}
+        out[entry.key] = {"partitions": list(member.partitions), "pending": member.pending}
     return out
 
 

@@ -9,7 +9,7 @@ log) and skipped; the watch goes on.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -58,17 +58,18 @@ class DocKV(Generic[D]):
     async def watch(self, keys: str = ">") -> DocWatch[D]:
         return DocWatch(await self.kv.watch(keys), self.cls, self.bad)
 
-    async def snapshot(self, keys: str = ">") -> list[Change[D]]:
-        """The current documents under `keys` (bad values counted and left out)."""
-        watch = await self.watch(keys)
+    async def snapshot(self, keys: str | Sequence[str] = ">") -> list[Change[D]]:
+        """The current documents under `keys` (one pattern or several; bad values counted and
+        left out), in revision order."""
         out: list[Change[D]] = []
-        try:
-            async for change in watch:
-                if change is None:
-                    break
-                out.append(change)
-        finally:
-            await watch.stop()
+        for entry in await self.kv.snapshot([keys] if isinstance(keys, str) else keys):
+            try:
+                doc = envelope.decode(entry.value, self.cls)
+            except WireError as exc:
+                if self.bad is not None:
+                    self.bad.drop(exc.reason, f"{entry.bucket}/{entry.key}: {exc.detail}")
+                continue
+            out.append(Change(entry.key, doc, entry.revision))
         return out
 
 

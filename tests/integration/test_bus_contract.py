@@ -15,6 +15,7 @@ import pytest
 
 from shared.bus import Bus, KVEntry, KVWatcher, MaxPayloadExceeded, Msg
 from shared.errors import BusError, BusTimeout, KVConflict, NoResponders, UsageError
+from shared.natsbus import NatsBus
 from tests.conftest import BusFactory
 
 WAIT_S = 5.0
@@ -328,6 +329,50 @@ async def test_kv_watch_empty_bucket_and_key_pattern(bus: Bus) -> None:
     entry = await next_entry(watcher)
     assert entry is not None and entry.key == "app.one"
     await watcher.stop()
+
+
+async def test_kv_snapshot_reads_many_patterns_at_once_without_deletes(bus: Bus) -> None:
+    kv = await bus.kv("t_snapshot")
+    assert await kv.snapshot([]) == []
+    assert await kv.snapshot(["*.app1.>"]) == []
+    r1 = await kv.put("w1.app1.Dep.0", b"1")
+    await kv.put("w1.app2.Dep.0", b"2")
+    r3 = await kv.put("w2.app3.Dep.0", b"3")
+    await kv.put("w2.app1.Dep.1", b"gone")
+    await kv.delete("w2.app1.Dep.1")
+    r5 = await kv.put("w1.app1.Dep.0", b"1b")
+    got = await kv.snapshot(["*.app3.>", "*.app1.>", "*.app1.>"])  # a repeat is read once
+    assert got == [
+        KVEntry("t_snapshot", "w2.app3.Dep.0", b"3", r3, "PUT"),
+        KVEntry("t_snapshot", "w1.app1.Dep.0", b"1b", r5, "PUT"),
+    ]
+    assert r5 > r1
+    with pytest.raises(UsageError):
+        await kv.snapshot(["bad key"])
+
+
+async def test_kv_snapshot_of_more_patterns_than_one_read_takes(bus: Bus) -> None:
+    kv = await bus.kv("t_snapshot_many")
+    apps = [f"app{i}" for i in range(1200)]  # beyond one consumer's filter subjects
+    await asyncio.gather(*(kv.put(f"{a}.r", a.encode()) for a in apps))
+    await kv.put("other.r", b"")
+    got = await kv.snapshot([f"{a}.>" for a in apps])
+    assert sorted(e.key for e in got) == sorted(f"{a}.r" for a in apps)
+    assert [e.revision for e in got] == sorted(e.revision for e in got)
+
+
+async def test_kv_snapshot_leaves_no_consumer_on_the_server(nats_url: str) -> None:
+    """A watch per pattern would leave one consumer each until its inactivity threshold."""
+    bus = await NatsBus.connect(nats_url, name="snapshot")
+    try:
+        kv = await bus.kv("t_snapshot_consumers")
+        await kv.put("a.x", b"1")
+        for _ in range(3):
+            assert len(await kv.snapshot([f"{c}.>" for c in "abcdefgh"])) == 1
+        info = await bus.js.stream_info("KV_t_snapshot_consumers")
+        assert info.state.consumer_count == 0
+    finally:
+        await bus.close()
 
 
 async def test_kv_watch_with_history(bus: Bus) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
@@ -172,6 +172,9 @@ class FlakyKV:
 
     async def watch(self, keys: str = ">", *, include_history: bool = False) -> KVWatcher:
         return await self.kv.watch(keys, include_history=include_history)
+
+    async def snapshot(self, patterns: Sequence[str]) -> list[KVEntry]:
+        return await self.kv.snapshot(patterns)
 
 
 def target(
