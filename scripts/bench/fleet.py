@@ -86,7 +86,7 @@ from services.controller.group import DEFAULT_MEMBER_TTL_S
 from services.controller.stream import DEFAULT_PARTITIONS as PARTITIONS
 from services.controller.stream import DEFAULT_RETENTION_S
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
-from shared.kv import buckets, envelope
+from shared.kv import envelope
 from shared.kv.group import ControllerMember
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster, NatsServer, free_ports
@@ -177,7 +177,6 @@ class Point:
                     cfg, [f"d{i:02d}" for i in range(self.deployments)], seed=a.seed
                 )
             await self.sim.start(self.cluster.url)
-            await self._raise_consumer_limits()
             self.sim.set_interval(a.intervals[0])
             since = time.monotonic()
             if a.put_rate:  # the group first, then the apps arrive, as on a running platform
@@ -200,20 +199,6 @@ class Point:
             return rows
         finally:
             await self._shutdown()
-
-    async def _raise_consumer_limits(self) -> None:
-        """nats-server 2.15 caps every stream at 1,000 consumers unless it sets its own limit,
-        and a controller taking its partitions reads each app's targets and members through a
-        watch whose ephemeral consumer outlives it (docs/benchmarks.md): with more apps than
-        that per member the takeover fails. `--max-consumers` raises the two buckets' limit
-        (0: the server's default, to reproduce)."""
-        assert self.bus is not None
-        if not self.args.max_consumers:
-            return
-        for bucket in (buckets.TARGETS, buckets.MEMBERSHIP):
-            info = await self.bus.js.stream_info(f"KV_{bucket.name}")
-            cfg = dataclasses.replace(info.config, max_consumers=self.args.max_consumers)
-            await self.bus.js.update_stream(cfg)
 
     async def _put_app(self, interval: float, rate: float = 0.0) -> None:
         """Put the app(s); with `rate` > 0, at that many apps a second."""
@@ -529,10 +514,6 @@ def parser() -> argparse.ArgumentParser:
         "--put-rate", type=float, default=0.0,
         help="start the controllers first and put the apps at this many a second"
         " (default 0: put them all, then start the controllers, which take them over from KV)",
-    )  # fmt: skip
-    ap.add_argument(
-        "--max-consumers", type=int, default=100_000,
-        help="consumer limit of fp_targets and fp_membership (0: nats-server's default, 1,000)",
     )  # fmt: skip
     ap.add_argument("--members", type=int, default=1, help="controller members (one group)")
     ap.add_argument("--nodes", type=int, default=1, help="nats-servers (>1: one cluster)")
