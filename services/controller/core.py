@@ -19,6 +19,7 @@ reference the schedule is tested against (same actions, same order).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -105,6 +106,8 @@ class ControllerCore:
         self.visit_all = visit_all
         self.schedule: Schedule[DepKey] = Schedule()
         self._ticks = TickLog()
+        self._min_gap_s = math.inf
+        """The shortest gap between samples any deployment's demand window bridges."""
         self._held_seen: set[str] = set()
         self._counted: dict[DepKey, tuple[int, int]] = {}
         """(stale, candidates) of each deployment's last visit, summed for the stall guard."""
@@ -156,10 +159,9 @@ class ControllerCore:
         if came_or_went:
             self._layout = None
         if came_or_went or looked:  # a look-back period may have changed
-            keeps = [
-                m.window_keep_s() for t in (self.deployments, self.deleting) for m in t.values()
-            ]
-            self._ticks.horizon_s = max(keeps, default=0.0)
+            every = [m for t in (self.deployments, self.deleting) for m in t.values()]
+            self._ticks.horizon_s = max((m.window_keep_s() for m in every), default=0.0)
+            self._min_gap_s = min((m.window.max_gap_s for m in every), default=math.inf)
 
     def restore(
         self, targets: Iterable[ReplicaTarget], members: Iterable[Member], now: float
@@ -420,11 +422,25 @@ class ControllerCore:
             keys: list[DepKey] = list(layout.order)
         else:
             rank = layout.rank
-            pending = self.schedule.pending()
+            pending = self.schedule.pending() | self._gap_visits(now)
             due = pending | self._timer_visits(self.schedule.fired(now) - pending, now)
             keys = sorted((k for k in due if k in rank), key=rank.__getitem__)
         # rebuilding its window from the stream: no decisions yet (visited when released)
         return [(k, self._get(k)) for k in keys if k[0] not in self.held]
+
+    def _gap_visits(self, now: float) -> set[DepKey]:
+        """After a gap between ticks longer than a deployment's demand window bridges (the loop
+        stalled), that deployment: a visit at every tick would see the hole at once. Rare, so
+        the look at every deployment is only then."""
+        last = self._ticks.last
+        if last is None or now - last <= self._min_gap_s:
+            return set()
+        return {
+            k
+            for t in (self.deployments, self.deleting)
+            for k, m in t.items()
+            if now - last > m.window.max_gap_s
+        }
 
     def _timer_visits(self, fired: set[DepKey], now: float) -> set[DepKey]:
         """Deployments whose timer fired: those that need their step (the rest were looked at
@@ -483,9 +499,7 @@ class ControllerCore:
         for w in waiting:
             spot = placed.get(w.replica_id)
             if spot is not None:
-                rec = self._get(w.dep).state.replicas[w.replica_id]
-                # its start timeout runs from now: the time it waited for room is not a start
-                rec.agent_id, rec.devices, rec.since = spot.agent_id, spot.devices, now
+                self._get(w.dep).state.placed(w.replica_id, spot.agent_id, spot.devices, now)
         for key, m in managed:
             m.state.unplaced = why.get(key, "")
 

@@ -294,6 +294,26 @@ class DeploymentState:
         self._starts_due = due + STARTUP_TIMEOUT_S - EARLY_S
         return events
 
+    def start_timeouts_due(self) -> float:
+        """When the next visit must look for starts that took too long (inf: none waits)."""
+        return self._starts_due if self.view().waiting else math.inf
+
+    def waits_for_room(self) -> bool:
+        """Whether a PENDING replica waits for an agent with room (placement places the waiting
+        replicas of the deployments a tick visits)."""
+        if not self.placing:
+            return False
+        return any(
+            not r.agent_id and r.state is ReplicaState.PENDING for r in self.view().waiting.values()
+        )
+
+    def placed(self, replica_id: str, agent_id: str, devices: tuple[int, ...], now: float) -> None:
+        """An agent with room was found: its start clock runs from now (the time it waited for
+        room is not a start)."""
+        rec = self.replicas[replica_id]
+        rec.agent_id, rec.devices, rec.since = agent_id, devices, now
+        self._waits_from(now)
+
     def _waits_from(self, now: float) -> None:
         """A replica waits (again) from `now`: its start times out no earlier than that."""
         self._starts_due = min(self._starts_due, now + STARTUP_TIMEOUT_S - EARLY_S)

@@ -108,7 +108,9 @@ class ManagedDeployment:
         self._health_timer = False
         """Whether the due time `_timers` gave last is the health registry's..."""
         self._hold_timer = False
-        """...or the end of an unhealthy hold (neither: a metrics source's expiry)."""
+        """...or the end of an unhealthy hold (neither: a metrics source's expiry)..."""
+        self._start_timer = False
+        """...or when a waiting replica's start could time out."""
 
     @property
     def name(self) -> str:
@@ -257,8 +259,10 @@ class ManagedDeployment:
         if ev is None or ev.stale or ev.unhealthy_slots.size or ev.held:
             return BUSY
         view = self.state.view()
-        if view.waiting or view.old or view.new_count != self.state.target:
-            return BUSY  # starts time out, rollouts and resizes move at the tick
+        if view.old or view.new_count != self.state.target:
+            return BUSY  # rollouts and resizes move at the tick
+        if view.waiting and self.state.waits_for_room():
+            return BUSY  # placement looks at the waiting replicas of the visited deployments
         if decided and self._opaque_policy():
             return BUSY
         if decided and (self.policy.pending != NONE or self.policy.panic_until is not None):
@@ -283,9 +287,13 @@ class ManagedDeployment:
         if trouble is not None and trouble + UNHEALTHY_HOLD_S > now:
             hold = trouble + UNHEALTHY_HOLD_S - EARLY_S
         health = math.nextafter(health, math.inf)
-        self._health_timer = health < min(due, hold)
-        self._hold_timer = not self._health_timer and hold <= due
-        return max(min(due, hold, health), now + EARLY_S)
+        # a starting replica moves on an input (its lifecycle, a report), or times out here:
+        # thousands of apps starting at once are not visited at every tick while they start
+        starts = self.state.start_timeouts_due()
+        self._start_timer = starts <= min(due, hold, health)
+        self._health_timer = not self._start_timer and health < min(due, hold)
+        self._hold_timer = not self._start_timer and not self._health_timer and hold <= due
+        return max(min(due, hold, health, starts), now + EARLY_S)
 
     def timer_visit(self, now: float, ticks: TickLog) -> float | None:
         """A quiet deployment whose timer fired. If its health or expiry timer fired and finds
@@ -294,6 +302,8 @@ class ManagedDeployment:
         next due time without the step (None: run the step). No verdict can come of it: none of
         the facts a verdict needs changed since the last full evaluation (or the health timer
         would not be set)."""
+        if self._start_timer:
+            return None  # a start may time out: the step's reconcile looks
         if self._health_timer:
             if self.health.quiet_until() == -math.inf:
                 return None

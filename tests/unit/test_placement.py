@@ -361,3 +361,21 @@ def test_the_ledger_never_overcommits_and_devices_stay_distinct(
     for rid in list(live):
         ledger.release(rid)
     assert not ledger.used.any()
+
+
+def test_a_replica_placed_after_waiting_times_out_a_start_timeout_after_its_placement() -> None:
+    """Its start clock runs from placement, and a timer does: the deployment is not visited at
+    every tick while its replicas start."""
+    f = Fleet(app(dep("Model", 2, {"gpus": 1})), [agent("b", gpus=1)])
+    f.tick()
+    f.start_all()  # one runs, one waits for room
+    f.tick(int(STARTUP_TIMEOUT_S * 1.5 / TICK))  # waits longer than a start timeout
+    (waiting,) = f.unplaced("Model")
+    f.agents.append(agent("c", gpus=1))  # room arrives: the waiting one is placed there
+    f.announce()
+    f.tick(2)
+    assert [t.agent_id for t in f.placed("Model") if t.replica_id == waiting.replica_id] == ["c"]
+    f.tick(int(STARTUP_TIMEOUT_S / TICK) - 20)  # it never says starting or ready
+    assert waiting.replica_id in {t.replica_id for t in f.placed("Model")}
+    f.tick(40)
+    assert waiting.replica_id not in {t.replica_id for t in f.placed("Model")}  # timed out

@@ -15,13 +15,16 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.controller.actions import Event
 from services.controller.core import ControllerConfig, ControllerCore
+from services.controller.deployment_state import STARTUP_TIMEOUT_S
 from services.controller.health_registry import ProbeOutcome
 from services.controller.kv_delta import PutDoc
 from services.controller.schedule import Schedule, TickLog
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import DEFAULT_SUBJECTS as S
+from shared.subjects import KV_TARGETS
 from shared.wire import encode
 from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
@@ -168,6 +171,8 @@ app_names = st.sampled_from(sorted(APPS))
 ops = st.one_of(
     st.tuples(st.just("tick"), st.sampled_from([1, 1, 1, 2, 5, 13, 40])),
     st.tuples(st.just("start"), app_names, st.integers(0, 5)),
+    st.tuples(st.just("spawn"), app_names, st.integers(0, 5)),  # starting, never ready
+    st.tuples(st.just("wait"), st.sampled_from([700, 1250])),  # past a start timeout
     st.tuples(st.just("exit"), app_names, st.integers(0, 5)),
     st.tuples(
         st.just("handle"),
@@ -195,6 +200,10 @@ def run(program: list[tuple[object, ...]]) -> Twin:
         elif kind == "start":
             tw.lifecycle(op[1], op[2], "starting")  # type: ignore[arg-type]
             tw.lifecycle(op[1], op[2], "ready")  # type: ignore[arg-type]
+        elif kind == "spawn":
+            tw.lifecycle(op[1], op[2], "starting")  # type: ignore[arg-type]
+        elif kind == "wait":
+            tw.tick(int(op[1]))  # type: ignore[call-overload]
         elif kind == "exit":
             tw.lifecycle(op[1], op[2], "exited")  # type: ignore[arg-type]
         elif kind == "handle":
@@ -244,6 +253,39 @@ def test_a_steady_fleet_is_mostly_skipped() -> None:
         visited += bool(before)
         tw.tick()
     assert visited <= 30, visited
+
+
+def test_starting_replicas_are_not_visited_at_every_tick_and_still_time_out() -> None:
+    """A deployment whose replicas start is visited on their lifecycle and when a start could
+    time out, not at every tick (thousands of apps starting together saturated the loop). Its
+    health grace outlasts the start timeout here, so only the start timer can end the wait."""
+    slow = replace(_app("slow", FIXED).deployments[0], health_check_timeout_s=300.0)
+    apps = {"slow": AppConfig("slow", (slow,), version="v1")}
+    cores = ControllerCore(visit_all=True), ControllerCore()
+    t = 100.0
+    for c in cores:
+        c.set_apps(apps, t)
+    ids: list[str] = []
+    visited = 0
+    timeouts: list[float] = []
+    for step in range(int((STARTUP_TIMEOUT_S + 10) / TICK)):
+        t = round(t + TICK, 6)
+        peek = cores[1].schedule.due(t) & {("slow", "D")}
+        cores[1].schedule.touch_all(peek)  # put back what the peek took
+        visited += bool(peek)
+        every, due = (c.tick(t, WALL0 + t) for c in cores)
+        assert every == due, f"step {step}: actions differ"
+        ids += [a.doc.replica_id for a in due if isinstance(a, PutDoc) and a.bucket == KV_TARGETS]
+        timeouts += [t for a in due if isinstance(a, Event) and a.kind == "start_timeout"]
+        if step == 1:
+            for rid in ids:  # spawned, never ready
+                ev = Lifecycle(rid, "", "starting", WALL0 + t, S.rpc("slow", "D", rid), "v1",
+                               None, "slow", "D")  # fmt: skip
+                for c in cores:
+                    c.ingest(S.report("lifecycle", "slow", "D"), encode(ev), t)
+    assert len(ids) == 4  # two, then their replacements
+    assert visited <= 10, visited
+    assert len(timeouts) == 2 and all(abs(x - 100.2 - STARTUP_TIMEOUT_S) < 0.5 for x in timeouts)
 
 
 def test_schedule_heap_orders_dirty_busy_and_timers() -> None:
