@@ -131,6 +131,23 @@ class DemandWindow:
         self._v[self._tail : self._tail + n] = v
         self._tail += n
 
+    def extend_constant(self, ts: FloatArray, value: float) -> None:
+        """Append `value` at each of the increasing tick times `ts` (a skipped deployment catching
+        up on the ticks it missed): `add_many` without its checks of every element, which cost
+        more than the append at one catch-up per report."""
+        n = ts.shape[0]
+        if n == 0:
+            return
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"demand must be a finite number >= 0, got {value!r}")
+        last = self.last_time
+        if last is not None and ts[0] < last:
+            raise UsageError(f"sample time {float(ts[0])!r} is before the last sample's {last!r}")
+        self._reserve(n)
+        self._t[self._tail : self._tail + n] = ts
+        self._v[self._tail : self._tail + n] = value
+        self._tail += n
+
     def trim(self, now: float, keep_s: float) -> None:
         """Drop samples no window of at most `keep_s` ending at `now` or later can see.
 

@@ -194,13 +194,14 @@ class ManagedDeployment:
             missed = ticks.since(max(self.sampled_until, last_t), self.window_keep_s())
             if missed.size:
                 value = self.metrics.total_demand()
-                gaps = np.diff(missed, prepend=last_t)
-                broken = np.flatnonzero(gaps > self.window.max_gap_s)
                 if value != self.window.last_value:
                     self._run_start = float(missed[0])
-                if broken.size:
+                max_gap = self.window.max_gap_s
+                if float(missed[0]) - last_t > max_gap or ticks.gap_over(missed, max_gap):
+                    gaps = np.diff(missed, prepend=last_t)
+                    broken = np.flatnonzero(gaps > max_gap)
                     self._run_start = max(self._run_start or -math.inf, float(missed[broken[-1]]))
-                self.window.add_many(missed, np.full(missed.size, value))
+                self.window.extend_constant(missed, value)
                 self.window.trim(last, self.window_keep_s())
         self.metrics.expire(last)
         self.sampled_until = last
@@ -411,7 +412,7 @@ class ManagedDeployment:
             message=self.state.message,
             target_replicas=self.state.target,
             running_replicas=len(view.running),
-            demand=round(float(self.metrics.total_demand()), 3),
+            demand=self.status_demand(),
             healthy_replicas=len(view.running) - view.running_condemned,
             unhealthy_replicas=view.condemned,
             last_decision=self.decision.reason,

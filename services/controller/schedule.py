@@ -137,13 +137,15 @@ class TickLog:
     Keeps every tick within `horizon_s` of the newest plus the newest one before that (a window
     of `horizon_s` still sees that sample's hold, as `DemandWindow.trim` keeps it)."""
 
-    __slots__ = ("_head", "_t", "_tail", "horizon_s")
+    __slots__ = ("_head", "_t", "_tail", "_widest", "horizon_s")
 
     def __init__(self, horizon_s: float = 0.0) -> None:
         self.horizon_s = horizon_s
         self._t: FloatArray = np.empty(1024, dtype=np.float64)
         self._head = 0
         self._tail = 0
+        self._widest = 0.0
+        """At least the widest gap between two kept ticks (narrowed again when looked at)."""
 
     def add(self, t: float) -> None:
         if self._tail == self._t.shape[0]:
@@ -156,6 +158,8 @@ class TickLog:
             else:
                 self._t[:live] = keep
             self._head, self._tail = 0, live
+        if self._tail > self._head:
+            self._widest = max(self._widest, t - float(self._t[self._tail - 1]))
         self._t[self._tail] = t
         self._tail += 1
         live_t = self._t[self._head : self._tail]
@@ -172,6 +176,15 @@ class TickLog:
             return live[0:0]
         edge = int(np.searchsorted(live, float(live[-1]) - keep_s, side="right")) - 1
         return live[max(lo, edge) :]
+
+    def gap_over(self, ticks: FloatArray, gap_s: float) -> bool:
+        """Whether two consecutive ones of `ticks` (a slice `since` gave) are more than `gap_s`
+        apart; without a look at them while no kept gap is that wide (the usual case)."""
+        if self._widest <= gap_s:
+            return False
+        live = self._t[self._head : self._tail]
+        self._widest = float(np.diff(live).max()) if live.shape[0] > 1 else 0.0
+        return self._widest > gap_s and bool((np.diff(ticks) > gap_s).any())
 
     @property
     def last(self) -> float | None:

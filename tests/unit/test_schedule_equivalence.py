@@ -317,6 +317,27 @@ def test_tick_log_keeps_what_a_window_still_sees() -> None:
     assert log.since(4.9, keep_s=0.5).size == 0
 
 
+def test_tick_log_finds_a_gap_between_ticks_and_forgets_it_once_it_left() -> None:
+    log = TickLog(horizon_s=1.0)
+    t = 0.0
+    for _ in range(20):
+        t = round(t + 0.1, 6)
+        log.add(t)
+    assert not log.gap_over(log.since(0.0, 1.0), 0.5)  # ticks every 0.1 s
+    t += 0.8  # the loop stalled
+    log.add(t)
+    for _ in range(3):
+        t = round(t + 0.1, 6)
+        log.add(t)
+    assert log.gap_over(log.since(0.0, 1.0), 0.5)
+    assert not log.gap_over(log.since(t - 0.25, 1.0), 0.5)  # the stall is before this slice
+    for _ in range(20):  # the stall leaves the log
+        t = round(t + 0.1, 6)
+        log.add(t)
+    assert not log.gap_over(log.since(0.0, 1.0), 0.5)
+    assert log._widest < 0.5  # narrowed: no look at the ticks any more
+
+
 def _status_writes(
     core: ControllerCore, t: float, ticks: int
 ) -> tuple[float, list[tuple[float, str]]]:
