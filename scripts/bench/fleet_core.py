@@ -80,13 +80,24 @@ class GcInTicks:
         gc.callbacks.remove(self._cb)
 
 
-def apps_config(n: int, apps: int, interval: float) -> dict[str, AppConfig]:
-    """`apps` apps of one deployment each, `n` replicas in all."""
+def apps_config(
+    n: int, apps: int, interval: float, *, autoscaled: bool = False
+) -> dict[str, AppConfig]:
+    """`apps` apps of one deployment each, `n` replicas in all; `autoscaled`: each may grow to
+    twice its size (its decision reads demand), else pinned."""
     out = {}
     for i in range(apps):
         name = f"a{i:05d}"
         cfg = app_config(n // apps + (1 if i < n % apps else 0), 1, interval)
-        out[name] = AppConfig(name, cfg.deployments, version=cfg.version)
+        deps = cfg.deployments
+        if autoscaled:
+            deps = tuple(
+                dataclasses.replace(d, autoscaling=dataclasses.replace(
+                    d.autoscaling, max_replicas=2 * d.autoscaling.max_replicas
+                ))
+                for d in deps
+            )  # fmt: skip
+        out[name] = AppConfig(name, deps, version=cfg.version)
     return out
 
 
@@ -94,7 +105,7 @@ class Offline:
     def __init__(
         self, n: int, deployments: int, interval: float, seed: int, *, apps: int = 0,
         visit_all: bool = False, routers: int = 4, start_s: float = 0.0, agents: int = 0,
-        agent_room: float = 1.25,
+        agent_room: float = 1.25, autoscaled: bool = False,
     ) -> None:  # fmt: skip
         self.core = ControllerCore(visit_all=visit_all)
         rng = np.random.default_rng(seed)
@@ -102,7 +113,7 @@ class Offline:
         counters = SimCounters()
         self.now = 1000.0
         if apps:
-            configs = apps_config(n, apps, interval)
+            configs = apps_config(n, apps, interval, autoscaled=autoscaled)
         else:
             configs = {"bench": app_config(n, deployments, interval)}
         slots = math.ceil(n * agent_room / agents) if agents else 0
@@ -342,14 +353,16 @@ def objects_report(interval: float) -> dict[str, float]:
     return {"per_replica": round(per_replica, 2), "per_deployment": round(per_deployment, 1)}
 
 
-def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, *, visit_all: bool, autoscaled: bool = False
+) -> dict[str, Any]:
     """Start the fleet, warm up, measure the steady (or churning) window; one row."""
     gc.collect()
     built = time.perf_counter()
     off = Offline(
         args.replicas, args.deployments, args.interval, args.seed, apps=args.apps,
         visit_all=visit_all, routers=args.routers, start_s=args.start_s, agents=args.agents,
-        agent_room=2.0 if args.roll else 1.25,
+        agent_room=2.0 if args.roll else 1.25, autoscaled=autoscaled,
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
@@ -366,7 +379,7 @@ def measure(args: argparse.Namespace, *, visit_all: bool) -> dict[str, Any]:
     ticks = off.run(args.measure_s, prof)
     ms, cpu = ticks[:, 1] * 1e3, ticks[:, 2] * 1e3
     row = {
-        "mode": "visit all" if visit_all else "visit due",
+        "mode": ("visit all" if visit_all else "visit due") + (" autoscaled" if autoscaled else ""),
         "replicas": off.members(),
         "deployments": len(off.sims),
         "interval_s": args.interval,
@@ -475,6 +488,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--visit-all", action="store_true", help="visit every deployment every tick")
     ap.add_argument("--compare", action="store_true", help="visit all, then visit due")
     ap.add_argument(
+        "--autoscaled", action="store_true",
+        help="with --apps: then the same apps with max_replicas twice their size (autoscaled)",
+    )  # fmt: skip
+    ap.add_argument(
         "--collector", action="store_true",
         help="the service's collector policy (services/controller/collector.py)",
     )  # fmt: skip
@@ -504,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     modes = [True, False] if args.compare else [args.visit_all]
     rows = [measure(args, visit_all=v) for v in modes]
+    if args.autoscaled:  # the same fleet again, each app free to grow: its decision reads demand
+        rows.append(measure(args, visit_all=args.visit_all, autoscaled=True))
     for row in rows:
         result_line(
             "fleet_core", mode=row["mode"].replace(" ", "_"), replicas=row["replicas"],
