@@ -291,7 +291,7 @@ class ManagedDeployment:
         # a starting replica moves on an input (its lifecycle, a report), or times out here:
         # thousands of apps starting at once are not visited at every tick while they start
         starts = self.state.start_timeouts_due()
-        self._start_timer = starts <= min(due, hold, health)
+        self._start_timer = starts < math.inf and starts <= min(due, hold, health)
         self._health_timer = not self._start_timer and health < min(due, hold)
         self._hold_timer = not self._start_timer and not self._health_timer and hold <= due
         return max(min(due, hold, health, starts), now + EARLY_S)
