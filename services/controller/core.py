@@ -121,47 +121,73 @@ class ControllerCore:
     def set_apps(self, apps: Mapping[str, AppConfig], now: float) -> None:
         """The desired applications (KV fp_apps). New ones start, changed ones roll, gone ones
         scale to zero and are deleted once their replicas have stopped. An app equal to the one
-        it replaces is not looked at again: each fp_apps put hands the whole owned set, and at
-        10,000 apps rebuilding and visiting every deployment for one put cost a second of CPU."""
-        old, self.apps = self.apps, dict(apps)
-        wanted: set[DepKey] = set()
-        came_or_went = looked = False
-        for app in apps.values():
-            prev = old.get(app.name)
+        it replaces is not looked at again: at 10,000 apps rebuilding and visiting every
+        deployment for one put cost a second of CPU."""
+        for name in [n for n in self.apps if n not in apps]:
+            del self.apps[name]
+        self._change_apps(apps, now, retire=False)
+        wanted = {(a.name, d.name) for a in apps.values() for d in a.deployments}
+        for key in [k for k in self.deployments if k not in wanted]:
+            self._retire(key)  # in the order a visit takes them, as ever
+        every = [m for t in (self.deployments, self.deleting) for m in t.values()]
+        self._ticks.horizon_s = max((m.window_keep_s() for m in every), default=0.0)
+        self._min_gap_s = min((m.window.max_gap_s for m in every), default=math.inf)
+
+    def update_app(self, name: str, app: AppConfig | None, now: float) -> None:
+        """One app put (or deleted: None) in fp_apps, at the cost of that app, not of all of
+        them (10,000 apps arriving 200 a second, each put handing over the whole set, saturated
+        the loop). The tick log's horizon only grows here; `set_apps` sets it exactly."""
+        for m in self._change_apps({name: app}, now, retire=True):
+            self._ticks.horizon_s = max(self._ticks.horizon_s, m.window_keep_s())
+            self._min_gap_s = min(self._min_gap_s, m.window.max_gap_s)
+
+    def _change_apps(
+        self, changes: Mapping[str, AppConfig | None], now: float, *, retire: bool
+    ) -> list[ManagedDeployment]:
+        """Apply apps added, changed or gone (None), retiring the deployments they no longer
+        have if `retire`; returns the deployments created or reconfigured."""
+        touched: list[ManagedDeployment] = []
+        for name, app in changes.items():
+            prev = self.apps.pop(name, None)
+            deps = app.deployments if app is not None else ()
+            if app is not None:
+                self.apps[name] = app
             same = prev is app or prev == app
-            for d in app.deployments:
-                key = (app.name, d.name)
-                wanted.add(key)
+            for d in deps:
+                key = (name, d.name)
                 if same and key in self.deployments:
                     continue
+                assert app is not None
                 version = app.version_of(d)
                 m = self.deployments.get(key) or self.deleting.pop(key, None)
                 if m is None:
                     m = ManagedDeployment(
-                        key[0], d, version, now, id_prefix=_id_prefix(*key), subjects=self.subjects
+                        name, d, version, now, id_prefix=_id_prefix(*key), subjects=self.subjects
                     )
                     m.state.on_remove = self.placement.release
                     m.state.placing = self.placement.ever_seen
                 elif m.cfg != d or m.state.version != version:
                     m.reconfigure(d, version, now)
-                came_or_went = came_or_went or key not in self.deployments
-                looked = True
+                if key not in self.deployments:
+                    self._layout = None
                 self.deployments[key] = m
-                self.statuses.changed(key[0])
+                self.statuses.changed(name)
                 self.schedule.touch(key)
-        for key in [k for k in self.deployments if k not in wanted]:
-            m = self.deployments.pop(key)
-            m.state.target = 0
-            self.deleting[key] = m
-            self.statuses.changed(key[0])
-            self.schedule.touch(key)
-            came_or_went = True
-        if came_or_went:
-            self._layout = None
-        if came_or_went or looked:  # a look-back period may have changed
-            every = [m for t in (self.deployments, self.deleting) for m in t.values()]
-            self._ticks.horizon_s = max((m.window_keep_s() for m in every), default=0.0)
-            self._min_gap_s = min((m.window.max_gap_s for m in every), default=math.inf)
+                touched.append(m)
+            wanted = {d.name for d in deps}
+            for d in prev.deployments if prev is not None and retire else ():
+                if d.name not in wanted and (name, d.name) in self.deployments:
+                    self._retire((name, d.name))
+        return touched
+
+    def _retire(self, key: DepKey) -> None:
+        """A deployment no longer wanted: to zero, deleted once its replicas have stopped."""
+        m = self.deployments.pop(key)
+        m.state.target = 0
+        self.deleting[key] = m
+        self.statuses.changed(key[0])
+        self.schedule.touch(key)
+        self._layout = None
 
     def restore(
         self, targets: Iterable[ReplicaTarget], members: Iterable[Member], now: float

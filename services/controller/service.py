@@ -230,10 +230,12 @@ class ControllerService:
             if entry is None:
                 initial = False
                 continue
-            self._apply_app(entry.key, entry.value if entry.op == "PUT" else None)
-            if not initial:
-                self.core.set_apps(self._owned_apps(), self.clock.monotonic())
-                log.info("apps changed: %s", sorted(self._apps_raw))
+            key = entry.key
+            self._apply_app(key, entry.value if entry.op == "PUT" else None)
+            if not initial and partition_of(key, self.cfg.partitions) in self._epochs:
+                # the one app, not the owned set: at 10,000 apps a put costs that app alone
+                self.core.update_app(key, self._apps_raw.get(key), self.clock.monotonic())
+                log.info("app %s: %s", key, "put" if entry.op == "PUT" else "deleted")
 
     async def _watch_agents(self) -> None:
         """Agents re-put their fp_agents entry every few seconds; each put is a sign of life."""

@@ -10,6 +10,7 @@ policy state and demand means at the end.
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -460,3 +461,34 @@ def test_an_app_put_looks_only_at_the_apps_that_changed() -> None:
     core.set_apps(changed, 100.2)
     assert sorted(touched) == [("a007", "D"), ("new", "D")]
     assert core.deployments[("a007", "D")].state.version == "v2"
+
+
+def test_one_app_put_at_a_time_does_what_handing_the_whole_set_does() -> None:
+    """The service hands the core each fp_apps put alone (`update_app`); the result must be
+    what handing over the whole set after it (`set_apps`) does: same actions at every tick."""
+    rng = random.Random(7)
+    whole, one = ControllerCore(), ControllerCore()
+    apps: dict[str, AppConfig] = {}
+    t = 100.0
+    for step in range(300):
+        if step % 3 == 0:
+            name = f"a{rng.randrange(12)}"
+            roll = rng.random()
+            if roll < 0.2 and name in apps:
+                del apps[name]
+                change: AppConfig | None = None
+            else:
+                policy = rng.choice([AUTO, FIXED, PANIC])
+                deps = ("D",) if roll < 0.7 else ("D", "E")
+                change = AppConfig(
+                    name,
+                    tuple(replace(_app(name, policy).deployments[0], name=d) for d in deps),
+                    version=rng.choice(["v1", "v2"]),
+                )
+                apps[name] = change
+            whole.set_apps(dict(apps), t)
+            one.update_app(name, change, t)
+        t = round(t + TICK, 6)
+        assert whole.tick(t, WALL0 + t) == one.tick(t, WALL0 + t), f"step {step}"
+    assert whole.apps == one.apps
+    assert list(whole.deployments) == list(one.deployments)
