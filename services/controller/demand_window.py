@@ -123,13 +123,7 @@ class DemandWindow:
             raise UsageError("demand must be finite numbers >= 0")
         if n > 1 and bool((np.diff(t) < 0).any()):
             raise UsageError("sample times must be non-decreasing")
-        last = self.last_time
-        if last is not None and t[0] < last:
-            raise UsageError(f"sample time {float(t[0])!r} is before the last sample's {last!r}")
-        self._reserve(n)
-        self._t[self._tail : self._tail + n] = t
-        self._v[self._tail : self._tail + n] = v
-        self._tail += n
+        self._append(t, v)
 
     def extend_constant(self, ts: FloatArray, value: float) -> None:
         """Append `value` at each of the increasing tick times `ts` (a skipped deployment catching
@@ -140,12 +134,16 @@ class DemandWindow:
             return
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"demand must be a finite number >= 0, got {value!r}")
+        self._append(ts, value)
+
+    def _append(self, t: FloatArray, v: FloatArray | float) -> None:
+        n = t.shape[0]
         last = self.last_time
-        if last is not None and ts[0] < last:
-            raise UsageError(f"sample time {float(ts[0])!r} is before the last sample's {last!r}")
+        if last is not None and t[0] < last:
+            raise UsageError(f"sample time {float(t[0])!r} is before the last sample's {last!r}")
         self._reserve(n)
-        self._t[self._tail : self._tail + n] = ts
-        self._v[self._tail : self._tail + n] = value
+        self._t[self._tail : self._tail + n] = t
+        self._v[self._tail : self._tail + n] = v
         self._tail += n
 
     def trim(self, now: float, keep_s: float) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from shared.badinput import BadInput
-from shared.bus import KV, KVWatcher
+from shared.bus import KV, KVEntry, KVWatcher
 from shared.errors import WireError
 from shared.kv import envelope
 
@@ -61,16 +61,20 @@ class DocKV(Generic[D]):
     async def snapshot(self, keys: str | Sequence[str] = ">") -> list[Change[D]]:
         """The current documents under `keys` (one pattern or several; bad values counted and
         left out), in revision order."""
-        out: list[Change[D]] = []
-        for entry in await self.kv.snapshot([keys] if isinstance(keys, str) else keys):
-            try:
-                doc = envelope.decode(entry.value, self.cls)
-            except WireError as exc:
-                if self.bad is not None:
-                    self.bad.drop(exc.reason, f"{entry.bucket}/{entry.key}: {exc.detail}")
-                continue
-            out.append(Change(entry.key, doc, entry.revision))
-        return out
+        entries = await self.kv.snapshot([keys] if isinstance(keys, str) else keys)
+        changes = (_decoded(e, self.cls, self.bad) for e in entries)
+        return [c for c in changes if c is not None]
+
+
+def _decoded(entry: KVEntry, cls: type[D], bad: BadInput | None) -> Change[D] | None:
+    """The entry's document, or None (counted in `bad`) when its value does not decode."""
+    try:
+        doc = envelope.decode(entry.value, cls)
+    except WireError as exc:
+        if bad is not None:
+            bad.drop(exc.reason, f"{entry.bucket}/{entry.key}: {exc.detail}")
+        return None
+    return Change(entry.key, doc, entry.revision)
 
 
 class DocWatch(Generic[D]):
@@ -90,14 +94,8 @@ class DocWatch(Generic[D]):
                 yield None
             elif entry.op == "DEL":
                 yield Change(entry.key, None, entry.revision)
-            else:
-                try:
-                    doc = envelope.decode(entry.value, self._cls)
-                except WireError as exc:
-                    if self._bad is not None:
-                        self._bad.drop(exc.reason, f"{entry.bucket}/{entry.key}: {exc.detail}")
-                    continue
-                yield Change(entry.key, doc, entry.revision)
+            elif (change := _decoded(entry, self._cls, self._bad)) is not None:
+                yield change
 
     async def stop(self) -> None:
         await self._watcher.stop()
