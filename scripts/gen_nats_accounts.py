@@ -21,7 +21,8 @@ ACCOUNT = "FLEETPULSE"
 
 
 def kv_read(bucket: str) -> list[str]:
-    """Bind (stream info), get (direct or message get), watch and list keys (ordered consumer)."""
+    """Bind (stream info), get (direct or message get), watch and list keys (ordered consumer),
+    read many keys at once (a pull consumer: `KV.snapshot`)."""
     s = f"KV_{bucket}"
     return [
         f"$JS.API.STREAM.INFO.{s}",
@@ -32,6 +33,7 @@ def kv_read(bucket: str) -> list[str]:
         f"$JS.API.CONSUMER.CREATE.{s}.>",
         f"$JS.API.CONSUMER.DELETE.{s}.>",
         f"$JS.API.CONSUMER.INFO.{s}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{s}.>",
         f"$JS.FC.{s}.>",
     ]
 
