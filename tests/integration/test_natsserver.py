@@ -301,3 +301,32 @@ async def test_cluster_node_kill_and_restart(nats_cluster: NatsCluster) -> None:
     finally:
         await survivor.close()
         await back.close()
+
+
+async def test_a_kv_snapshot_without_a_server_fails_typed_and_works_once_it_is_back(
+    nats_server: NatsServer,
+) -> None:
+    """A takeover's read (KV.snapshot) while the server is down raises BusError, never hangs or
+    returns a partial read as if it were whole; after a restart the same read is whole again."""
+    bus = await connect(nats_server.url)
+    try:
+        kv = await bus.kv("t_snapshot_fault")
+        await asyncio.gather(*(kv.put(f"app{i}.r", b"x") for i in range(50)))
+        patterns = [f"app{i}.>" for i in range(50)]
+        assert len(await kv.snapshot(patterns)) == 50
+        await asyncio.to_thread(nats_server.kill)
+        with pytest.raises(BusError):
+            await asyncio.wait_for(kv.snapshot(patterns), timeout=60)
+        await asyncio.to_thread(nats_server.start)
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            try:
+                got = await kv.snapshot(patterns)
+                break
+            except BusError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        assert sorted(e.key for e in got) == sorted(f"app{i}.r" for i in range(50))
+    finally:
+        await bus.close()
