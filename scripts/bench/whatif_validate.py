@@ -220,11 +220,14 @@ def predict(
     start = window[0] - result.start_us / 1e6
     sel = (run.times >= start) & (run.times <= start + window[1])
     reps = run.replications or (run,)
+    each = [r.percentile(99) or 0.0 for r in reps]
     targets = run.target[sel]
     return {
         "replica_seconds": float(np.mean([r.running[sel].sum() for r in reps])) * opts.interval_s,
         "p50_s": s["p50_s"],
-        "p99_s": s["p99_s"],
+        "p99_s": float(np.median(each)),
+        "p99_pooled_s": s["p99_s"],
+        "p99_range_s": [min(each), max(each)],
         "scale_events": float(np.mean([np.count_nonzero(np.diff(r.target[sel])) for r in reps])),
         "calibration": run.calibration.doc(),
         "series": {

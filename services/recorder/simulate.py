@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import zlib
 from collections import deque
@@ -62,6 +63,8 @@ NODES: Final = 64
 """Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
 PIPE: Final = 8
 """Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
+MAX_COHORTS: Final = 32
+"""Waiting cohorts kept per deployment under random-order admission (older ones are merged)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 P99_EVERY_S: Final = 10.0
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
@@ -82,6 +85,9 @@ class ModelOptions:
     """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
     pooled latencies), the series those of the first."""
     namespace: str = DEFAULT_NAMESPACE
+    random_order: bool = True
+    """Queued requests are admitted in random order, as routers do (False: first come, first
+    served)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
@@ -196,6 +202,8 @@ class _Queue:
         self.lat_s: list[float] = []
         self.lat_w: list[float] = []
         self.lat_k: list[int] = []  # the step each record was admitted at
+        self.random_order = opts.random_order
+        self.saturated_use = cal.saturated_use
 
     def step(self, k: int, arrivals: float, running: int) -> None:
         done = self.done_at.pop(k, 0.0)
@@ -209,7 +217,10 @@ class _Queue:
                 self.cohorts[-1][1] -= over
                 self.queued -= over
                 self.rejected += over
-        free = running * self.max_ongoing - self.n_flight
+        full = running * self.max_ongoing
+        free = full - self.n_flight
+        if self.queued > free:  # saturated: the routers keep only a share of the slots busy
+            free = full * self.saturated_use - self.n_flight
         if free > 0 and self.queued > 0:
             self._admit(k, free, running)
         while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
@@ -217,18 +228,28 @@ class _Queue:
             self.queued = max(0.0, self.queued - self.cohorts.popleft()[1])
 
     def _admit(self, k: int, free: float, running: int) -> None:
-        admitted = 0.0
-        waits: list[tuple[float, float]] = []
         cohorts = self.cohorts
-        while cohorts and free > 1e-12:
-            head = cohorts[0]
-            take = min(head[1], free)
-            waits.append(((k - head[0]) * self.dt, take))
-            head[1] -= take
-            free -= take
-            admitted += take
-            if head[1] <= 1e-12:
-                cohorts.popleft()
+        if self.random_order and free < self.queued:
+            # every waiter is as likely to win a freed slot, whatever its age (the router's
+            # waiters all wake on a finish and race; newcomers join the race)
+            frac = free / self.queued
+            waits = [((k - c[0]) * self.dt, c[1] * frac) for c in cohorts]
+            for c in cohorts:
+                c[1] -= c[1] * frac
+            admitted = free
+            self._merge()
+        else:
+            admitted = 0.0
+            waits = []
+            while cohorts and free > 1e-12:
+                head = cohorts[0]
+                take = min(head[1], free)
+                waits.append(((k - head[0]) * self.dt, take))
+                head[1] -= take
+                free -= take
+                admitted += take
+                if head[1] <= 1e-12:
+                    cohorts.popleft()
         self.queued = max(0.0, self.queued - admitted)
         c = _joined((self.n_flight + admitted / 2) / max(running, 1))
         s_now = self.service(min(c, float(self.max_ongoing)))
@@ -242,6 +263,19 @@ class _Queue:
             self.lat_s.append(s_now)
             self.lat_w.append(n)
             self.lat_k.append(k)
+
+    def _merge(self) -> None:
+        """Keep at most MAX_COHORTS waiting cohorts: fold the adjacent pair holding the fewest
+        requests into one at their mean arrival step (the cost per step stays bounded)."""
+        cohorts = self.cohorts
+        while len(cohorts) > MAX_COHORTS:
+            sizes = [a[1] + b[1] for a, b in itertools.pairwise(cohorts)]
+            i = sizes.index(min(sizes))
+            a, b = cohorts[i], cohorts[i + 1]
+            n = a[1] + b[1]
+            a[0] = (a[0] * a[1] + b[0] * b[1]) / n if n > 0 else b[0]
+            a[1] = n
+            del cohorts[i + 1]
 
 
 class _Reports:
