@@ -18,8 +18,8 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
   S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
   the spread left around it (a coefficient of variation).
 - **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
-  spawn, replicas their own start and ready; both wall clocks of the replica's host); the median
-  over replicas.
+  spawn, replicas their own start and ready; both wall clocks of the replica's host): every one
+  of them (the simulation draws from them) and their median.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
   between one router's reports).
 - **Slot use under saturation.** A router holds no request back when its replicas are full: it
@@ -124,6 +124,8 @@ class Calibration:
     rejected: int
     timed_out: int
     wait_s: float
+    startups: tuple[float, ...] = ()
+    """Every recorded start time (sorted): the simulation draws one per start."""
 
     def service_s(self, concurrency: float) -> float:
         base = self.base_s if self.base_s is not None else 0.0
@@ -138,6 +140,8 @@ class Calibration:
             "service_slope_s": self.slope_s,
             "service_cv": self.cv,
             "startup_s": self.startup_s,
+            "startups": len(self.startups),
+            "startup_range_s": list(self.startups[:: max(len(self.startups) - 1, 1)]),
             "max_ongoing_requests": self.max_ongoing,
             "report_interval_s": self.report_interval_s,
             "saturated_use": self.saturated_use,
@@ -283,6 +287,7 @@ def calibrate(
             report_interval_s=statistics.median(gaps) if gaps else None,
             saturated_use=use,
             saturated_s=use_s,
+            startups=tuple(sorted(starts)),
             completed=completed,
             rejected=round(sum(r.total("rejected") for r in with_stats)),
             timed_out=round(sum(r.total("timed_out") for r in with_stats)),

@@ -13,18 +13,23 @@ models, per step:
    S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
    `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
    a power-of-two choice finds on replicas balanced to within one request (`_joined`).
-3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
-   while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
-   otherwise holds the request; its balancing is taken as perfect). A queue beyond
-   `max_queued` rejects; a request still queued at `timeout_s` times out.
+3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted while
+   R x max_ongoing_requests exceeds N. A router does not serve its waiters in order: on every
+   finish they all wake and race, and newcomers race with them, so each waiting request is as
+   likely as any other to get a freed slot (`random_order`; its age does not count). A cohort
+   therefore leaves in shares, and the oldest cohorts are merged to keep at most `MAX_COHORTS`.
+   While requests wait, only the calibrated share of the slots is busy (`saturated_use`: the
+   slot a finish frees stays empty until a retry lands, and retries pile on some replicas). A
+   queue beyond `max_queued` rejects; a request still queued at `timeout_s` times out.
 4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
    calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
 5. Reports and control: every report interval the routers' time-averaged running + queued is
    what the controller's metrics store would hold (a cold start and a sharp rise report at once,
    as routers do); each step that demand goes into the controller's `DemandWindow` and
    `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
-6. Replicas: a target increase starts replicas that run `startup_s` later (calibrated from
-   lifecycle events, or the option); a decrease stops the newest first.
+6. Replicas: a target increase starts replicas that run a start time later: one drawn (seeded)
+   from the recorded start times (lifecycle events), or the `startup_s` option for all; a
+   decrease stops first the replicas that would be ready last (still starting, then the newest).
 
 The cost per step is O(1) per deployment whatever its replica count (the fluid aggregates the
 replicas), so a 1,000-replica fleet costs what its deployments cost. Determinism: the seed and
@@ -278,6 +283,25 @@ class _Queue:
             del cohorts[i + 1]
 
 
+class _StartTimes:
+    """Start times of new replicas: drawn from the recorded ones (seeded), or the option's."""
+
+    def __init__(self, cal: Calibration, opts: ModelOptions) -> None:
+        self.fixed: float | None = opts.startup_s
+        if self.fixed is None and not cal.startups:
+            self.fixed = cal.startup_s or 0.0
+        self.pool = cal.startups
+        self.rng = np.random.default_rng([opts.seed, zlib.crc32(cal.key.encode()), 2])
+        self.buf: list[float] = []
+
+    def draw(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        if not self.buf:  # a batch of draws at a time: a scale event may start hundreds
+            self.buf = np.asarray(self.pool)[self.rng.integers(0, len(self.pool), 256)].tolist()
+        return self.buf.pop()
+
+
 class _Reports:
     """What routers report (step 5): the time-weighted running + queued at their cadence; a queue
     at zero replicas (cold start) and a sharp rise that holds are reported at once."""
@@ -349,6 +373,7 @@ def _run_once(
     report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s
     arrivals = _arrival_draw(cal, n, dt, max(1, round(report_s / dt)), opts.seed)
     startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
+    starts = _StartTimes(cal, opts)
     nodes = _nodes(cal.cv, key, opts.seed)
     q = _Queue(cal, max_ongoing, nodes, opts)
     reports = _Reports(report_s)
@@ -371,7 +396,7 @@ def _run_once(
         mean, short, full = window.policy_demand(cfg, state.target, now)
         state, d = decide(cfg, state, PolicyInputs(mean, short, full, cold, r), now)
         while len(ready_at) < d.target:
-            ready_at.append(now + startup)
+            bisect.insort(ready_at, now + starts.draw())
         del ready_at[d.target :]
         window.trim(now, keep_s)
         r_after = bisect.bisect_right(ready_at, now)
