@@ -98,8 +98,12 @@ def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
     for k in per[0]:
         v = sum(p[k] for p in per) / len(per)
         series[k] = int(v) if k in _COUNTS and v.is_integer() else _r(v)
-    p = {f"p{q:g}_s": _opt(run.percentile(q)) for q in PERCENTILES}
+    p: dict[str, Any] = {f"p{q:g}_s": _opt(run.percentile(q)) for q in PERCENTILES}
     mean = float(run.latency @ run.weight / run.weight.sum()) if run.weight.size else None
+    if len(reps) > 1:  # what one run may see: the spread of the replications' own p99
+        each = sorted(x for r in reps if (x := r.percentile(99.0)) is not None)
+        if each:
+            p["p99_runs_s"] = [_r(each[0]), _r(float(np.median(each))), _r(each[-1])]
     return {
         **p,
         **series,

@@ -216,6 +216,7 @@ class _Queue:
             self.n_flight = max(0.0, self.n_flight - done)
         if arrivals > 0:
             self.cohorts.append([k, arrivals])
+            self._merge()
             self.queued += arrivals
             if self.queued > self.max_queued:  # the newest are refused
                 over = self.queued - self.max_queued
@@ -238,11 +239,10 @@ class _Queue:
             # every waiter is as likely to win a freed slot, whatever its age (the router's
             # waiters all wake on a finish and race; newcomers join the race)
             frac = free / self.queued
-            waits = [((k - c[0]) * self.dt, c[1] * frac) for c in cohorts]
-            for c in cohorts:
-                c[1] -= c[1] * frac
+            waits = [((k - h[0]) * self.dt, h[1] * frac) for h in cohorts]
+            for h in cohorts:
+                h[1] -= h[1] * frac
             admitted = free
-            self._merge()
         else:
             admitted = 0.0
             waits = []
