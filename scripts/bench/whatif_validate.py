@@ -14,7 +14,9 @@ ramp, a burst, a plateau, idle, a second step. The replicas run services.example
 3. Each B runs live under the same load script.
 4. Predicted vs measured: replica-seconds (running replicas, from fp_status polled every 50 ms),
    p50/p99 latency (client side, end to end) and scale events (target changes), and whether
-   each pair (A, B) is ranked the same way by the model and by the live runs.
+   each pair (A, B) is ranked the same way by the model and by the live runs. The predicted p99
+   is the median over the model's replications of each one's p99 (a live run is one draw),
+   with their range; replica-seconds and scale events are the replications' means.
 
 Output: a table, bench-results/whatif_validate.json and RESULT lines. Each run takes about
 `--load-s` plus the time to come back to one replica.
@@ -47,8 +49,9 @@ from services.recorder.simulate import ModelOptions
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle
 
-REPLICATIONS = 8
-"""Model runs per prediction (seeds): the live run is one sample, the model gives the mean."""
+REPLICATIONS = 32
+"""Model runs per prediction (seeds). A live run is one draw: its p99 is compared with the
+median of the runs' own p99s, and the runs' range is reported with it."""
 LATENCY_S = 0.2
 CONTENTION = 0.5
 
@@ -324,12 +327,14 @@ def evaluate(log_dir: Path, seed: int) -> dict[str, Any]:
     rows = []
     for name in names:
         p, m = preds[name], live[name]
+        lo, hi = p["p99_range_s"]
         rows.append([name, p["replica_seconds"], m["replica_seconds"], p["p50_s"], m["p50_s"],
-                     p["p99_s"], m["p99_s"], p["scale_events"], m["scale_events"]])  # fmt: skip
+                     p["p99_s"], f"{lo:.2f}-{hi:.2f}", m["p99_s"], p["scale_events"],
+                     m["scale_events"]])  # fmt: skip
     print_table(
         f"predicted (from {names[0]}'s recording) vs measured",
-        ["config", "pred rs", "live rs", "pred p50", "live p50", "pred p99", "live p99",
-         "pred ev", "live ev"],
+        ["config", "pred rs", "live rs", "pred p50", "live p50", "pred p99", "runs p99",
+         "live p99", "pred ev", "live ev"],
         rows,
     )  # fmt: skip
     pairs = []
