@@ -208,7 +208,8 @@ COLUMNS = (
 def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
     """Side by side: one row per (deployment, config)."""
     keys = sorted({k for _, r in runs for k in r.deployments})
-    head = ["deployment", "config", *(h for _, h in COLUMNS)]
+    runs_col = any(r.options.replications > 1 for _, r in runs)
+    head = ["deployment", "config", *(h for _, h in COLUMNS), *(["p99 s of runs"] * runs_col)]
     rows: list[list[str]] = []
     for key in keys:
         for label, r in runs:
@@ -216,7 +217,11 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
             if run is None:
                 continue
             s = summary(run, r.options.interval_s)
-            rows.append([key, label, *("-" if s[c] is None else f"{s[c]:g}" for c, _ in COLUMNS)])
+            cells = ["-" if s[c] is None else f"{s[c]:g}" for c, _ in COLUMNS]
+            if runs_col:
+                lo, med, hi = s.get("p99_runs_s") or (None, None, None)
+                cells.append("-" if lo is None else f"{lo:.3g}..{hi:.3g} (median {med:.3g})")
+            rows.append([key, label, *cells])
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     for line in [head, *rows]:
         out.write("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip() + "\n")
@@ -226,8 +231,10 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
         out.write(
             f"{key}: calibrated service {base} s + {cal.slope_s:.4g} s per extra request"
             f" (cv {cal.cv:.2f}), dispersion {cal.dispersion:.2f},"
-            f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s,"
-            f" max_ongoing {cal.max_ongoing or '-'}\n"
+            f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s"
+            f" (median of {len(cal.startups)}),"
+            f" max_ongoing {cal.max_ongoing or '-'}, slots busy under saturation"
+            f" {cal.saturated_use:.2f}\n"
         )
 
 
