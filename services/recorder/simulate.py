@@ -70,6 +70,12 @@ PIPE: Final = 8
 """Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
 MAX_COHORTS: Final = 32
 """Waiting cohorts kept per deployment under random-order admission (older ones are merged)."""
+COMPACT_AT: Final = 1 << 16
+"""Latency records held before they are folded onto a grid (a long saturation admits a share
+of every waiting cohort each step, so up to MAX_COHORTS records a step)."""
+FOLD_RES: Final = 0.002
+"""The grid records are folded onto: waits and service times in steps of 0.2% (waits under
+1 ms as 1 ms)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 P99_EVERY_S: Final = 10.0
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
@@ -206,7 +212,10 @@ class _Queue:
         self.lat_wait: list[float] = []
         self.lat_s: list[float] = []
         self.lat_w: list[float] = []
-        self.lat_k: list[int] = []  # the step each record was admitted at
+        self.window = 0  # the p99 window the records above were admitted in
+        self.p99: dict[int, float] = {}
+        self.pool: list[tuple[F64, F64, F64]] = []  # closed windows' records, maybe folded
+        self.pooled = 0
         self.random_order = opts.random_order
         self.saturated_use = cal.saturated_use
 
@@ -267,7 +276,29 @@ class _Queue:
             self.lat_wait.append(w)
             self.lat_s.append(s_now)
             self.lat_w.append(n)
-            self.lat_k.append(k)
+
+    def window_done(self, nodes: F64) -> None:
+        """Close the current p99 window: its p99 from its own records, which then join the
+        pool (where the window no longer matters, so they may be folded)."""
+        if not self.lat_w:
+            return
+        mine = self._buffer()
+        self.p99[self.window] = _p99(mine, nodes)
+        self.pool.append(mine)
+        self.pooled += len(self.lat_w)
+        self.lat_wait, self.lat_s, self.lat_w = [], [], []
+        if self.pooled >= COMPACT_AT:
+            self.pool = [_fold(self.records())]
+            self.pooled = self.pool[0][0].size
+
+    def records(self) -> tuple[F64, F64, F64]:
+        """Every admitted share so far: (wait s, service s, requests)."""
+        wait, svc, wts = (np.concatenate(x) for x in zip(*self.pool, self._buffer(), strict=True))
+        return wait, svc, wts
+
+    def _buffer(self) -> tuple[F64, F64, F64]:
+        return (np.asarray(self.lat_wait, dtype=np.float64), np.asarray(self.lat_s, dtype=np.float64),
+                np.asarray(self.lat_w, dtype=np.float64))  # fmt: skip
 
     def _merge(self) -> None:
         """Keep at most MAX_COHORTS waiting cohorts: fold the adjacent pair holding the fewest
@@ -375,6 +406,7 @@ def _run_once(
     startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
     starts = _StartTimes(cal, opts)
     nodes = _nodes(cal.cv, key, opts.seed)
+    every = max(1, round(P99_EVERY_S / dt))
     q = _Queue(cal, max_ongoing, nodes, opts)
     reports = _Reports(report_s)
     window = DemandWindow.for_policy(cfg)
@@ -389,6 +421,9 @@ def _run_once(
     for k, a in enumerate(arrivals.tolist()):
         now = (k + 1) * dt
         r = bisect.bisect_right(ready_at, now)
+        if k // every != q.window:
+            q.window_done(nodes)
+            q.window = k // every
         q.step(k, a, r)
         cold = state.target == 0 and q.queued > 0
         reported = reports.step(now, dt, q.n_flight + q.queued, cold, q.queued)
@@ -407,8 +442,11 @@ def _run_once(
         last_rule = d.rule
         demand[k], in_flight[k], queue[k] = reported, q.n_flight, q.queued
         target[k], running[k] = d.target, r_after
-    lat, wts = _latencies(q.lat_wait, q.lat_s, q.lat_w, nodes)
-    p99 = _p99_over_time(q, nodes, n, max(1, round(P99_EVERY_S / dt)))
+    q.window_done(nodes)
+    lat, wts = _latencies(q.records(), nodes)
+    p99 = np.full(math.ceil(n / every), np.nan)
+    for b, x in q.p99.items():
+        p99[b] = x
     timed_out = q.timed_out
     if opts.timeout_s is not None and lat.size:
         late = lat > opts.timeout_s
@@ -437,32 +475,41 @@ def _run_once(
     )
 
 
-def _p99_over_time(q: _Queue, nodes: F64, n: int, every: int) -> F64:
-    """p99 latency of the requests admitted in each window of `every` steps (NaN: none)."""
-    out = np.full(math.ceil(n / every), np.nan)
-    if not q.lat_k:
-        return out
-    win = np.asarray(q.lat_k) // every
-    lat = np.asarray(q.lat_wait)[:, None] + np.asarray(q.lat_s)[:, None] * nodes[None, :]
-    w = np.repeat(np.asarray(q.lat_w)[:, None], nodes.size, axis=1)
-    for b in np.unique(win).tolist():
-        sel = win == b
-        x, y = lat[sel].ravel(), w[sel].ravel()
-        order = np.argsort(x, kind="stable")
-        cum = np.cumsum(y[order])
-        if cum[-1] > 0:
-            i = int(np.searchsorted(cum, 0.99 * cum[-1]))
-            out[b] = x[order][min(i, x.size - 1)]
-    return out
+def _p99(rec: tuple[F64, F64, F64], nodes: F64) -> float:
+    """The p99 latency of some records (NaN: no request)."""
+    x, y = _latencies(rec, nodes)
+    cum = np.cumsum(y)
+    if not cum.size or cum[-1] <= 0:
+        return math.nan
+    return float(x[min(int(np.searchsorted(cum, 0.99 * cum[-1])), x.size - 1)])
 
 
-def _latencies(
-    wait: list[float], service: list[float], weight: list[float], nodes: F64
-) -> tuple[F64, F64]:
-    if not wait:
+def _fold(rec: tuple[F64, F64, F64]) -> tuple[F64, F64, F64]:
+    """Records folded onto a (wait, service) grid of `FOLD_RES` relative steps, each cell's
+    weighted means kept: memory stays bounded however long requests wait, at a resolution far
+    below the service-time spread."""
+    wait, svc, wts = rec
+    grid = np.stack(
+        [np.rint(np.log(np.maximum(wait, 1e-3) / 1e-3) / FOLD_RES),
+         np.rint(np.log(np.maximum(svc, 1e-9)) / FOLD_RES)], axis=1,
+    ).astype(np.int64)  # fmt: skip
+    uniq, inv = np.unique(grid, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    mass = np.asarray(np.bincount(inv, weights=wts, minlength=len(uniq)), dtype=np.float64)
+    safe = np.where(mass > 0, mass, 1.0)
+    return (
+        np.bincount(inv, weights=wts * wait, minlength=len(uniq)) / safe,
+        np.bincount(inv, weights=wts * svc, minlength=len(uniq)) / safe,
+        mass,
+    )
+
+
+def _latencies(rec: tuple[F64, F64, F64], nodes: F64) -> tuple[F64, F64]:
+    wait, svc, wts = rec
+    if not wait.size:
         return np.empty(0), np.empty(0)
-    w = np.asarray(wait)[:, None] + np.asarray(service)[:, None] * nodes[None, :]
-    c = np.repeat(np.asarray(weight) / nodes.size, nodes.size)
+    w = wait[:, None] + svc[:, None] * nodes[None, :]
+    c = np.repeat(wts / nodes.size, nodes.size)
     flat = w.ravel()
     order = np.argsort(flat, kind="stable")
     return flat[order], c[order]

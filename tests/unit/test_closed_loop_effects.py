@@ -78,6 +78,25 @@ def test_random_order_keeps_a_bounded_number_of_cohorts_and_every_request() -> N
     assert ages == sorted(ages)  # merging keeps the arrival order (timeouts take the front)
 
 
+def test_long_saturation_folds_the_latency_records_and_keeps_the_percentiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An hour at twice one replica's capacity: every step admits a share of every waiting
+    cohort; the records are folded onto a fine grid so memory stays bounded, and the
+    percentiles and the requests counted do not move."""
+    import services.recorder.simulate as sim
+
+    c = cal([(3600.0, 16.0)])
+    whole = run_deployment(KEY, fixed(1), 4, c, 600.0, ModelOptions(interval_s=0.5))
+    monkeypatch.setattr(sim, "COMPACT_AT", 300)
+    folded = run_deployment(KEY, fixed(1), 4, c, 600.0, ModelOptions(interval_s=0.5))
+    assert folded.latency.size < whole.latency.size / 2
+    assert folded.completed() == pytest.approx(whole.completed())
+    for p in (50.0, 99.0):
+        assert folded.percentile(p) == pytest.approx(whole.percentile(p), rel=0.01)
+    assert np.allclose(folded.p99_series, whole.p99_series, rtol=0.01, equal_nan=True)
+
+
 def report(t: float, running: dict[str, float], served: float, done: int) -> tuple:
     stats = RequestStats(done, done, served, served * 0.5, 0.0, 0, 0, done * 3, done * 9,
                          served * 3)  # fmt: skip
