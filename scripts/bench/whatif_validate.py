@@ -282,11 +282,13 @@ async def live_phase(args: argparse.Namespace, log_dir: Path) -> None:
         for name in names:
             app = f"run{name.lower()}"
             rec = None
-            if name == names[0]:
+            if name == names[0] or args.record_all:
+                # the first run is the one predicted from; the others only to compare with
+                out = rec_dir if name == names[0] else log_dir / f"rec-{name}"
                 stack._start(
-                    ["record", "--nats", stack.server.url, "--out", str(rec_dir),
+                    ["record", "--nats", stack.server.url, "--out", str(out),
                      "--subject", "fp.v1.report.>", "--progress-interval-s", "0"],
-                    "record.log",
+                    f"record-{name}.log",
                 )  # fmt: skip
                 rec = stack.procs[-1]
                 await asyncio.sleep(2.0)
@@ -295,13 +297,14 @@ async def live_phase(args: argparse.Namespace, log_dir: Path) -> None:
             if name == names[0]:
                 window = (res.t0_wall, settle)
             series[name] = {"points": res.points, "latency": res.latencies,
-                            "finished_at": res.finished_at, "failed": res.failed}  # fmt: skip
+                            "finished_at": res.finished_at, "failed": res.failed,
+                            "t0_wall": res.t0_wall}  # fmt: skip
             if rec is not None:
                 rec.terminate()
                 await asyncio.to_thread(rec.wait, 30)
-                if args.tune is not None:
-                    CONFIGS["T"] = await tune_on(rec_dir, log_dir, app, args)
-                    names.append("T")
+            if name == names[0] and args.tune is not None:
+                CONFIGS["T"] = await tune_on(rec_dir, log_dir, app, args)
+                names.append("T")
     finally:
         await stack.stop()
     doc = {"names": names, "window": window, "settle_s": settle, "series": series,
@@ -376,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep the recording, logs and live series here")
     ap.add_argument("--tune", metavar="pNN=S", help="also tune on the recording, run the best live")
     ap.add_argument("--tune-configs", type=int, default=100)
+    ap.add_argument("--record-all", action="store_true",
+                    help="also record every other run (rec-NAME/ under --keep), to compare with")  # fmt: skip
     ap.add_argument("--predict-only", type=Path, metavar="DIR",
                     help="no live runs: predict again from a --keep directory")  # fmt: skip
     args = ap.parse_args(argv)
