@@ -16,13 +16,13 @@ meets the objective when
 - its latency percentile is within the SLO less a margin (`--margin`, 25%) in *every*
   replication, not just on average: a live run is one draw, and the model's measured error is
   of that order (recording.md, "Measured error"), and
-- it scales at most `--max-scale-ratio` (1.5) times as often as the app file's own config does on
-  the same recording (at least that many times one event): a config that flaps is where a few
-  hundred milliseconds of control-loop timing decide whether a burst meets too few replicas,
-  which the model cannot promise.
+- it scales at most `--max-scale-ratio` (1.5) times as often as the app file's own config does
+  on the same recording (counted as one event if it never scales): a config that flaps is where
+  a few hundred milliseconds of control-loop timing decide whether a burst meets too few
+  replicas, which the model cannot promise.
 
-The best is the one of those with the fewest replica-seconds (then the lower percentile, then
-the grid order). The frontier is the Pareto set of (replica-seconds, pooled percentile) over all
+The best is the one of those with the fewest replica-seconds (then the lower worst replication,
+then the grid order). The frontier is the Pareto set of (replica-seconds, pooled percentile) over all
 candidates.
 """
 
