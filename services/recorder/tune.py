@@ -62,7 +62,7 @@ GRID: dict[str, tuple[float, ...]] = {
 
 DEFAULT_MARGIN = 0.25
 DEFAULT_MAX_SCALE_RATIO = 1.5
-DEFAULT_REPLICATIONS = 4
+DEFAULT_REPLICATIONS = 8
 
 
 @dataclass(frozen=True, slots=True)
