@@ -1,6 +1,8 @@
 """The closed-loop what-if against live runs with real replica processes.
 
     .venv/bin/python -m scripts.bench.whatif_validate [--load-s 150] [--configs A,B1,B2,B3]
+        [--tune p99=1.0] [--record-all] [--keep DIR]
+    .venv/bin/python -m scripts.bench.whatif_validate --predict-only DIR [--seed 11]
 
 One embedded nats-server, `fleetpulse controller`, `fleetpulse agent` and `fleetpulse record`
 as processes (step_response.py's stack); the load comes from this process through a
