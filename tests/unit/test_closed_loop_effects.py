@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from services.recorder.calibrate import ArrivalCurve, Calibration, calibrate
-from services.recorder.simulate import (
-    MAX_COHORTS,
-    ModelOptions,
-    _Queue,
-    _StartTimes,
-    run_deployment,
-)
+from services.recorder.fluid import MAX_COHORTS, FluidQueue
+from services.recorder.simulate import ModelOptions, _StartTimes, run_deployment
 from services.recorder.tune import Candidate, Rule, tune
 from shared.appconfig import AutoscalingConfig
 from shared.wire.codec import encode
@@ -67,7 +62,7 @@ def test_random_order_admission_spreads_the_waits_fifo_does_not() -> None:
 
 def test_random_order_keeps_a_bounded_number_of_cohorts_and_every_request() -> None:
     c = cal(BURST)
-    queue = _Queue(c, 4, np.ones(64), ModelOptions())
+    queue = FluidQueue(c, 4, np.ones(64), ModelOptions())
     for k in range(600):
         queue.step(k, 3.0, 1)  # 30/s on one replica: always saturated
         assert len(queue.cohorts) <= MAX_COHORTS
@@ -84,11 +79,11 @@ def test_long_saturation_folds_the_latency_records_and_keeps_the_percentiles(
     """An hour at twice one replica's capacity: every step admits a share of every waiting
     cohort; the records are folded onto a fine grid so memory stays bounded, and the
     percentiles and the requests counted do not move."""
-    import services.recorder.simulate as sim
+    import services.recorder.fluid as fluid
 
     c = cal([(3600.0, 16.0)])
     whole = run_deployment(KEY, fixed(1), 4, c, 600.0, ModelOptions(interval_s=0.5))
-    monkeypatch.setattr(sim, "COMPACT_AT", 300)
+    monkeypatch.setattr(fluid, "COMPACT_AT", 300)
     folded = run_deployment(KEY, fixed(1), 4, c, 600.0, ModelOptions(interval_s=0.5))
     assert folded.latency.size < whole.latency.size / 2
     assert folded.completed() == pytest.approx(whole.completed())
