@@ -18,10 +18,18 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
   S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
   the spread left around it (a coefficient of variation).
 - **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
-  spawn, replicas their own start and ready; both wall clocks of the replica's host); the median
-  over replicas.
+  spawn, replicas their own start and ready; both wall clocks of the replica's host): every one
+  of them (the simulation draws from them) and their median.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
   between one router's reports).
+- **Slot use under saturation.** A router holds no request back when its replicas are full: it
+  sends, is refused, backs that replica off and tries again, so a slot freed stays empty until
+  a retry lands, and retries pile on some replicas while others idle. Over the report intervals
+  in which a router's load (running + queued) exceeded its replicas' slots (membership
+  unchanged since its previous report), the service time it completed over the slot-time there
+  is the share of slots in use when requests wait (1: every slot busy; no such interval: 1).
+  Per router, on its own load: with several routers a router's share rarely fills every slot,
+  so the share is measured only where one router saturates the deployment.
 
 A deployment without stats in its reports has `arrivals is None`: the closed loop cannot run
 there (the caller says so and falls back to the open-loop what-if).
@@ -33,11 +41,13 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute
 
 from shared.errors import UsageError, WireError
 from shared.subjects import DEFAULT_NAMESPACE, Subjects, deployment_key
@@ -49,6 +59,24 @@ F64 = npt.NDArray[np.float64]
 _US: Final = 1e6
 MAX_DISPERSION: Final = 50.0
 MAX_CV: Final = 3.0
+MIN_SATURATED_SLOT_S: Final = 5.0
+"""Saturated slot-seconds below which the slot share is not measured (read as 1)."""
+MIN_SATURATED_USE: Final = 0.5
+
+
+def _saturated_use(routers: Iterable[_Router], max_ongoing: int | None) -> tuple[float, float]:
+    """(share of slots busy while a router's load exceeded its replicas' slots, slot-seconds)."""
+    if not max_ongoing:
+        return 1.0, 0.0
+    slot = busy = 0.0
+    for r in routers:
+        for n, load, dt, service in r.spans:
+            if n > 0 and load > n * max_ongoing:
+                slot += n * max_ongoing * dt
+                busy += service
+    if slot < MIN_SATURATED_SLOT_S:
+        return 1.0, slot
+    return min(max(busy / slot, MIN_SATURATED_USE), 1.0), slot
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -88,10 +116,16 @@ class Calibration:
     startup_s: float | None
     max_ongoing: int | None
     report_interval_s: float | None
+    saturated_use: float
+    """The share of slots busy while requests wait (see the module docstring)."""
+    saturated_s: float
+    """The slot-seconds that share was measured over (0: never saturated)."""
     completed: int
     rejected: int
     timed_out: int
     wait_s: float
+    startups: tuple[float, ...] = ()
+    """Every recorded start time (sorted): the simulation draws one per start."""
 
     def service_s(self, concurrency: float) -> float:
         base = self.base_s if self.base_s is not None else 0.0
@@ -106,8 +140,12 @@ class Calibration:
             "service_slope_s": self.slope_s,
             "service_cv": self.cv,
             "startup_s": self.startup_s,
+            "startups": len(self.startups),
+            "startup_range_s": list(self.startups[:: max(len(self.startups) - 1, 1)]),
             "max_ongoing_requests": self.max_ongoing,
             "report_interval_s": self.report_interval_s,
+            "saturated_use": self.saturated_use,
+            "saturated_slot_s": self.saturated_s,
             "recorded": {
                 "completed": self.completed,
                 "rejected": self.rejected,
@@ -124,6 +162,9 @@ class _Router:
     arrived: list[int]
     first: RequestStats
     last: RequestStats
+    members: frozenset[str] | None = None
+    spans: list[tuple[int, float, float, float]] = field(default_factory=list)
+    """Per report after one with the same members: (replicas, load, seconds, service s)."""
 
     def total(self, name: str) -> float:
         """Growth of a counter over the recording (from this router's first report)."""
@@ -192,10 +233,15 @@ def calibrate(
                 if detect_format(payload) == "columnar":
                     c = decode_handle_report_columnar(payload)
                     if c.part == 0:  # stats are report-level, the same in every part
-                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, t)
+                        whole = c.parts == 1  # members and load only from a one-part report
+                        ids = c.replica_ids.to_pylist() if whole else None
+                        load = float(pa.compute.sum(c.batch.column(1)).as_py() or 0.0)
+                        _add_report(routers[key], c.handle_id, c.sent_at, c.stats, t,
+                                    ids, load + c.queued_requests)  # fmt: skip
                 else:
                     r = decode_as(payload, HandleReport)
-                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, t)
+                    load = math.fsum(r.running.values()) + r.queued_requests
+                    _add_report(routers[key], r.handle_id, r.sent_at, r.stats, t, r.running, load)
             elif where.kind == "lifecycle":
                 ev = decode_as(payload, Lifecycle)
                 if ev.state == "starting":
@@ -226,6 +272,8 @@ def calibrate(
             for rid, at in starting[key].items()
             if rid in ready[key] and ready[key][rid] >= at
         ]
+        max_ongoing = limits[key].most_common(1)[0][0] if limits[key] else None
+        use, use_s = _saturated_use(with_stats, max_ongoing)
         gaps = [g for r in with_stats for g in np.diff(np.asarray(r.sent)).tolist() if g > 0]
         out[key] = Calibration(
             key=key,
@@ -235,8 +283,11 @@ def calibrate(
             slope_s=slope,
             cv=cv,
             startup_s=statistics.median(starts) if starts else None,
-            max_ongoing=limits[key].most_common(1)[0][0] if limits[key] else None,
+            max_ongoing=max_ongoing,
             report_interval_s=statistics.median(gaps) if gaps else None,
+            saturated_use=use,
+            saturated_s=use_s,
+            startups=tuple(sorted(starts)),
             completed=completed,
             rejected=round(sum(r.total("rejected") for r in with_stats)),
             timed_out=round(sum(r.total("timed_out") for r in with_stats)),
@@ -251,6 +302,8 @@ def _add_report(
     sent_at: float,
     s: RequestStats | None,
     t: float,
+    replicas: Iterable[str] | None = None,
+    load: float = 0.0,
 ) -> None:
     if s is None:
         return
@@ -259,6 +312,10 @@ def _add_report(
         cur = by_handle[handle_id] = _Router([], [], [], s, s)
     elif s.arrived < cur.last.arrived or sent_at <= cur.sent[-1]:
         return  # a restarted router reusing its id, or a stale report: keep the first run
+    members = None if replicas is None else frozenset(replicas)
+    if members is not None and members == cur.members and cur.times:
+        cur.spans.append((len(members), load, t - cur.times[-1], s.service_s - cur.last.service_s))
+    cur.members = members
     cur.last = s
     cur.times.append(t)
     cur.sent.append(sent_at)

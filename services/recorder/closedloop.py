@@ -98,8 +98,12 @@ def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
     for k in per[0]:
         v = sum(p[k] for p in per) / len(per)
         series[k] = int(v) if k in _COUNTS and v.is_integer() else _r(v)
-    p = {f"p{q:g}_s": _opt(run.percentile(q)) for q in PERCENTILES}
+    p: dict[str, Any] = {f"p{q:g}_s": _opt(run.percentile(q)) for q in PERCENTILES}
     mean = float(run.latency @ run.weight / run.weight.sum()) if run.weight.size else None
+    if len(reps) > 1:  # what one run may see: the spread of the replications' own p99
+        each = sorted(x for r in reps if (x := r.percentile(99.0)) is not None)
+        if each:
+            p["p99_runs_s"] = [_r(each[0]), _r(float(np.median(each))), _r(each[-1])]
     return {
         **p,
         **series,
@@ -204,7 +208,8 @@ COLUMNS = (
 def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
     """Side by side: one row per (deployment, config)."""
     keys = sorted({k for _, r in runs for k in r.deployments})
-    head = ["deployment", "config", *(h for _, h in COLUMNS)]
+    runs_col = any(r.options.replications > 1 for _, r in runs)
+    head = ["deployment", "config", *(h for _, h in COLUMNS), *(["p99 s of runs"] * runs_col)]
     rows: list[list[str]] = []
     for key in keys:
         for label, r in runs:
@@ -212,7 +217,11 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
             if run is None:
                 continue
             s = summary(run, r.options.interval_s)
-            rows.append([key, label, *("-" if s[c] is None else f"{s[c]:g}" for c, _ in COLUMNS)])
+            cells = ["-" if s[c] is None else f"{s[c]:g}" for c, _ in COLUMNS]
+            if runs_col:
+                lo, med, hi = s.get("p99_runs_s") or (None, None, None)
+                cells.append("-" if lo is None else f"{lo:.3g}..{hi:.3g} (median {med:.3g})")
+            rows.append([key, label, *cells])
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     for line in [head, *rows]:
         out.write("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip() + "\n")
@@ -222,8 +231,10 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
         out.write(
             f"{key}: calibrated service {base} s + {cal.slope_s:.4g} s per extra request"
             f" (cv {cal.cv:.2f}), dispersion {cal.dispersion:.2f},"
-            f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s,"
-            f" max_ongoing {cal.max_ongoing or '-'}\n"
+            f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s"
+            f" (median of {len(cal.startups)}),"
+            f" max_ongoing {cal.max_ongoing or '-'}, slots busy under saturation"
+            f" {cal.saturated_use:.2f}\n"
         )
 
 

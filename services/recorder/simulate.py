@@ -12,19 +12,24 @@ models, per step:
 2. Service: a request admitted when its replica serves c requests (itself included) takes
    S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
    `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
-   a power-of-two choice finds on replicas balanced to within one request (`_joined`).
-3. Routers' queue: arrivals wait in one FIFO queue (cohorts by arrival step) and are admitted
-   while R x max_ongoing_requests exceeds N (a router sends to a replica with a free slot and
-   otherwise holds the request; its balancing is taken as perfect). A queue beyond
-   `max_queued` rejects; a request still queued at `timeout_s` times out.
+   a power-of-two choice finds on replicas balanced to within one request (`fluid.joined`).
+3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted while
+   R x max_ongoing_requests exceeds N. A router does not serve its waiters in order: on every
+   finish they all wake and race, and newcomers race with them, so each waiting request is as
+   likely as any other to get a freed slot (`random_order`; its age does not count). A cohort
+   therefore leaves in shares, and the oldest cohorts are merged to keep at most `MAX_COHORTS`.
+   While requests wait, only the calibrated share of the slots is busy (`saturated_use`: the
+   slot a finish frees stays empty until a retry lands, and retries pile on some replicas). A
+   queue beyond `max_queued` rejects; a request still queued at `timeout_s` times out.
 4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
    calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
 5. Reports and control: every report interval the routers' time-averaged running + queued is
    what the controller's metrics store would hold (a cold start and a sharp rise report at once,
    as routers do); each step that demand goes into the controller's `DemandWindow` and
    `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
-6. Replicas: a target increase starts replicas that run `startup_s` later (calibrated from
-   lifecycle events, or the option); a decrease stops the newest first.
+6. Replicas: a target increase starts replicas that run a start time later: one drawn (seeded)
+   from the recorded start times (lifecycle events), or the `startup_s` option for all; a
+   decrease stops first the replicas that would be ready last (still starting, then the newest).
 
 The cost per step is O(1) per deployment whatever its replica count (the fluid aggregates the
 replicas), so a 1,000-replica fleet costs what its deployments cost. Determinism: the seed and
@@ -37,7 +42,6 @@ import bisect
 import dataclasses
 import math
 import zlib
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -54,14 +58,13 @@ from shared.errors import UsageError
 from shared.subjects import DEFAULT_NAMESPACE, deployment_key
 
 from .calibrate import Calibration
+from .fluid import FluidQueue, latencies
 from .whatif import TimelineEntry
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 NODES: Final = 64
 """Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
-PIPE: Final = 8
-"""Shares a cohort is split into for its completions (NODES groups of NODES / PIPE)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 P99_EVERY_S: Final = 10.0
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
@@ -82,6 +85,9 @@ class ModelOptions:
     """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
     pooled latencies), the series those of the first."""
     namespace: str = DEFAULT_NAMESPACE
+    random_order: bool = True
+    """Queued requests are admitted in random order, as routers do (False: first come, first
+    served)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
@@ -159,16 +165,6 @@ def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) ->
     return np.asarray(out.ravel()[:n], dtype=np.float64)
 
 
-def _joined(m: float) -> float:
-    """The requests a new request finds on its replica, itself included, when m are in flight
-    per replica: balanced to within one (a fraction f of the replicas serve floor(m) + 1, the
-    rest floor(m)), and the router's power of two choices takes the busier only when both
-    picks are (probability f^2)."""
-    lo = math.floor(m)
-    f = m - lo
-    return lo + f * f + 1.0
-
-
 def _nodes(cv: float, key: str, seed: int) -> F64:
     if cv < 1e-3:
         return np.ones(NODES)
@@ -178,70 +174,23 @@ def _nodes(cv: float, key: str, seed: int) -> F64:
     return np.asarray(x / x.mean(), dtype=np.float64)
 
 
-class _Queue:
-    """The routers' queue and the requests in service of one deployment (steps 2-4 above)."""
+class _StartTimes:
+    """Start times of new replicas: drawn from the recorded ones (seeded), or the option's."""
 
-    def __init__(self, cal: Calibration, max_ongoing: int, nodes: F64, opts: ModelOptions) -> None:
-        self.service = cal.service_s
-        self.max_ongoing = max_ongoing
-        self.max_queued = opts.max_queued
-        self.dt = opts.interval_s
-        self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
-        self.pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser, for completions
-        self.n_flight = self.queued = 0.0
-        self.cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
-        self.done_at: dict[int, float] = {}  # step -> requests completing then
-        self.rejected = self.timed_out = 0.0
-        self.lat_wait: list[float] = []
-        self.lat_s: list[float] = []
-        self.lat_w: list[float] = []
-        self.lat_k: list[int] = []  # the step each record was admitted at
+    def __init__(self, cal: Calibration, opts: ModelOptions) -> None:
+        self.fixed: float | None = opts.startup_s
+        if self.fixed is None and not cal.startups:
+            self.fixed = cal.startup_s or 0.0
+        self.pool = cal.startups
+        self.rng = np.random.default_rng([opts.seed, zlib.crc32(cal.key.encode()), 2])
+        self.buf: list[float] = []
 
-    def step(self, k: int, arrivals: float, running: int) -> None:
-        done = self.done_at.pop(k, 0.0)
-        if done:
-            self.n_flight = max(0.0, self.n_flight - done)
-        if arrivals > 0:
-            self.cohorts.append([k, arrivals])
-            self.queued += arrivals
-            if self.queued > self.max_queued:  # the newest are refused
-                over = self.queued - self.max_queued
-                self.cohorts[-1][1] -= over
-                self.queued -= over
-                self.rejected += over
-        free = running * self.max_ongoing - self.n_flight
-        if free > 0 and self.queued > 0:
-            self._admit(k, free, running)
-        while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
-            self.timed_out += self.cohorts[0][1]
-            self.queued = max(0.0, self.queued - self.cohorts.popleft()[1])
-
-    def _admit(self, k: int, free: float, running: int) -> None:
-        admitted = 0.0
-        waits: list[tuple[float, float]] = []
-        cohorts = self.cohorts
-        while cohorts and free > 1e-12:
-            head = cohorts[0]
-            take = min(head[1], free)
-            waits.append(((k - head[0]) * self.dt, take))
-            head[1] -= take
-            free -= take
-            admitted += take
-            if head[1] <= 1e-12:
-                cohorts.popleft()
-        self.queued = max(0.0, self.queued - admitted)
-        c = _joined((self.n_flight + admitted / 2) / max(running, 1))
-        s_now = self.service(min(c, float(self.max_ongoing)))
-        self.n_flight += admitted
-        share = admitted / PIPE
-        for q in self.pipe:  # each share leaves after its service time
-            at = k + max(1, round(s_now * q / self.dt))
-            self.done_at[at] = self.done_at.get(at, 0.0) + share
-        for w, n in waits:
-            self.lat_wait.append(w)
-            self.lat_s.append(s_now)
-            self.lat_w.append(n)
-            self.lat_k.append(k)
+    def draw(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        if not self.buf:  # a batch of draws at a time: a scale event may start hundreds
+            self.buf = np.asarray(self.pool)[self.rng.integers(0, len(self.pool), 256)].tolist()
+        return self.buf.pop()
 
 
 class _Reports:
@@ -315,8 +264,10 @@ def _run_once(
     report_s = opts.report_interval_s or cal.report_interval_s or cfg.metrics_interval_s
     arrivals = _arrival_draw(cal, n, dt, max(1, round(report_s / dt)), opts.seed)
     startup = opts.startup_s if opts.startup_s is not None else (cal.startup_s or 0.0)
+    starts = _StartTimes(cal, opts)
     nodes = _nodes(cal.cv, key, opts.seed)
-    q = _Queue(cal, max_ongoing, nodes, opts)
+    every = max(1, round(P99_EVERY_S / dt))
+    q = FluidQueue(cal, max_ongoing, nodes, opts)
     reports = _Reports(report_s)
     window = DemandWindow.for_policy(cfg)
     keep_s = max(cfg.look_back_period_s, cfg.panic_window_s)
@@ -330,6 +281,9 @@ def _run_once(
     for k, a in enumerate(arrivals.tolist()):
         now = (k + 1) * dt
         r = bisect.bisect_right(ready_at, now)
+        if k // every != q.window:
+            q.window_done(nodes)
+            q.window = k // every
         q.step(k, a, r)
         cold = state.target == 0 and q.queued > 0
         reported = reports.step(now, dt, q.n_flight + q.queued, cold, q.queued)
@@ -337,7 +291,7 @@ def _run_once(
         mean, short, full = window.policy_demand(cfg, state.target, now)
         state, d = decide(cfg, state, PolicyInputs(mean, short, full, cold, r), now)
         while len(ready_at) < d.target:
-            ready_at.append(now + startup)
+            bisect.insort(ready_at, now + starts.draw())
         del ready_at[d.target :]
         window.trim(now, keep_s)
         r_after = bisect.bisect_right(ready_at, now)
@@ -348,8 +302,11 @@ def _run_once(
         last_rule = d.rule
         demand[k], in_flight[k], queue[k] = reported, q.n_flight, q.queued
         target[k], running[k] = d.target, r_after
-    lat, wts = _latencies(q.lat_wait, q.lat_s, q.lat_w, nodes)
-    p99 = _p99_over_time(q, nodes, n, max(1, round(P99_EVERY_S / dt)))
+    q.window_done(nodes)
+    lat, wts = latencies(q.records(), nodes)
+    p99 = np.full(math.ceil(n / every), np.nan)
+    for b, x in q.p99.items():
+        p99[b] = x
     timed_out = q.timed_out
     if opts.timeout_s is not None and lat.size:
         late = lat > opts.timeout_s
@@ -376,37 +333,6 @@ def _run_once(
         timeline=tuple(timeline),
         p99_series=p99,
     )
-
-
-def _p99_over_time(q: _Queue, nodes: F64, n: int, every: int) -> F64:
-    """p99 latency of the requests admitted in each window of `every` steps (NaN: none)."""
-    out = np.full(math.ceil(n / every), np.nan)
-    if not q.lat_k:
-        return out
-    win = np.asarray(q.lat_k) // every
-    lat = np.asarray(q.lat_wait)[:, None] + np.asarray(q.lat_s)[:, None] * nodes[None, :]
-    w = np.repeat(np.asarray(q.lat_w)[:, None], nodes.size, axis=1)
-    for b in np.unique(win).tolist():
-        sel = win == b
-        x, y = lat[sel].ravel(), w[sel].ravel()
-        order = np.argsort(x, kind="stable")
-        cum = np.cumsum(y[order])
-        if cum[-1] > 0:
-            i = int(np.searchsorted(cum, 0.99 * cum[-1]))
-            out[b] = x[order][min(i, x.size - 1)]
-    return out
-
-
-def _latencies(
-    wait: list[float], service: list[float], weight: list[float], nodes: F64
-) -> tuple[F64, F64]:
-    if not wait:
-        return np.empty(0), np.empty(0)
-    w = np.asarray(wait)[:, None] + np.asarray(service)[:, None] * nodes[None, :]
-    c = np.repeat(np.asarray(weight) / nodes.size, nodes.size)
-    flat = w.ravel()
-    order = np.argsort(flat, kind="stable")
-    return flat[order], c[order]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

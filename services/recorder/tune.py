@@ -8,10 +8,22 @@ deployment runs through the closed-loop model (simulate.py) on the same seeded d
 candidates differ only by their config. Candidates are the app file's own autoscaling config
 (always first) and the grid of `GRID` around it (target, delays, look-back, factors, min/max),
 taken in a seeded shuffle up to `--max-configs`: the time is bounded by the count, not by a
-clock, so the result is the same on every run. A candidate meets the objective when its
-latency percentile is within the SLO and it rejects or times out no request; the best is the one
-of those with the fewest replica-seconds (then the lower percentile, then the grid order). The
-frontier is the Pareto set of (replica-seconds, percentile) over all candidates.
+clock, so the result is the same on every run. Each candidate runs `--replications` times
+(seeds seed, seed + 1, ...: different placements of the same recorded arrivals). A candidate
+meets the objective when
+
+- it rejects or times out no request,
+- its latency percentile is within the SLO less a margin (`--margin`, 25%) in *every*
+  replication, not just on average: a live run is one draw, and the model's measured error is
+  of that order (recording.md, "Measured error"), and
+- it scales at most `--max-scale-ratio` (1.5) times as often as the app file's own config does
+  on the same recording (counted as one event if it never scales): a config that flaps is where
+  a few hundred milliseconds of control-loop timing decide whether a burst meets too few
+  replicas, which the model cannot promise.
+
+The best is the one of those with the fewest replica-seconds (then the lower worst replication,
+then the grid order). The frontier is the Pareto set of (replica-seconds, pooled percentile) over all
+candidates.
 """
 
 from __future__ import annotations
@@ -48,14 +60,48 @@ GRID: dict[str, tuple[float, ...]] = {
 """Multipliers (or, for min_replicas, an addition) applied to the app file's values."""
 
 
+DEFAULT_MARGIN = 0.25
+DEFAULT_MAX_SCALE_RATIO = 1.5
+DEFAULT_REPLICATIONS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """When a candidate meets the objective (see the module docstring)."""
+
+    percentile: float
+    bound_s: float
+    margin: float = DEFAULT_MARGIN
+    max_scale_ratio: float = DEFAULT_MAX_SCALE_RATIO
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < 1:
+            raise UsageError(f"--margin must be in [0, 1), not {self.margin!r}")
+        if self.max_scale_ratio <= 0:
+            raise UsageError(f"--max-scale-ratio must be > 0, not {self.max_scale_ratio!r}")
+
+    def meets(self, c: Candidate, base_events: float) -> bool:
+        return (
+            c.failed == 0
+            and c.worst is not None
+            and c.worst <= self.bound_s * (1.0 - self.margin)
+            and c.scale_events <= self.max_scale_ratio * max(base_events, 1.0)
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     index: int
     config: AutoscalingConfig
     percentile: float | None
+    """Over the pooled latencies of every replication."""
     replica_seconds: float
     failed: float
     summary: dict[str, Any]
+    worst: float | None = None
+    """The highest of the replications' own percentiles."""
+    scale_events: float = 0.0
+    meets: bool = False
 
 
 def candidates(base: AutoscalingConfig, limit: int, seed: int) -> list[AutoscalingConfig]:
@@ -109,26 +155,28 @@ def tune(
     base: AutoscalingConfig,
     max_ongoing: int,
     duration_s: float,
-    slo: tuple[float, float],
+    rule: Rule,
     opts: ModelOptions,
     limit: int,
     progress: Any = None,
 ) -> tuple[list[Candidate], Candidate | None]:
-    q, bound = slo
+    q = rule.percentile
     out: list[Candidate] = []
     for i, cfg in enumerate(candidates(base, limit, opts.seed)):
         run = run_deployment(key, cfg, max_ongoing, cal, duration_s, opts)
         s = summary(run, opts.interval_s)
+        each = [r.percentile(q) for r in (run.replications or (run,))]
+        worst = None if any(p is None for p in each) else max(p for p in each if p is not None)
         out.append(
             Candidate(i, cfg, run.percentile(q), s["replica_seconds"],
-                      s["rejected"] + s["timed_out"], s)
+                      s["rejected"] + s["timed_out"], s, worst, float(s["scale_events"]))
         )  # fmt: skip
         if progress is not None:
             progress()
-    meeting = [
-        c for c in out if c.failed == 0 and c.percentile is not None and c.percentile <= bound
-    ]
-    best = min(meeting, key=lambda c: (c.replica_seconds, c.percentile, c.index), default=None)
+    base_events = out[0].scale_events
+    out = [dataclasses.replace(c, meets=rule.meets(c, base_events)) for c in out]
+    meeting = [c for c in out if c.meets]
+    best = min(meeting, key=lambda c: (c.replica_seconds, c.worst, c.index), default=None)
     return out, best
 
 
@@ -174,7 +222,12 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", help="app.deployment to tune (default: the only one)")
     p.add_argument("--max-configs", type=int, default=200, help="candidates (bounds the time)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--replications", type=int, default=1, help="runs per candidate (seeds)")
+    p.add_argument("--replications", type=int, default=DEFAULT_REPLICATIONS,
+                   help="runs per candidate (seeds); the objective must hold in each")  # fmt: skip
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help="the percentile must be within the SLO less this fraction")  # fmt: skip
+    p.add_argument("--max-scale-ratio", type=float, default=DEFAULT_MAX_SCALE_RATIO,
+                   help="refuse configs scaling more than this many times as often as the app's")  # fmt: skip
     p.add_argument("--interval-s", type=float, default=0.1)
     p.add_argument("--timeout-s", type=float, default=None, help="request deadline (none)")
     p.add_argument("--out-yaml", type=Path, help="write the best config as an app file")
@@ -200,6 +253,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from .replay import load_app_configs, load_report_rows
 
     q, bound = parse_slo(args.slo)
+    rule = Rule(q, bound, args.margin, args.max_scale_ratio)
     apps = load_app_configs(args.app)
     app, dep, dcfg = _pick(apps, args.deployment)
     key = deployment_key(app, dep)
@@ -217,29 +271,38 @@ def run_tune(args: argparse.Namespace) -> int:
     with Progress(disable=not show, transient=True) as bar:
         task = bar.add_task(f"tuning {key}", total=n)
         cands, best = tune(cal, key, dcfg.policy, dcfg.max_ongoing_requests, duration,
-                           (q, bound), opts, args.max_configs,
+                           rule, opts, args.max_configs,
                            lambda: bar.advance(task))  # fmt: skip
     front = frontier(cands)
     label = f"p{q:g}"
+    base = cands[0]
     print(
-        f"{key}: {len(cands)} configs on {duration:.0f} s of recording, objective {label} <= {bound:g} s"
+        f"{key}: {len(cands)} configs x {opts.replications} replications on {duration:.0f} s of"
+        f" recording, objective {label} <= {bound:g} s: every replication within"
+        f" {bound * (1 - rule.margin):.3g} s (margin {rule.margin:.0%}), at most"
+        f" {rule.max_scale_ratio * max(base.scale_events, 1.0):g} scale events"
     )
-    print(f"{'replica-s':>10}  {label + ' s':>8}  target  up_s  down_s  look_s  up_f  min  max")
-    for c in front:
+    print(f"{'replica-s':>10}  {label + ' s':>8}  {'worst':>6}  events  target  up_s  down_s"
+          "  look_s  up_f  min  max  meets")  # fmt: skip
+    shown = [*front, *([best] if best is not None and best not in front else [])]
+    for c in shown:
         cfg = c.config
         mark = " <- best" if best is not None and c.index == best.index else ""
         print(
-            f"{c.replica_seconds:>10.1f}  {c.percentile:>8.3f}  {cfg.target_ongoing_requests:>6g}"
+            f"{c.replica_seconds:>10.1f}  {c.percentile:>8.3f}  {c.worst or 0:>6.3f}"
+            f"  {c.scale_events:>6g}  {cfg.target_ongoing_requests:>6g}"
             f"  {cfg.upscale_delay_s:>4g}  {cfg.downscale_delay_s:>6g}  {cfg.look_back_period_s:>6g}"
-            f"  {cfg.upscaling_factor:>4g}  {cfg.min_replicas:>3}  {cfg.max_replicas:>3}{mark}"
+            f"  {cfg.upscaling_factor:>4g}  {cfg.min_replicas:>3}  {cfg.max_replicas:>3}"
+            f"  {'yes' if c.meets else 'no':>5}{mark}"
         )
-    base = cands[0]
     print(f"as configured: {base.replica_seconds:.1f} replica-s, {label} "
-          f"{'-' if base.percentile is None else f'{base.percentile:.3f}'} s")  # fmt: skip
+          f"{'-' if base.percentile is None else f'{base.percentile:.3f}'} s,"
+          f" {base.scale_events:g} scale events")  # fmt: skip
     if best is None:
-        print(f"no config meets {label} <= {bound:g} s without rejecting or timing out requests")
+        print(f"no config meets {label} <= {bound:g} s with the margin and scale-event limit,"
+              " without rejecting or timing out requests")  # fmt: skip
     if args.out is not None:
-        args.out.write_bytes(dumps(_doc(key, q, bound, cands, front, best)))
+        args.out.write_bytes(dumps(_doc(key, rule, cands, front, best)))
     if args.plot is not None:
         _plot(cands, front, best, label, bound, args.plot)
     if args.out_yaml is not None and best is not None:
@@ -248,16 +311,19 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0 if best is not None else 1
 
 
-def _doc(key: str, q: float, bound: float, cands: Sequence[Candidate], front: Sequence[Candidate],
+def _doc(key: str, rule: Rule, cands: Sequence[Candidate], front: Sequence[Candidate],
          best: Candidate | None) -> dict[str, Any]:  # fmt: skip
     def one(c: Candidate) -> dict[str, Any]:
         cfg = {
             k: _r(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(c.config).items()
         }
-        return {"index": c.index, "config": cfg, "summary": c.summary}
+        return {"index": c.index, "config": cfg, "summary": c.summary,
+                "worst": None if c.worst is None else _r(c.worst), "meets": c.meets}  # fmt: skip
 
     return {
-        "v": 1, "kind": "tune", "deployment": key, "slo": {"percentile": q, "seconds": bound},
+        "v": 1, "kind": "tune", "deployment": key,
+        "slo": {"percentile": rule.percentile, "seconds": rule.bound_s, "margin": rule.margin,
+                "max_scale_ratio": rule.max_scale_ratio},
         "best": None if best is None else best.index,
         "frontier": [c.index for c in front], "candidates": [one(c) for c in cands],
     }  # fmt: skip

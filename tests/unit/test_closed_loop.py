@@ -14,7 +14,7 @@ from services.recorder import closedloop
 from services.recorder.calibrate import calibrate
 from services.recorder.replay import load_app_configs
 from services.recorder.simulate import ModelOptions, run_deployment
-from services.recorder.tune import candidates, frontier, parse_slo, tune, tuned_yaml
+from services.recorder.tune import Rule, candidates, frontier, parse_slo, tune, tuned_yaml
 from shared.appconfig import AutoscalingConfig
 from shared.errors import UsageError, WireError
 from shared.wire.codec import encode
@@ -125,14 +125,14 @@ def test_same_inputs_give_byte_identical_json_and_the_seed_matters(
 def test_tune_finds_a_cheaper_config_that_meets_the_slo(cal_rows: list, tmp_path: Path) -> None:
     c = calibrate(cal_rows, [KEY])[0][KEY]
     base = cfg(min_replicas=3)
-    cands, best = tune(c, KEY, base, 5, 600.0, (99.0, 1.0), ModelOptions(interval_s=0.25), 25)
+    cands, best = tune(c, KEY, base, 5, 600.0, Rule(99.0, 1.0), ModelOptions(interval_s=0.25), 25)
     assert len(cands) == 25 and cands[0].config == base
     assert best is not None and best.percentile is not None and best.percentile <= 1.0
     assert best.replica_seconds <= cands[0].replica_seconds
     front = frontier(cands)
     assert [f.replica_seconds for f in front] == sorted(f.replica_seconds for f in front)
     assert all(a.percentile > b.percentile for a, b in itertools.pairwise(front))  # type: ignore[operator]
-    again = tune(c, KEY, base, 5, 600.0, (99.0, 1.0), ModelOptions(interval_s=0.25), 25)[1]
+    again = tune(c, KEY, base, 5, 600.0, Rule(99.0, 1.0), ModelOptions(interval_s=0.25), 25)[1]
     assert again is not None and again.index == best.index
     text = tuned_yaml(q.config_yaml(), "queue", "d000", best.config)
     path = tmp_path / "tuned.yaml"
