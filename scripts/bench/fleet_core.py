@@ -354,9 +354,8 @@ def objects_report(interval: float) -> dict[str, float]:
 
 
 def measure(
-    args: argparse.Namespace, *, visit_all: bool, autoscaled: bool = False,
-    collector: str = "",
-) -> dict[str, Any]:  # fmt: skip
+    args: argparse.Namespace, *, visit_all: bool, autoscaled: bool = False
+) -> dict[str, Any]:
     """Start the fleet, warm up, measure the steady (or churning) window; one row."""
     gc.collect()
     built = time.perf_counter()
@@ -367,9 +366,8 @@ def measure(
     )  # fmt: skip
     off.start(args.replicas)
     started_s = time.perf_counter() - built
-    collector = collector or ("manual" if args.collector else "")
-    if collector:  # "manual": the service's policy; "freeze": the interpreter collects
-        off.collector = Collector(manual=collector == "manual")
+    if args.collector:
+        off.collector = Collector()
         off.collector.settle(off.now)  # as the service does once a start is rebuilt
     off.run(args.warm_s)
     off.churn_per_s = args.churn / 100.0 * args.replicas / 60.0
@@ -381,9 +379,7 @@ def measure(
     ticks = off.run(args.measure_s, prof)
     ms, cpu = ticks[:, 1] * 1e3, ticks[:, 2] * 1e3
     row = {
-        "mode": ("visit all" if visit_all else "visit due")
-        + (" autoscaled" if autoscaled else "")
-        + (f" collector {collector}" if collector else ""),
+        "mode": ("visit all" if visit_all else "visit due") + (" autoscaled" if autoscaled else ""),
         "replicas": off.members(),
         "deployments": len(off.sims),
         "interval_s": args.interval,
@@ -402,7 +398,7 @@ def measure(
         "startup_s": round(started_s, 1),
         "gc_objects": len(gc.get_objects()),
         "frozen": gc.get_freeze_count(),
-        "collector": collector,
+        "collector": bool(args.collector),
     }
     off.gc.close()
     print(
@@ -499,11 +495,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--collector", action="store_true",
         help="the service's collector policy (services/controller/collector.py)",
     )  # fmt: skip
-    ap.add_argument(
-        "--compare-collector", action="store_true",
-        help="the collector policy with the interpreter's own collections, then collections"
-        " only between ticks (the service's)",
-    )  # fmt: skip
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--objects", action="store_true", help="only count objects per replica")
     ap.add_argument("--roll", action="store_true", help="then roll the first app to a new version")
@@ -529,10 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result_line("fleet_core_objects", **objects_report(args.interval))
         return 0
     modes = [True, False] if args.compare else [args.visit_all]
-    if args.compare_collector:  # the interpreter's collections (freeze only), then between ticks
-        rows = [measure(args, visit_all=args.visit_all, collector=c) for c in ("freeze", "manual")]
-    else:
-        rows = [measure(args, visit_all=v) for v in modes]
+    rows = [measure(args, visit_all=v) for v in modes]
     if args.autoscaled:  # the same fleet again, each app free to grow: its decision reads demand
         rows.append(measure(args, visit_all=args.visit_all, autoscaled=True))
     for row in rows:
