@@ -38,7 +38,7 @@ def _decode(data: bytes) -> ColumnarHandleReport | WireError:
 
 
 class DecodePipeline:
-    __slots__ = ("_loop", "_pool", "_queue", "applied_behind")
+    __slots__ = ("_closed", "_loop", "_pool", "_queue", "applied_behind")
 
     def __init__(self, threads: int) -> None:
         self._pool = (
@@ -46,6 +46,7 @@ class DecodePipeline:
         )
         self._queue: collections.deque[tuple[Pending | None, Apply]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
         self.applied_behind = 0
         """Messages that waited for an earlier part's decode (the cost of keeping order)."""
 
@@ -54,7 +55,10 @@ class DecodePipeline:
         return len(self._queue)
 
     def submit(self, data: bytes, columnar: bool, apply: Apply) -> None:
-        """Apply one message (from the event loop): now, or once those before it are applied."""
+        """Apply one message (from the event loop): now, or once those before it are applied.
+        After `close` (the service stops) messages are dropped: the stream keeps them."""
+        if self._closed:
+            return
         if self._pool is None:
             apply(None)
             return
@@ -87,6 +91,7 @@ class DecodePipeline:
 
     def close(self) -> None:
         """Stop the worker; messages still waiting are dropped (the stream keeps them)."""
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._queue.clear()

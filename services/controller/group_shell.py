@@ -157,6 +157,14 @@ class GroupRunner:
                 await self._step()
             except asyncio.CancelledError:
                 raise
+            except BusError as exc:
+                # NATS trouble (a busy or restarting server, a stop under way) is expected
+                # here and retried: a line, no traceback
+                self.loop_errors += 1
+                if self._loop_error_log.allow() and not self._stopping:
+                    log.warning(
+                        "group step failed (%d so far): %s; going on", self.loop_errors, exc
+                    )
             except Exception:
                 # a step that fails must not end the member: with the loop gone, its entry
                 # would expire and it would never take a partition again, silently
@@ -269,7 +277,7 @@ class GroupRunner:
                 if lease is not None:
                     self.core.took(lease)
                     log.info("took partition %d at epoch %d", a.partition, lease.epoch)
-                    await self.on_take(a.partition, lease.epoch)
+                    await self._start(lease)
             elif isinstance(a, Release):
                 await self.on_drop(a.partition)  # stop processing before letting go
                 self.core.released(a.partition)
@@ -279,6 +287,17 @@ class GroupRunner:
                 log.warning("lost partition %d to another member: stopping it", a.partition)
                 await self.on_drop(a.partition)
                 self.core.released(a.partition)
+
+    async def _start(self, lease: Lease) -> None:
+        """Start a partition we just took; if that fails, hand it straight back: a lease held
+        with nothing reading the partition would leave its apps undecided until we leave."""
+        try:
+            await self.on_take(lease.partition, lease.epoch)
+        except BusError as exc:
+            log.warning("could not start partition %d (%s): handing it back", lease.partition, exc)
+            await self.on_drop(lease.partition)
+            self.core.released(lease.partition)
+            await self._cas(lease.partition, "", lease, bump=False)
 
     async def _cas(self, p: int, owner: str, read: Lease | None, *, bump: bool) -> Lease | None:
         epoch = (read.epoch if read else 0) + (1 if bump else 0)

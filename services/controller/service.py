@@ -44,6 +44,7 @@ from shared.kv.membership import Member
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
+from shared.natskv import nats_errors
 from shared.startup import retrying
 from shared.subjects import KV_AGENTS, KV_APPS, KV_STATUS
 from shared.wire.codec import decode_as
@@ -288,14 +289,15 @@ class ControllerService:
             self._on_msg(p, msg)
 
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)
-        self._subs[p] = await self.bus.js.subscribe(
-            partition_subject(self.core.subjects, p),
-            stream=self.stream,
-            cb=on_msg,
-            ordered_consumer=True,
-            idle_heartbeat=PARTITION_IDLE_HEARTBEAT_S,
-            config=config,
-        )
+        with nats_errors(f"partition {p}'s consumer"):  # a failed start hands it back
+            self._subs[p] = await self.bus.js.subscribe(
+                partition_subject(self.core.subjects, p),
+                stream=self.stream,
+                cb=on_msg,
+                ordered_consumer=True,
+                idle_heartbeat=PARTITION_IDLE_HEARTBEAT_S,
+                config=config,
+            )
         # nats-py recreates a lost ordered consumer from this very config object, switched to
         # "by start sequence"; a start time left in it makes the server refuse every recreation,
         # and the partition would never be read again

@@ -95,3 +95,14 @@ def test_property_order_is_arrival_order(columnar: list[bool]) -> None:
         return [i for i, _ in log]
 
     assert asyncio.run(run()) == list(range(len(columnar)))
+
+
+async def test_after_close_messages_are_dropped_not_raised() -> None:
+    """A message delivered while the service stops must not reach a shut-down worker (whose
+    submit raises) nor be applied half-way through the stop: the stream keeps it."""
+    p = DecodePipeline(1)
+    log: list[tuple[int, object]] = []
+    p.close()
+    p.submit(part(1), True, recorder(log, 1))
+    p.submit(b"\x81", False, recorder(log, 2))
+    assert log == [] and p.pending == 0

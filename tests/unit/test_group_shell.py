@@ -4,12 +4,15 @@ because one refresh timed out while its own event loop was busy (fake bus, fake 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from services.controller.group import GroupCore
 from services.controller.group_shell import GroupRunner
 from shared.clock import FakeClock
-from shared.errors import BusTimeout
+from shared.errors import BusError, BusTimeout
 from shared.fakebus import FakeServer
 from tests.waiting import eventually
 
@@ -110,6 +113,71 @@ async def test_an_unexpected_error_in_a_step_does_not_end_the_member() -> None:
         runner.members_kv = broken
         await eventually(lambda: broken.calls >= 4, 5, "heartbeats after the failed step")
         assert runner.loop_errors == 1
+        assert dropped == [] and len(runner.core.owned) == PARTITIONS
+    finally:
+        await runner.step_down()
+
+
+async def test_a_partition_that_fails_to_start_is_handed_back_and_taken_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A take whose start fails on NATS (a consumer create that timed out) must not leave the
+    lease held with nothing reading the partition: it is handed back, and taken again later."""
+    clock = FakeClock()
+    started: list[int] = []
+    dropped: list[int] = []
+    failures = {2: 1}
+
+    async def on_take(p: int, epoch: int) -> None:
+        if failures.get(p, 0) > 0:
+            failures[p] -= 1
+            raise BusTimeout(f"partition {p}'s consumer: timed out")
+        started.append(p)
+
+    async def on_drop(p: int) -> None:
+        dropped.append(p)
+
+    runner = GroupRunner(
+        FakeServer().connect("m1"),
+        GroupCore("m1", PARTITIONS, TTL_S),
+        on_take,
+        on_drop,
+        heartbeat_s=0.01,
+        describe=dict,
+        clock=clock,
+    )
+    with caplog.at_level(logging.WARNING, logger="services.controller.group_shell"):
+        await runner.start()
+        try:
+            await eventually(lambda: sorted(started) == list(range(PARTITIONS)), 5, "all started")
+            assert dropped == [2]  # the failed start was undone before the lease went back
+            assert len(runner.core.owned) == PARTITIONS
+            assert runner.loop_errors == 0  # handled where it happened, not as a failed step
+        finally:
+            await runner.step_down()
+    handed = [r for r in caplog.records if "handing it back" in r.getMessage()]
+    assert len(handed) == 1 and handed[0].exc_info is None
+
+
+async def test_nats_trouble_in_a_step_is_one_line_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runner, _, dropped = await running_member()
+    beat, calls = runner._beat, [0]
+
+    async def failing_once() -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise BusError("lease read: connection draining") from TimeoutError()
+        await beat()
+
+    runner._beat = failing_once  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="services.controller.group_shell"):
+            await eventually(lambda: calls[0] >= 3, 5, "steps after the failed one")
+        assert runner.loop_errors == 1
+        lines = [r for r in caplog.records if "group step failed" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None
         assert dropped == [] and len(runner.core.owned) == PARTITIONS
     finally:
         await runner.step_down()
