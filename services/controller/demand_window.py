@@ -154,7 +154,7 @@ class DemandWindow:
         if not (math.isfinite(keep_s) and keep_s >= 0):
             raise UsageError(f"keep_s must be a finite number >= 0, got {keep_s!r}")
         live = self._t[self._head : self._tail]
-        first_needed = int(np.searchsorted(live, now - keep_s, side="right")) - 1
+        first_needed = int(live.searchsorted(now - keep_s, side="right")) - 1
         if first_needed > 0:
             self._head += first_needed
         if self._head == self._tail:
@@ -236,8 +236,8 @@ class DemandWindow:
         live_t = self._t[self._head : self._tail]
         # The newest sample at or before the window start holds into it; samples after `now`
         # are in the query's future and do not count.
-        lo = max(int(np.searchsorted(live_t, start, side="right")) - 1, 0)
-        hi = int(np.searchsorted(live_t, now, side="right"))
+        lo = max(int(live_t.searchsorted(start, side="right")) - 1, 0)
+        hi = int(live_t.searchsorted(now, side="right"))
         if hi <= lo:
             return None
         t = live_t[lo:hi]

@@ -56,7 +56,6 @@ from services.controller.metrics_types import (
     MetricsSnapshot,
     columnar_foreign,
     columnar_health,
-    object_foreign,
     object_health,
 )
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
@@ -66,6 +65,7 @@ from services.controller.staleness import (
     Verdict,
     source_timeout_s,
 )
+from services.controller.tiny import all_set, lowest
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HandleReport, ReplicaReport
 
@@ -268,8 +268,11 @@ class DeploymentMetrics:
 
     def _row_ok(self, slots: I64) -> Mask | None:
         """Rows whose slot is known and running; None when that is every row."""
-        ok = self._running[np.where(slots >= 0, slots, 0)] & (slots >= 0)
-        return None if ok.all() else ok
+        if slots.size and lowest(slots) >= 0:  # the usual report: every replica known
+            ok = self._running[slots]
+        else:
+            ok = self._running[np.where(slots >= 0, slots, 0)] & (slots >= 0)
+        return None if all_set(ok) else ok
 
     # -- replica reports -------------------------------------------------------------------
 
@@ -282,7 +285,7 @@ class DeploymentMetrics:
         verdict = self._replica_gate.admit(r.replica_id, r.sent_at, r.seq, recv)
         if not verdict.accepted:
             return IngestResult(False, verdict.value)
-        health = None if r.health is None else object_health(self._index, (r.health,))
+        health = None if r.health is None else object_health(self._index, (r.health,))[0]
         if not self._running[slot]:
             return IngestResult(False, NOT_RUNNING, health, ignored=1)
         self._version += 1
@@ -306,7 +309,7 @@ class DeploymentMetrics:
             return IngestResult(False, verdict.value)
         h = self._handle_for(r.handle_id, OBJECT, recv)
         h.queued = r.queued_requests
-        slots = self._index.slots_for(list(r.running))
+        slots = self._index.slots_for(r.running)
         ok = self._row_ok(slots)
         h.running.fill(0.0)
         _put(h.running, slots, ok, np.fromiter(r.running.values(), np.float64, len(slots)))
@@ -318,8 +321,7 @@ class DeploymentMetrics:
             dst.fill(np.nan)
             _put(dst, cslots, self._row_ok(cslots), np.fromiter(per.values(), np.float64))
         merged = len(slots) if ok is None else int(np.count_nonzero(ok))
-        health = object_health(self._index, r.health) if r.health else None
-        foreign = object_foreign(self._index, r.health)
+        health, foreign = object_health(self._index, r.health)
         return IngestResult(True, ACCEPTED, health, merged, len(slots) - merged, foreign)
 
     def ingest_columnar(self, c: ColumnarHandleReport, recv: float) -> IngestResult:
@@ -463,7 +465,7 @@ class DeploymentMetrics:
         own = self._own_recv[np.isfinite(self._own_recv)]
         self._oldest_recv = min(
             min((h.last_recv for h in self._handles.values()), default=math.inf),
-            float(own.min()) if own.size else math.inf,
+            float(lowest(own)) if own.size else math.inf,
         )
 
     @property

@@ -7,7 +7,7 @@ The extraction helpers are pure functions of a report and the slots its rows map
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
 from services.controller.staleness import Verdict
+from services.controller.tiny import all_set
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
 
@@ -82,29 +83,38 @@ class MetricsSnapshot:
     expired: tuple[str, ...]
 
 
-def object_health(index: ReplicaIndex, health: Iterable[HealthStatus]) -> HealthBatch | None:
-    """Health of object-path reports (Python per entry, like the msgpack decode before it).
-    A replica listed twice yields two rows: the registry keeps the newest."""
-    rows = [(index.slot(s.replica_id), s) for s in health]
-    rows = [(slot, s) for slot, s in rows if slot != NO_SLOT]
-    if not rows:
-        return None
-    n = len(rows)
-    return HealthBatch(
-        slots=np.fromiter((slot for slot, _ in rows), np.int64, n),
-        healthy=np.fromiter((s.healthy for _, s in rows), np.bool_, n),
-        checked_at=np.fromiter((s.checked_at for _, s in rows), np.float64, n),
-        failures=np.fromiter((s.consecutive_failures for _, s in rows), np.int32, n),
+def object_health(
+    index: ReplicaIndex, health: Sequence[HealthStatus]
+) -> tuple[HealthBatch | None, tuple[HealthStatus, ...]]:
+    """Health of object-path reports (Python per entry, like the msgpack decode before it), and
+    the entries naming no replica of the index (`IngestResult.foreign`), in one pass. A replica
+    listed twice yields two rows: the registry keeps the newest."""
+    n = len(health)
+    if n == 0:
+        return None, ()
+    get = index.slot
+    slots = np.fromiter((get(s.replica_id) for s in health), np.int64, n)
+    known = slots != NO_SLOT
+    foreign: tuple[HealthStatus, ...] = ()
+    if not all_set(known):
+        foreign = tuple(s for s, k in zip(health, known.tolist(), strict=True) if not k)
+        health = [s for s, k in zip(health, known.tolist(), strict=True) if k]
+        slots = slots[known]
+        n = len(health)
+        if n == 0:
+            return None, foreign
+    batch = HealthBatch(
+        slots=slots,
+        healthy=np.fromiter((s.healthy for s in health), np.bool_, n),
+        checked_at=np.fromiter((s.checked_at for s in health), np.float64, n),
+        failures=np.fromiter((s.consecutive_failures for s in health), np.int32, n),
     )
-
-
-def object_foreign(index: ReplicaIndex, health: Iterable[HealthStatus]) -> tuple[HealthStatus, ...]:
-    return tuple(s for s in health if index.slot(s.replica_id) == NO_SLOT)
+    return batch, foreign
 
 
 def columnar_foreign(c: ColumnarHandleReport, known: Mask) -> tuple[HealthStatus, ...]:
     """Health rows of unknown replicas as statuses; Python only for those rows (usually none)."""
-    if known.all():
+    if all_set(known):
         return ()
     rows = np.flatnonzero(~known & c.health_valid)
     if rows.size == 0:

@@ -9,7 +9,7 @@ the metrics store) know when to rebuild. `capacity` only grows, so arrays sized 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -94,7 +94,7 @@ class ReplicaIndex:
         for rid in sorted(wanted - self._slot_of.keys()):
             self.add(rid)
 
-    def slots_for(self, replica_ids: Sequence[str]) -> npt.NDArray[np.int64]:
+    def slots_for(self, replica_ids: Collection[str]) -> npt.NDArray[np.int64]:
         """Slots of `replica_ids` in order, NO_SLOT for unknown ones (one dict lookup each:
         callers cache the result per report dictionary and `version`)."""
         get = self._slot_of.get

@@ -163,7 +163,7 @@ class TickLog:
         self._t[self._tail] = t
         self._tail += 1
         live_t = self._t[self._head : self._tail]
-        first = int(np.searchsorted(live_t, t - self.horizon_s, side="right")) - 1
+        first = int(live_t.searchsorted(t - self.horizon_s, side="right")) - 1
         if first > 0:
             self._head += first
 
@@ -171,10 +171,10 @@ class TickLog:
         """Tick times after `after` that a window trimmed to `keep_s` at the newest tick still
         holds: those after `newest - keep_s`, and the newest at or before it."""
         live = self._t[self._head : self._tail]
-        lo = int(np.searchsorted(live, after, side="right"))
+        lo = int(live.searchsorted(after, side="right"))
         if lo >= live.shape[0]:
             return live[0:0]
-        edge = int(np.searchsorted(live, float(live[-1]) - keep_s, side="right")) - 1
+        edge = int(live.searchsorted(float(live[-1]) - keep_s, side="right")) - 1
         return live[max(lo, edge) :]
 
     def gap_over(self, ticks: FloatArray, gap_s: float) -> bool:

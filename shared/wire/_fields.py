@@ -142,7 +142,10 @@ def float_map(raw: object, where: str, key: str, *, nonneg: bool) -> dict[str, f
     for k, v in raw.items():
         if type(k) is not str:
             wrong_type(where, key, "str keys", k)
-        out[k] = conv(v, where, f"{key}[{k!r}]")
+        if type(v) is float and math.isfinite(v) and not (nonneg and v < 0.0):
+            out[k] = v  # the usual value: no field label built for an error not raised
+        else:
+            out[k] = conv(v, where, f"{key}[{k!r}]")
     return out
 
 

@@ -11,6 +11,7 @@ hands the map to a per-kind decoder that reads each field with a strict type che
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -272,6 +273,27 @@ def _health(raw: object, where: str) -> HealthStatus:
     return _d_health(raw, f"{where}.health")
 
 
+def _health_entries(raw: list[Any], where: str) -> tuple[HealthStatus, ...]:
+    """A list of health maps. The usual entry is checked inline; any other goes through
+    `_health`, which accepts it as before or raises with its position (a report carries one
+    entry per replica, and building each entry's label up front was a tenth of its decode)."""
+    out = []
+    for m in raw:
+        if type(m) is dict:
+            rid, ok, at, n = (
+                m.get("replica_id"), m.get("healthy"), m.get("checked_at"),
+                m.get("consecutive_failures"),
+            )  # fmt: skip
+            if (
+                type(rid) is str and type(ok) is bool and type(at) is float and math.isfinite(at)
+                and type(n) is int and n >= 0
+            ):  # fmt: skip
+                out.append(HealthStatus(rid, ok, at, n))
+                continue
+        out.append(_health(m, f"{where}[{len(out)}]"))
+    return tuple(out)
+
+
 def _d_health(m: Map, where: str = "health") -> HealthStatus:
     return HealthStatus(
         replica_id=f.get_str(m, "replica_id", where),
@@ -393,7 +415,7 @@ def decode_stats(raw: object, w: str) -> RequestStats | None:
 
 def _d_handle_report(m: Map) -> HandleReport:
     w = "handle_report"
-    health = tuple(_health(h, f"{w}.health[{i}]") for i, h in enumerate(f.get_list(m, "health", w)))
+    health = _health_entries(f.get_list(m, "health", w), f"{w}.health")
     raw_custom = m.get("custom")
     custom: dict[str, dict[str, float]] = {}
     if raw_custom is not None:
