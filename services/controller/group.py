@@ -20,6 +20,7 @@ Pure: `plan(now)` turns the current view into Take / Release / Lose decisions fo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from shared.kv import envelope
@@ -149,6 +150,9 @@ def fnv1a_32(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def partition_of(app: str, partitions: int) -> int:
-    """The FP_REPORTS partition of an app, exactly as the stream's subject transform computes it."""
+    """The FP_REPORTS partition of an app, exactly as the stream's subject transform computes it.
+    Cached: the service asks per KV write and per heartbeat for every app (the hash is a Python
+    loop over the name's bytes; at 10,000 apps those asks were 2% of the controller's CPU)."""
     return fnv1a_32(app.encode()) % partitions

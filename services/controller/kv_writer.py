@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -81,7 +82,10 @@ class WriteBacklog(Generic[T]):
         self.first_retry_s = first_retry_s
         self.max_retry_s = max_retry_s
         self.warn_every_s = warn_every_s
-        self._entries: dict[Key, _Entry[T]] = {}
+        # ordered by a linked list: a dict used as a queue leaves the slots of removed keys in
+        # front, and `next` walked them all (after a start's 40,000 writes, ~8 µs a call, 8%
+        # of a 10,000-app controller's CPU in its steady state)
+        self._entries: OrderedDict[Key, _Entry[T]] = OrderedDict()
         self._gen = 0
 
     def __len__(self) -> int:
