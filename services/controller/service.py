@@ -72,6 +72,7 @@ from .stats import StatsDump, ingest_kind
 from .stream import (
     DEFAULT_PARTITIONS,
     DEFAULT_RETENTION_S,
+    delivery_position,
     ensure_stream,
     partition_subject,
     report_subject,
@@ -324,9 +325,7 @@ class ControllerService:
 
     def _on_msg(self, partition: int, msg: NatsMsg) -> None:
         now = self.clock.monotonic()
-        meta = msg.metadata
-        self._pending[partition] = meta.num_pending
-        stored = meta.timestamp.timestamp()
+        self._pending[partition], stored = delivery_position(msg.reply)
         if stored < self._since.get(partition, stored):
             return  # a recreated consumer that had delivered nothing restarts at sequence 1
         recv = now
