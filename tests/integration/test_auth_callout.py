@@ -157,3 +157,52 @@ async def test_forged_and_stale_credentials_are_refused(callout: Callout) -> Non
 def json_exp(token: str) -> float:
     claims = token.split(".")[1]
     return float(json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["exp"])
+
+
+async def test_auth_service_outage(callout: Callout, caplog: pytest.LogCaptureFixture) -> None:
+    """Connections made keep working while the auth service is down; a new one waits, says
+    why, and gets in once the service is back."""
+    replica = await callout.replica("A", "d", "a1")
+    router = await callout.role("router")
+    got = await _collect(replica, S.rpc("A", "d", "a1"))
+    await callout.stop_service()
+
+    await router.publish(S.rpc("A", "d", "a1"), b"during the outage")
+    await router.flush()
+    await eventually(lambda: got, what="a request on a connection made before the outage")
+
+    caplog.set_level("WARNING", logger="shared.natsbus")
+    newcomer = asyncio.create_task(callout.replica("A", "d", "a2", connect_timeout=60))
+    await eventually(
+        lambda: "the auth service may be down" in caplog.text,
+        within_s=20,
+        what="a log line saying why the newcomer waits",
+    )
+    assert not newcomer.done()
+    await callout.start_service()
+    a2 = await asyncio.wait_for(newcomer, 30)
+    mine = await _collect(a2, S.rpc("A", "d", "a2"))
+    await router.publish(S.rpc("A", "d", "a2"), b"after")
+    await router.flush()
+    await eventually(lambda: mine, what="the newcomer serving once the service is back")
+
+
+async def test_reconnect_after_restart_needs_a_fresh_credential(callout: Callout) -> None:
+    """A replica reconnecting after a NATS restart presents its credential file again: the
+    renewed one gets it back in although the first has expired; one never renewed does not."""
+    short = {rid: callout.credential("A", "d", rid, ttl_s=1) for rid in ("a1", "a2")}
+    renewed = await callout.replica("A", "d", "a1", token=short["a1"])
+    stale = await callout.replica("A", "d", "a2", token=short["a2"])
+    callout.credential_file("a1", callout.credential("A", "d", "a1", ttl_s=60))
+    first_exp = max(json_exp(t) for t in short.values())
+    await eventually(lambda: time.time() > first_exp, within_s=5, what="the first window to end")
+
+    await asyncio.to_thread(callout.server.restart)
+    await eventually(lambda: renewed.nc.is_connected, within_s=20, what="the renewed reconnecting")
+    router = await callout.role("router")
+    got = await _collect(renewed, S.rpc("A", "d", "a1"))
+    await router.publish(S.rpc("A", "d", "a1"), b"after the restart")
+    await router.flush()
+    await eventually(lambda: got, what="the renewed replica serving after the restart")
+    await asyncio.sleep(QUIET_S * 4)
+    assert not stale.nc.is_connected
