@@ -7,7 +7,7 @@ CRC-16/XMODEM of both, little endian. A seed (`S...`) packs two prefix bits more
 "ed25519-nkey"}`, signed with the issuer's key and verified against the public key in `iss`, so
 a token names the key that checks it. `jti` is a hash of the claims, as the Go library makes it.
 
-Everything here is pure: no clock (callers pass `now`), no I/O.
+Pure but for `read_seed`: no clock (callers pass `now`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nacl.exceptions
 import nacl.signing
 
-from shared.errors import FleetpulseError
+from shared.errors import ConfigError, FleetpulseError
 
 PREFIX_SEED = 18 << 3
 PREFIX_ACCOUNT = 0
@@ -177,3 +178,12 @@ def decode(token: str, *, now: float | None = None) -> dict[str, Any]:
         if isinstance(nbf, int | float) and now < nbf:
             raise TokenError("not yet valid", f"valid in {nbf - now:.0f} s")
     return claims
+
+
+def read_seed(path: str, what: str) -> KeyPair:
+    try:
+        return KeyPair.from_seed(Path(path).read_text(encoding="ascii"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", field=what) from exc
+    except TokenError as exc:
+        raise ConfigError(f"{path} holds no nkey seed ({exc})", field=what) from exc

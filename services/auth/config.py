@@ -10,11 +10,17 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
-from shared.natsjwt import PREFIX_ACCOUNT, PREFIX_USER, KeyPair, TokenError, decode_public
+from shared.natsjwt import (
+    PREFIX_ACCOUNT,
+    PREFIX_USER,
+    KeyPair,
+    TokenError,
+    decode_public,
+    read_seed,
+)
 
 from .callout import GLOBAL_ACCOUNT
 from .core import PASSWORD_ROLES, AuthPolicy
@@ -43,15 +49,6 @@ class AuthConfig:
             raise ConfigError(
                 "nobody could log in: give replica keys or role passwords", field="policy"
             )
-
-
-def read_seed(path: str, what: str) -> KeyPair:
-    try:
-        return KeyPair.from_seed(Path(path).read_text(encoding="ascii"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", field=what) from exc
-    except TokenError as exc:
-        raise ConfigError(f"{path} holds no nkey seed ({exc})", field=what) from exc
 
 
 def parse_keys(text: str, source: str) -> frozenset[str]:
