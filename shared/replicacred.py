@@ -6,7 +6,7 @@ its app and deployment, `iat`/`exp` a short window. The auth callout (services/a
 only when the signature verifies, the signing key is one it trusts, and the window is open; the
 permissions it then grants name that app, deployment and replica, so the credential is useless
 for any other. A replica presents it as its NATS token, read from a file at every (re)connect:
-the agent rewrites the file before the window closes (see `refresh_due`), so a replica that
+the agent rewrites the file before the window closes (see `renew_at`), so a replica that
 reconnects after a NATS restart, hours after its start, still gets in.
 
 Pure: `now` comes from the caller.
@@ -89,9 +89,10 @@ def verify(token: str, trusted: Collection[str], *, now: float) -> ReplicaIdenti
     return ReplicaIdentity(app, deployment, replica, float(iat), float(exp), claims["iss"])
 
 
-def refresh_due(issued_at: float, ttl_s: float, now: float) -> bool:
-    """True once a credential issued at `issued_at` has a third (or less) of its window left."""
-    return now >= issued_at + ttl_s * (1 - REFRESH_FRACTION)
+def renew_at(issued_at: float, ttl_s: float) -> float:
+    """When a credential issued at `issued_at` is due for renewal: with a third of its window
+    left, so a renewal that fails has two more chances before the replica is locked out."""
+    return issued_at + ttl_s * (1 - REFRESH_FRACTION)
 
 
 def write_credential(path: Path, token: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from shared.kv.targets import ReplicaTarget
 from shared.natsauth import NatsAuth
 from shared.natsjwt import KeyPair
-from shared.replicacred import inbox_prefix, mint, refresh_due, write_credential
+from shared.replicacred import inbox_prefix, mint, renew_at, write_credential
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ class ReplicaCredentials:
         self._ttl_s = ttl_s
         self.dir = Path(tempfile.mkdtemp(prefix="fleetpulse-creds-"))  # mode 0700
         self._issued: dict[str, tuple[ReplicaTarget, float]] = {}
+        self._next_due = float("inf")
+        """The earliest renewal due: most ticks end at one comparison."""
 
     def _write(self, target: ReplicaTarget, now: float) -> Path:
         token = mint(
@@ -38,6 +40,7 @@ class ReplicaCredentials:
         path = self.dir / f"{target.replica_id}.cred"
         write_credential(path, token)
         self._issued[target.replica_id] = (target, now)
+        self._next_due = min(self._next_due, renew_at(now, self._ttl_s))
         return path
 
     def issue(self, target: ReplicaTarget, now: float) -> dict[str, str]:
@@ -46,14 +49,18 @@ class ReplicaCredentials:
         return NatsAuth(token_file=str(path), inbox_prefix=inbox_prefix(target.replica_id)).to_env()
 
     def renew(self, now: float) -> None:
+        if now < self._next_due:
+            return
+        self._next_due = float("inf")
         for target, issued_at in list(self._issued.values()):
-            if refresh_due(issued_at, self._ttl_s, now):
-                try:
-                    self._write(target, now)
-                except OSError as exc:  # the replica keeps its current one until it expires
-                    log.warning(
-                        "could not renew replica %s's credential: %s", target.replica_id, exc
-                    )
+            if now < renew_at(issued_at, self._ttl_s):
+                self._next_due = min(self._next_due, renew_at(issued_at, self._ttl_s))
+                continue
+            try:
+                self._write(target, now)
+            except OSError as exc:  # it keeps its current one; tried again next tick
+                self._next_due = now
+                log.warning("could not renew replica %s's credential: %s", target.replica_id, exc)
 
     def drop(self, replica_id: str) -> None:
         if self._issued.pop(replica_id, None) is not None:

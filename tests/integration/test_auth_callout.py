@@ -22,7 +22,8 @@ from shared.natsauth import NatsAuth
 from shared.natsbus import NatsBus
 from shared.natsjwt import PREFIX_USER, KeyPair
 from shared.subjects import KV_MEMBERSHIP, Subjects
-from tests.integration.authcallout import Callout, callout_server
+from tests.integration.authcallout import AUTH_USER, Callout, callout_server
+from tests.procs import service_processes
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -206,3 +207,33 @@ async def test_reconnect_after_restart_needs_a_fresh_credential(callout: Callout
     await eventually(lambda: got, what="the renewed replica serving after the restart")
     await asyncio.sleep(QUIET_S * 4)
     assert not stale.nc.is_connected
+
+
+async def test_the_auth_command(
+    callout: Callout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetpulse auth` as a process, configured by flags and environment, as an operator runs it."""
+    await callout.stop_service()
+    seed = tmp_path / "issuer.seed"
+    seed.write_text(callout.issuer.seed + "\n")
+    monkeypatch.setenv("FLEETPULSE_NATS_USER", AUTH_USER)
+    monkeypatch.setenv("FLEETPULSE_NATS_PASSWORD", callout.auth_password)
+    monkeypatch.setenv("FP_ROUTER_PASSWORD", callout.passwords["router"])
+    monkeypatch.setenv("FLEETPULSE_AUTH_REPLICA_KEYS", callout.replica_key.public_key)
+    log = tmp_path / "auth.log"
+    argv = ["-m", "services.cli", "auth", "--nats", callout.server.url, "--issuer-seed", str(seed)]
+    with service_processes() as procs:
+        proc = procs.start(argv, log=log)
+        await eventually(lambda: "auth callout up" in log.read_text(), within_s=20, what="ready")
+        replica = await callout.replica("A", "d", "a1")
+        router = await callout.role("router")
+        got = await _collect(replica, S.rpc("A", "d", "a1"))
+        await router.publish(S.rpc("A", "d", "a1"), b"hi")
+        await router.flush()
+        await eventually(lambda: got, what="a request through identities the process granted")
+        with pytest.raises(BusAuthError):
+            await NatsBus.connect(
+                callout.server.url, name="x", auth=NatsAuth(user="operator", password="unset")
+            )
+        assert proc.poll() is None
+    assert "refused connection 'x'" in log.read_text()

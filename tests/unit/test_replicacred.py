@@ -14,7 +14,7 @@ from shared.replicacred import (
     CREDENTIAL_TYPE,
     inbox_prefix,
     mint,
-    refresh_due,
+    renew_at,
     verify,
     write_credential,
 )
@@ -72,8 +72,7 @@ def test_mint_refuses_names_that_are_not_subject_tokens() -> None:
 
 
 def test_refresh_at_a_third_left() -> None:
-    assert not refresh_due(NOW, 600, NOW + 399)
-    assert refresh_due(NOW, 600, NOW + 400)
+    assert renew_at(NOW, 600) == NOW + 400
 
 
 def test_inbox_prefix_is_a_token_of_its_own() -> None:
