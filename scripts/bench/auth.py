@@ -27,7 +27,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts.bench.common import ROOT, percentiles, print_table, result_line, write_json
+from scripts.bench.common import (
+    ROOT,
+    percentiles,
+    print_table,
+    result_line,
+    stop_services,
+    write_json,
+)
 from services.auth.embedded import AUTH_USER
 from services.auth.serverconf import callout_config
 from services.router.config import RouterConfig
@@ -72,13 +79,7 @@ class Side:
         return auth, auth.to_env()
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_services(self.procs, 10.0)
         self.server.stop()
 
 
