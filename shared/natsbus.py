@@ -143,18 +143,18 @@ class NatsBus:
             if "authorization violation" in text.lower() or isinstance(
                 exc, nats.errors.AuthorizationError
             ):
-                if auth.token_file is None:
-                    refused.set()  # wrong credentials do not get right by retrying
-                elif error_log.allow():
+                if auth.token_file is not None:
                     # under the auth callout a refusal is also what a client gets while the
                     # auth service is down, and a renewed credential file may fix it: retry
-                    logger.warning(
-                        "nats %s: refused (%s): the auth service may be down, or the "
-                        "credential expired; retrying",
-                        name,
-                        auth.describe(),
-                    )
+                    if error_log.allow():
+                        logger.warning(
+                            "nats %s: refused (%s): the auth service may be down, or the "
+                            "credential expired; retrying",
+                            name,
+                            auth.describe(),
+                        )
                     return
+                refused.set()  # wrong credentials do not get right by retrying
             if "permissions violation" in text.lower():
                 bus.permission_violations += 1
                 if denied_log.allow():
