@@ -116,6 +116,18 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _cmd_auth(args: argparse.Namespace) -> int:
+    from services.auth.__main__ import run_from_args
+
+    return run_from_args(args)
+
+
+def _cmd_auth_key(args: argparse.Namespace) -> int:
+    from services.auth.keys import run_keygen
+
+    return run_keygen(args)
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from services.ops.deploy import run_deploy
 
@@ -191,6 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flag(agent)
     add_agent_arguments(agent)
     agent.set_defaults(func=_cmd_agent)
+
+    from services.auth.config import add_auth_arguments
+    from services.auth.keys import add_keygen_arguments
+
+    auth = sub.add_parser("auth", help="run the NATS auth callout: per-connection permissions")
+    add_nats_flag(auth)
+    add_auth_arguments(auth)
+    auth.set_defaults(func=_cmd_auth)
+    key = sub.add_parser("auth-key", help="make an nkey seed for the auth callout or an agent")
+    add_keygen_arguments(key)
+    key.set_defaults(func=_cmd_auth_key)
 
     from services.ops.deploy import add_delete_arguments, add_deploy_arguments
     from services.ops.status import add_status_arguments

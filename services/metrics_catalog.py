@@ -118,6 +118,11 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_recorder_write_errors_total",
         "fleetpulse_recorder_pending_rows",
     ),
+    "auth": (
+        "fleetpulse_auth_decisions_total",
+        "fleetpulse_auth_bad_requests_total",
+        "fleetpulse_auth_request_seconds",
+    ),
 }
 
 

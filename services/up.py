@@ -32,6 +32,7 @@ from rich.text import Text
 
 from services.agent.config import AgentConfig, parse_resources, replica_auth
 from services.agent.service import AgentService
+from services.auth.embedded import EmbeddedAuth
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
 from services.ops.deploy import build_apps
@@ -43,8 +44,9 @@ from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.up_args import add_up_arguments
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.errors import UsageError
 from shared.kv.status import AppStatusView
-from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
+from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth, set_process_auth
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_APPS, KV_STATUS
@@ -109,11 +111,17 @@ class Stack:
         self.controller: ControllerService | None = None
         self.agent: AgentService | None = None
         self.proxy: ProxyServer | None = None
+        self.auth = EmbeddedAuth() if getattr(args, "auth", False) else None
 
     async def start(self) -> None:
         if not self.url:
-            self.server = await asyncio.to_thread(NatsServer(port=self.args.port).start)
+            conf = self.auth.write_server_config(self.workdir) if self.auth else None
+            server = NatsServer(port=self.args.port, config_file=conf)
+            self.server = await asyncio.to_thread(server.start)
             self.url = self.server.url
+        if self.auth is not None:
+            set_process_auth(self.auth.stack_auth)  # the in-process stack, trusted as before
+            await self.auth.start(self.url)
         self.bus = await NatsBus.connect(self.url, name="fleetpulse-up")
         self.controller = ControllerService(
             ServiceConfig(nats_url=self.url, core=ControllerConfig(member_id="up"), rebuild_s=30.0)
@@ -127,8 +135,11 @@ class Stack:
                 workdir=str(Path.cwd()),
                 log_dir=str(self.workdir / "replicas"),
                 replica_auth=replica_auth(
-                    NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX), process_auth()
+                    NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX),
+                    process_auth(),
+                    minted=self.auth is not None,
                 ),
+                replica_key=self.auth.replica_key if self.auth else None,
             )
         )
         self.tasks = [
@@ -154,6 +165,8 @@ class Stack:
             await self.controller.stop()
         if self.bus is not None:
             await self.bus.close()
+        if self.auth is not None:
+            await self.auth.stop()
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
 
@@ -339,6 +352,11 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
         await stack.start()
         assert stack.bus is not None
         console.print(f"  NATS:  {stack.url}   (services and callers connect here)")
+        if stack.auth is not None:
+            console.print(
+                "  auth:  callout on: each replica has its own credential; other clients log "
+                "in as a role (FP_{ROLE}_PASSWORD)"
+            )
         assert stack.proxy is not None
         console.print(f"  HTTP:  {stack.proxy.url}   (apps by route prefix, e.g. POST /model)")
         console.print(
@@ -417,4 +435,9 @@ def _log_to_file(path: Path) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    if getattr(args, "auth", False) and args.external_nats:
+        raise UsageError(
+            "--auth configures the embedded server; for your own server run `fleetpulse auth` "
+            "and give it an auth_callout block (docs/operations.md)"
+        )
     return asyncio.run(run_up_async(args, Console()))

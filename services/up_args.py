@@ -32,5 +32,11 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--http-port", type=int, default=8000, help="HTTP ingress port (0: a free port)")
     p.add_argument(
+        "--auth",
+        action="store_true",
+        help="run the NATS auth callout (`fleetpulse auth`) on the embedded server: each "
+        "replica gets permissions for itself only (not with --nats)",
+    )
+    p.add_argument(
         "--no-live", action="store_true", help="print status lines instead of a live table"
     )

@@ -12,7 +12,7 @@ settings (`FLEETPULSE_REPLICA_NATS_*`, see `to_env` and `services/agent`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from shared.errors import UsageError
 ENV_PREFIX = "FLEETPULSE_NATS_"
 REPLICA_ENV_PREFIX = "FLEETPULSE_REPLICA_NATS_"
 SECRET_FIELDS = frozenset({"password", "token"})
-FILE_FIELDS = ("creds", "tls_ca", "tls_cert", "tls_key")
+FILE_FIELDS = ("creds", "token_file", "tls_ca", "tls_cert", "tls_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,12 @@ class NatsAuth:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    token_file: str | None = None
+    """A token read from this file at every (re)connect, so whoever writes the file can renew
+    it: a replica's credential for the auth callout (shared.replicacred)."""
+    inbox_prefix: str | None = None
+    """Where this connection's inboxes live (default `_INBOX`): a replica under the auth
+    callout may subscribe only to its own."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = ENV_PREFIX) -> NatsAuth:
@@ -52,7 +58,7 @@ class NatsAuth:
 
     @property
     def has_identity(self) -> bool:
-        return bool(self.user or self.token or self.creds)
+        return bool(self.user or self.token or self.creds or self.token_file)
 
     def validate(self) -> NatsAuth:
         """Raise a UsageError naming what is wrong; return self."""
@@ -61,6 +67,7 @@ class NatsAuth:
             for name, present in (
                 ("user/password", self.user is not None),
                 ("token", self.token is not None),
+                ("token file", self.token_file is not None),
                 ("creds file", self.creds is not None),
             )
             if present
@@ -95,10 +102,28 @@ class NatsAuth:
             if self.token
             else f"creds {self.creds}"
             if self.creds
+            else f"the token in {self.token_file}"
+            if self.token_file
             else "no credentials"
         )
         tls = ", TLS client certificate" if self.tls_cert else ", TLS" if self.tls_ca else ""
         return who + tls
+
+
+def token_source(auth: NatsAuth) -> str | Callable[[], str] | None:
+    """What nats-py sends as the token: the token, or a reader of the token file (called at
+    each connect and reconnect; a file gone missing sends an empty token, which is refused)."""
+    if auth.token_file is None:
+        return auth.token
+    path = Path(auth.token_file)
+
+    def read() -> str:
+        try:
+            return path.read_text(encoding="ascii").strip()
+        except OSError:
+            return ""
+
+    return read
 
 
 def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:

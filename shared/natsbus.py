@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import DEFAULT_INBOX_PREFIX
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg as NatsMsg
 from nats.aio.subscription import Subscription as NatsSubscription
@@ -44,7 +45,7 @@ from shared.bus import (
 )
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BucketNotFound, BusAuthError, BusError, BusTimeout, NoResponders
-from shared.natsauth import NatsAuth, process_auth
+from shared.natsauth import NatsAuth, process_auth, token_source
 from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,17 @@ class NatsBus:
             if "authorization violation" in text.lower() or isinstance(
                 exc, nats.errors.AuthorizationError
             ):
+                if auth.token_file is not None:
+                    # under the auth callout a refusal is also what a client gets while the
+                    # auth service is down, and a renewed credential file may fix it: retry
+                    if error_log.allow():
+                        logger.warning(
+                            "nats %s: refused (%s): the auth service may be down, or the "
+                            "credential expired; retrying",
+                            name,
+                            auth.describe(),
+                        )
+                    return
                 refused.set()  # wrong credentials do not get right by retrying
             if "permissions violation" in text.lower():
                 bus.permission_violations += 1
@@ -174,8 +186,9 @@ class NatsBus:
                 name=name,
                 user=auth.user,
                 password=auth.password,
-                token=auth.token,
+                token=token_source(auth),
                 user_credentials=auth.creds,
+                inbox_prefix=auth.inbox_prefix or DEFAULT_INBOX_PREFIX,
                 tls=_tls_context(servers, auth.tls_ca, auth.tls_cert, auth.tls_key),
                 connect_timeout=_seconds(connect_timeout),
                 reconnect_time_wait=_seconds(reconnect_wait),

@@ -19,6 +19,8 @@ from shared import resources
 from shared.errors import ConfigError
 from shared.kv.targets import UNPLACED
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
+from shared.natsjwt import KeyPair, read_seed
+from shared.replicacred import DEFAULT_TTL_S
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
 from .core import KILL_MARGIN_S
@@ -26,6 +28,7 @@ from .core import KILL_MARGIN_S
 log = logging.getLogger(__name__)
 
 AGENT_ID_ENV = "FLEETPULSE_AGENT_ID"
+REPLICA_KEY_ENV = "FLEETPULSE_AGENT_REPLICA_KEY_FILE"
 DEFAULT_MAX_REPLICAS = 8
 _HOST_PREFIX_CHARS = 40  # leaves room for the random suffix within the 64-character token limit
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]+")
@@ -58,6 +61,10 @@ class AgentConfig:
     metrics_port: int = 0
     replica_auth: NatsAuth = field(default_factory=NatsAuth)
     """The NATS identity (and TLS) the replicas connect with: their own role's, not ours."""
+    replica_key: KeyPair | None = field(default=None, repr=False)
+    """With the auth callout: the key that signs each replica's own credential (then
+    `replica_auth` carries TLS settings only)."""
+    credential_ttl_s: float = DEFAULT_TTL_S
 
     def __post_init__(self) -> None:
         validate_name(self.agent_id, "agent id")
@@ -66,6 +73,8 @@ class AgentConfig:
                 f"{UNPLACED!r} is reserved (replicas not placed on any agent)", field="agent_id"
             )
         validate_name(self.namespace, "namespace")
+        if not self.credential_ttl_s > 0:
+            raise ConfigError("must be > 0", field="credential_ttl_s")
         if self.max_replicas < 0:
             raise ConfigError("must be >= 0", field="max_replicas")
         if not self.kill_margin_s >= 0:
@@ -151,6 +160,20 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
             metavar=metavar,
             help=f"the replicas' NATS {name} (${env}; default: the agent's own, with a warning)",
         )
+    p.add_argument(
+        "--replica-key-seed",
+        default=os.environ.get(REPLICA_KEY_ENV) or None,
+        metavar="FILE",
+        help="with the auth callout: the nkey seed (`fleetpulse auth-key replica FILE`) that "
+        f"signs each replica's own credential; replaces --replica-nats-* (${REPLICA_KEY_ENV})",
+    )
+    p.add_argument(
+        "--credential-ttl-s",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="how long a replica credential lets it connect; renewed with a third left "
+        f"(default {DEFAULT_TTL_S:g})",
+    )
     add_metrics_port_argument(p)
 
 
@@ -176,6 +199,7 @@ def _split_paths(items: Sequence[str]) -> tuple[str, ...]:
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     extra = {"agent_id": args.agent_id} if args.agent_id else {}
+    key = read_seed(args.replica_key_seed, "--replica-key-seed") if args.replica_key_seed else None
     return AgentConfig(
         nats_url=args.nats,
         max_replicas=args.max_replicas,
@@ -195,15 +219,21 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
                 creds=args.replica_nats_creds,
             ),
             process_auth(),
+            minted=key is not None,
         ),
+        replica_key=key,
+        credential_ttl_s=args.credential_ttl_s,
         **extra,
     )
 
 
-def replica_auth(own: NatsAuth, agent: NatsAuth) -> NatsAuth:
+def replica_auth(own: NatsAuth, agent: NatsAuth, *, minted: bool = False) -> NatsAuth:
     """The replicas' settings: their own identity if given, else the agent's (least privilege
-    wants their own: the agent's role may write fp_agents); TLS settings the agent's unless set."""
-    if not own.has_identity and agent.has_identity:
+    wants their own: the agent's role may write fp_agents); TLS settings the agent's unless set.
+    `minted`: each replica gets its own credential instead (services/agent/credentials.py)."""
+    if minted:
+        own = NatsAuth(tls_ca=own.tls_ca, tls_cert=own.tls_cert, tls_key=own.tls_key)
+    elif not own.has_identity and agent.has_identity:
         log.warning(
             "no replica NATS credentials given (--replica-nats-* or %s*): replicas connect "
             "as the agent (%s)",

@@ -55,6 +55,7 @@ from .core import (
     replica_env,
     wanted_target,
 )
+from .credentials import ReplicaCredentials
 from .info import AGENT_TTL_S, AgentInfo
 from .metrics import BAD_TARGETS, CAPACITY, EXITS, KILLS, RUNNING, START_FAILURES, STARTS, STOPS
 from .procs import ChildProcesses, child_env
@@ -99,6 +100,11 @@ class AgentService:
         self._register_now = asyncio.Event()
         self._skipped: tuple[str, ...] = ()
         self._agents_kv: KV | None = None
+        self.creds = (
+            ReplicaCredentials(cfg.replica_key, cfg.credential_ttl_s)
+            if cfg.replica_key is not None
+            else None
+        )
         self._running = RUNNING.labels(cfg.agent_id)
         self._running.set(0)
         CAPACITY.labels(cfg.agent_id).set(cfg.max_replicas)
@@ -162,6 +168,8 @@ class AgentService:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._drain()
+            if self.creds is not None:
+                self.creds.close()
             await self._unregister()
             if self._given_bus is None and self.bus is not None:
                 await self.bus.close()
@@ -232,6 +240,8 @@ class AgentService:
                 del self._children[action.replica_id]
             elif isinstance(action, OverCapacity):
                 self._over_capacity(action)
+        if self.creds is not None:
+            self.creds.renew(self.clock.wall())
         live = self._live()
         self._running.set(live)
         if live != before:
@@ -250,6 +260,8 @@ class AgentService:
         self._children[spec.replica_id] = ChildState(spec)
         try:
             env = replica_env(spec, os.environ.get(resources.GPU_ENV))
+            if self.creds is not None:
+                env.update(self.creds.issue(spec, self.clock.wall()))
             pid = self.procs.start(spec.replica_id, argv, name, env)
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
             log.error("replica %s could not be started: %s", spec.replica_id, exc)
@@ -273,6 +285,8 @@ class AgentService:
         if child is None:
             return
         self._children[replica_id] = child.exited_with(code)
+        if self.creds is not None:
+            self.creds.drop(replica_id)
         EXITS.labels(str(code)).inc()
         level = logging.INFO if code == 0 else logging.WARNING
         log.log(level, "replica %s exited with code %d", replica_id, code)

@@ -59,6 +59,8 @@ __all__ = [
 DepKey = tuple[str, str]
 REPROBE_AFTER_S = 1.0
 _TURNED_AWAY = frozenset({STALE, DUPLICATE, UNKNOWN_REPLICA})
+SOURCE_MISMATCH = "source_mismatch"
+"""A report whose payload speaks for another deployment or rpc subject than its subject."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +256,11 @@ class ControllerCore:
                 m.health.observe(hb.health.replica_id, hb.health, recv)
                 self._count("heartbeat")
             else:
-                self._lifecycle(m, decode_as(data, Lifecycle), recv)
+                ev = decode_as(data, Lifecycle)
+                if self._claims_another(where.app, where.deployment, ev):
+                    self.stats.dropped[SOURCE_MISMATCH] += 1
+                else:
+                    self._lifecycle(m, ev, recv)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
         due = None if where.kind == "lifecycle" else m.input_due(recv)
@@ -311,6 +317,16 @@ class ControllerCore:
             m.health.observe_batch(
                 batch.slots, batch.healthy, batch.checked_at, batch.failures, recv, direct=direct
             )
+
+    def _claims_another(self, app: str, deployment: str, ev: Lifecycle) -> bool:
+        """The subject (which the server's permissions bind to the sender under the auth
+        callout) names one deployment; an event naming another in its payload, or announcing
+        an rpc subject that is not its replica's there, would steer that other one."""
+        if (ev.app, ev.deployment) != (app, deployment):
+            return True
+        return bool(ev.rpc_subject) and ev.rpc_subject != self.subjects.rpc(
+            app, deployment, ev.replica_id
+        )
 
     def _lifecycle(self, m: ManagedDeployment, ev: Lifecycle, recv: float) -> None:
         self._count("lifecycle_" + ev.state)

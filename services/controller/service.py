@@ -30,6 +30,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.agent.info import AGENT_TTL_S, AgentInfo
 from shared.appconfig import AppConfig
 from shared.badinput import BadInput
+from shared.bus import RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import (
     BusError,
@@ -53,6 +54,7 @@ from shared.wire.messages import HealthStatus
 from . import metrics as prom
 from .collector import Collector
 from .core import (
+    SOURCE_MISMATCH,
     Action,
     ControllerConfig,
     ControllerCore,
@@ -92,6 +94,7 @@ STOP_FLUSH_S = 2.0
 EMPTY_PARTITION_QUIET_S = 0.3
 """A partition with no message this long after subscribing has no history to replay."""
 PARTITION_IDLE_HEARTBEAT_S = 1.0
+MISMATCH_LOG_INTERVAL_S = 10.0
 """The server heartbeats an idle partition consumer this often. A partition consumer is an R1
 ordered consumer on any node of the stream; when that node dies, nats-py recreates it after two
 missed heartbeats, so reading resumes within seconds (its default of 5 s meant 10-20 s)."""
@@ -140,6 +143,8 @@ class ControllerService:
             self._write_kv, describe=_describe_key, on_done=self._wrote, concurrency=KV_WRITERS
         )
         self.bad_kv = BadInput("controller: control state", log)
+        self._mismatch_log = RateLimiter(MISMATCH_LOG_INTERVAL_S, clock)
+        self._mismatches_logged = 0
         """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
@@ -432,7 +437,19 @@ class ControllerService:
         self.ticks += 1
         await self._execute(actions)
         self.exporter.tick(self.core.stats, self.core.stall_state, self._pending)
+        self._log_mismatches()
         self.collector.between_ticks(now)
+
+    def _log_mismatches(self) -> None:
+        total = self.core.stats.dropped[SOURCE_MISMATCH]
+        if total > self._mismatches_logged and self._mismatch_log.allow():
+            log.warning(
+                "dropped %d report(s) whose payload names another deployment or rpc subject "
+                "than the subject they came on (%d so far)",
+                total - self._mismatches_logged,
+                total,
+            )
+            self._mismatches_logged = total
 
     def _epoch_of(self, app: str) -> int | None:
         return self._epochs.get(partition_of(app, self.cfg.partitions))

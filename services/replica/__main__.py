@@ -11,8 +11,10 @@ from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
 from services.metrics_catalog import serve_metrics
 from shared.bus import Bus
+from shared.natsauth import process_auth
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
+from shared.startup import retrying
 from shared.subjects import Subjects
 
 from . import logsetup
@@ -36,7 +38,7 @@ async def serve(cfg: ReplicaConfig) -> int:
         if extra is not None:
             log.info("replica %s: also logging to %s", cfg.replica_id, extra)
     target = load_target(spec.import_path)  # a bad import path fails before anything connects
-    bus = await NatsBus.connect(cfg.nats_url, name=f"replica-{cfg.replica_id}")
+    bus = await connect(cfg)
     follower: asyncio.Task[None] | None = None
     try:
         user = await create_user(cfg, bus, target)
@@ -65,6 +67,18 @@ async def serve(cfg: ReplicaConfig) -> int:
         serve_context._leave()
         await bus.close()
     return 0
+
+
+async def connect(cfg: ReplicaConfig) -> NatsBus:
+    """With a credential file (the auth callout), a refused or unanswered connect is retried
+    until it gets in: the auth service may be down for a while, and a replica that gave up
+    would be replaced only to wait the same way. Otherwise the first failure is final."""
+    name = f"replica-{cfg.replica_id}"
+    if process_auth().token_file is None:
+        return await NatsBus.connect(cfg.nats_url, name=name)
+    return await retrying(
+        "connect to NATS", lambda: NatsBus.connect(cfg.nats_url, name=name), asyncio.Event(), log
+    )
 
 
 async def create_user(cfg: ReplicaConfig, bus: Bus, target: object) -> UserDeployment:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from services.controller.core import (
+    SOURCE_MISMATCH,
     ControllerConfig,
     ControllerCore,
     DeleteKey,
@@ -441,3 +442,25 @@ def test_replacing_one_replica_of_a_large_deployment_is_a_few_writes() -> None:
     assert len(sim.membership) == 40
     # slots stay bounded by the deployment's size
     assert {t.slot for t in sim.targets} == set(range(40))
+
+
+def test_lifecycle_speaking_for_another_deployment_is_dropped() -> None:
+    """The subject names the sender's deployment (the auth callout binds it to the sender); a
+    payload naming another deployment, or announcing another rpc subject, changes nothing."""
+    sim = Sim(app_with(num_replicas=1))
+    sim.tick()
+    (rid,) = sim.target_ids()
+    subject = S.report("lifecycle", "shop", "Model")
+
+    def ready(rpc: str, app: str = "shop", dep: str = "Model") -> bytes:
+        return encode(Lifecycle(rid, "", "ready", sim.wall(), rpc, "v1", None, app, dep))
+
+    sim.core.ingest(subject, ready(S.rpc("other", "Model", rid)), sim.t)
+    sim.core.ingest(subject, ready(S.rpc("shop", "Model", "someone-else")), sim.t)
+    sim.core.ingest(subject, ready(S.rpc("shop", "Model", rid), app="other"), sim.t)
+    sim.tick()
+    assert sim.core.stats.dropped[SOURCE_MISMATCH] == 3
+    assert sim.membership == []  # none of them made it a member
+    sim.core.ingest(subject, ready(S.rpc("shop", "Model", rid)), sim.t)
+    sim.tick()
+    assert sim.membership == [rid]

@@ -15,12 +15,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 import services.agent.metrics
+import services.auth.metrics
 import services.controller.metrics
 import services.recorder.metrics
 import services.replica.metrics
 import services.router.metrics
 from services.agent.config import add_agent_arguments
 from services.agent.procs import child_env
+from services.auth.config import add_auth_arguments
 from services.controller.__main__ import add_controller_arguments
 from services.metrics_catalog import ENV_METRICS_PORT, METRIC_NAMES
 from services.proxy.metrics import ProxyMetrics
@@ -34,6 +36,7 @@ MODULES: dict[str, ModuleType] = {
     "router": services.router.metrics,
     "replica": services.replica.metrics,
     "recorder": services.recorder.metrics,
+    "auth": services.auth.metrics,
 }
 _TYPE_LINE = re.compile(r"^# TYPE (\S+) \S+$", re.MULTILINE)
 
@@ -94,6 +97,7 @@ ADDERS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], list[str]]] =
     "agent": (add_agent_arguments, []),
     "replica": (add_replica_arguments, ["--app", "a", "--deployment", "d", "--import-path", "m:X"]),
     "recorder": (add_record_arguments, ["--out", "rec"]),
+    "auth": (add_auth_arguments, []),
 }
 
 

@@ -1,0 +1,1 @@
+"""`fleetpulse auth`: the NATS auth callout that gives each connection its own permissions."""

@@ -1,0 +1,37 @@
+"""`fleetpulse auth` / `python -m services.auth`: run the NATS auth callout until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from services.metrics_catalog import serve_metrics
+from shared.signals import on_stop_signals
+
+from .config import AuthConfig, add_auth_arguments, config_from_args
+from .service import AuthService
+
+__all__ = ["add_auth_arguments", "main", "run_from_args", "serve"]
+
+
+async def serve(cfg: AuthConfig) -> int:
+    service = AuthService(cfg)
+    serve_metrics(cfg.metrics_port, "auth")
+    with on_stop_signals(service.stop):
+        await service.run()
+    return 0
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    return asyncio.run(serve(config_from_args(args)))
+
+
+def main() -> int:
+    from services.cli import standalone_main
+
+    return standalone_main("python -m services.auth", __doc__, add_auth_arguments, run_from_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

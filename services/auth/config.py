@@ -1,0 +1,106 @@
+"""AuthConfig: one frozen config for the auth callout, built once from flags and env.
+
+Each setting is declared once here (flag, environment variable, default); the role passwords
+are the `FP_{ROLE}_PASSWORD` variables that compose/nats/accounts.conf reads too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.metrics_catalog import add_metrics_port_argument
+from shared.errors import ConfigError
+from shared.natsjwt import (
+    PREFIX_ACCOUNT,
+    PREFIX_USER,
+    KeyPair,
+    TokenError,
+    decode_public,
+    read_seed,
+)
+
+from .callout import GLOBAL_ACCOUNT
+from .core import PASSWORD_ROLES, AuthPolicy
+
+ISSUER_SEED_ENV = "FLEETPULSE_AUTH_ISSUER_SEED_FILE"
+TRUSTED_KEYS_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS"
+ACCOUNT_ENV = "FLEETPULSE_AUTH_ACCOUNT"
+
+
+def role_password_env(role: str) -> str:
+    return f"FP_{role.upper()}_PASSWORD"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    nats_url: str
+    issuer: KeyPair = field(repr=False)
+    policy: AuthPolicy
+    account: str = GLOBAL_ACCOUNT
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        if self.issuer.prefix != PREFIX_ACCOUNT:
+            raise ConfigError("the issuer must be an account key (seed SA...)", field="issuer")
+        if not self.policy.trusted_replica_keys and not self.policy.role_passwords:
+            raise ConfigError(
+                "nobody could log in: give replica keys or role passwords", field="policy"
+            )
+
+
+def parse_keys(text: str, source: str) -> frozenset[str]:
+    keys = frozenset(k.strip() for k in text.replace(",", " ").split() if k.strip())
+    for key in keys:
+        try:
+            decode_public(key, PREFIX_USER)
+        except TokenError as exc:
+            raise ConfigError(
+                f"{key[:12]}... is not a user public key (U...)", field=source
+            ) from exc
+    return keys
+
+
+def role_passwords(env: Mapping[str, str]) -> dict[str, str]:
+    return {r: pw for r in PASSWORD_ROLES if (pw := env.get(role_password_env(r)))}
+
+
+def add_auth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--issuer-seed",
+        default=os.environ.get(ISSUER_SEED_ENV),
+        metavar="FILE",
+        help=f"the account nkey seed that signs the user JWTs; the server's auth_callout "
+        f"`issuer` is its public key (${ISSUER_SEED_ENV})",
+    )
+    p.add_argument(
+        "--replica-key",
+        action="append",
+        default=[],
+        metavar="PUBLIC_KEY",
+        help=f"an agent replica key to trust (U...; repeatable, for rotation; also "
+        f"${TRUSTED_KEYS_ENV}, comma-separated)",
+    )
+    p.add_argument(
+        "--account",
+        default=os.environ.get(ACCOUNT_ENV, GLOBAL_ACCOUNT),
+        help=f"the account connections land in (${ACCOUNT_ENV}; default {GLOBAL_ACCOUNT}, "
+        "the account of a server without an accounts block)",
+    )
+    add_metrics_port_argument(p)
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AuthConfig:
+    env = os.environ if env is None else env
+    if not args.issuer_seed:
+        raise ConfigError(f"give --issuer-seed FILE (or ${ISSUER_SEED_ENV})", field="issuer")
+    keys = parse_keys(" ".join([env.get(TRUSTED_KEYS_ENV, ""), *args.replica_key]), "--replica-key")
+    return AuthConfig(
+        nats_url=args.nats,
+        issuer=read_seed(args.issuer_seed, "--issuer-seed"),
+        policy=AuthPolicy(trusted_replica_keys=keys, role_passwords=role_passwords(env)),
+        account=args.account,
+        metrics_port=args.metrics_port,
+    )
