@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,12 +21,9 @@ PARTITIONS = 4
 TTL_S = 2.0
 
 
-async def running_member() -> tuple[GroupRunner, FakeClock, list[int]]:
-    clock = FakeClock()
+def member(on_take: Callable[[int, int], Awaitable[None]]) -> tuple[GroupRunner, list[int]]:
+    """A member on a fake bus and clock; the list collects the partitions it drops."""
     dropped: list[int] = []
-
-    async def on_take(p: int, epoch: int) -> None:
-        return None
 
     async def on_drop(p: int) -> None:
         dropped.append(p)
@@ -37,8 +35,18 @@ async def running_member() -> tuple[GroupRunner, FakeClock, list[int]]:
         on_drop,
         heartbeat_s=0.01,
         describe=dict,
-        clock=clock,
+        clock=FakeClock(),
     )
+    return runner, dropped
+
+
+async def running_member() -> tuple[GroupRunner, FakeClock, list[int]]:
+    async def on_take(p: int, epoch: int) -> None:
+        return None
+
+    runner, dropped = member(on_take)
+    clock = runner.clock
+    assert isinstance(clock, FakeClock)
     await runner.start()
     await eventually(lambda: len(runner.core.owned) == PARTITIONS, 5, "owns every partition")
     return runner, clock, dropped
@@ -123,9 +131,7 @@ async def test_a_partition_that_fails_to_start_is_handed_back_and_taken_again(
 ) -> None:
     """A take whose start fails on NATS (a consumer create that timed out) must not leave the
     lease held with nothing reading the partition: it is handed back, and taken again later."""
-    clock = FakeClock()
     started: list[int] = []
-    dropped: list[int] = []
     failures = {2: 1}
 
     async def on_take(p: int, epoch: int) -> None:
@@ -134,18 +140,7 @@ async def test_a_partition_that_fails_to_start_is_handed_back_and_taken_again(
             raise BusTimeout(f"partition {p}'s consumer: timed out")
         started.append(p)
 
-    async def on_drop(p: int) -> None:
-        dropped.append(p)
-
-    runner = GroupRunner(
-        FakeServer().connect("m1"),
-        GroupCore("m1", PARTITIONS, TTL_S),
-        on_take,
-        on_drop,
-        heartbeat_s=0.01,
-        describe=dict,
-        clock=clock,
-    )
+    runner, dropped = member(on_take)
     with caplog.at_level(logging.WARNING, logger="services.controller.group_shell"):
         await runner.start()
         try:
