@@ -66,8 +66,11 @@ def test_rejected_counts_invalid_stale_and_duplicate_reports_by_reason() -> None
 
 
 def nats_msg(subject: str, data: bytes, pending: int = 0) -> Any:
-    meta = SimpleNamespace(num_pending=pending, timestamp=datetime.now(UTC))
-    return SimpleNamespace(subject=subject, data=data, metadata=meta)
+    """A delivered JetStream message: its ack subject carries the stored time and what is
+    pending behind it."""
+    stored_ns = int(datetime.now(UTC).timestamp() * 1e9)
+    reply = f"$JS.ACK.FP_REPORTS.c1.1.7.7.{stored_ns}.{pending}"
+    return SimpleNamespace(subject=subject, data=data, reply=reply)
 
 
 def test_the_service_counts_messages_and_bytes_by_kind_and_format() -> None:
