@@ -94,10 +94,11 @@ STOP_FLUSH_S = 2.0
 EMPTY_PARTITION_QUIET_S = 0.3
 """A partition with no message this long after subscribing has no history to replay."""
 PARTITION_IDLE_HEARTBEAT_S = 1.0
-MISMATCH_LOG_INTERVAL_S = 10.0
 """The server heartbeats an idle partition consumer this often. A partition consumer is an R1
 ordered consumer on any node of the stream; when that node dies, nats-py recreates it after two
 missed heartbeats, so reading resumes within seconds (its default of 5 s meant 10-20 s)."""
+MISMATCH_LOG_INTERVAL_S = 10.0
+"""Reports dropped for a claimed source that does not match their subject: one line this often."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +143,10 @@ class ControllerService:
         self._kv: KVWriter[KVWrite] = KVWriter(
             self._write_kv, describe=_describe_key, on_done=self._wrote, concurrency=KV_WRITERS
         )
+        """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self.bad_kv = BadInput("controller: control state", log)
         self._mismatch_log = RateLimiter(MISMATCH_LOG_INTERVAL_S, clock)
         self._mismatches_logged = 0
-        """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
         self.ticks = 0
