@@ -346,8 +346,8 @@ class HealthRegistry:
         if s.size == 0:
             return 0
         if lowest(s) >= 0 and highest(s) < size:
-            # the usual batch: every slot in range (fewer array operations: at 10,000 small
-            # deployments each one touches memory no cache holds)
+            # the usual batch: every slot in range (fewer array operations: on a report's few
+            # rows each costs more than its work)
             ok = self._live[s] & np.isfinite(ca)
         else:
             in_range = (s >= 0) & (s < size)
