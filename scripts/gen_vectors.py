@@ -96,6 +96,16 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ("health_ok", GOOD, "healthy replica"),
         ("health_failing", BAD, "three failed checks in a row"),
         ("probe", ProbeRequest(T0), "pull probe; the reply is a health message"),
+        (
+            "probe_request",
+            ProbeRequest(T0, "req-0001"),
+            "asks about one request; not held: the reply is an error not_held",
+        ),
+        (
+            "error_not_held",
+            ErrorReply("not_held", "request req-0001 is not running here", True),
+            "a probe's reply when the replica does not hold the request it names",
+        ),
         ("args", ARGS, "call arguments: any msgpack values, bin included"),
         ("args_empty", CallArgs((), {}), "no arguments"),
         (

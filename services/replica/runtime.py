@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from services.router.liveness import not_held
 from services.router.reports import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.badinput import BadInput
 from shared.bus import Bus, Msg, Subscription
@@ -306,6 +307,14 @@ class ReplicaRuntime:
     async def _on_probe(self, msg: Msg) -> None:
         latest = self.carriage.latest
         if msg.reply is None or latest is None:
+            return
+        try:
+            gone = not_held(msg.data, self._held)
+        except WireError as exc:
+            self.bad.drop(exc.reason, f"probe: {exc.detail}")
+            return
+        if gone is not None:  # a router's reply for that request was lost on the way
+            await self._send(msg.reply, gone)
             return
         self.stats.probes += 1
         self.prom.probes.inc()

@@ -14,7 +14,10 @@ How it works:
   another request meanwhile; else by a probe to `fp.v1.probe.{replica}`, one per replica shared
   by every request waiting on it. "No responders" means the replica's connection is gone and the
   caller gets `ReplicaLostError` (retryable); a probe that times out means the replica is alive
-  but busy, so reading continues. The request's deadline bounds every wait (`DeadlineExceeded`).
+  but busy, so reading continues. After `ASK_FIRST` silent intervals (then 2x, 4x, ... as long,
+  at most `ASK_MAX_GAP` apart) the probe names the request instead, unshared: a live replica
+  that no longer holds it answers `not_held`, its reply was lost on the way, and the caller gets
+  `ReplicaLostError` too. The request's deadline bounds every wait (`DeadlineExceeded`).
 - Lazy frame pump: a caller that reads a stream slowly would leave health frames sitting in the
   inbox while it works. When the admission declared `will_send_health_frames` on a streaming
   request, the reader arms a timer each time it hands a chunk to the caller; if the request is
@@ -61,6 +64,13 @@ INTERRUPTED_PROBES: Final = 3
 """Silent probes, each answered, after our connection dropped mid-request, before the request is
 taken for lost: what the replica sent while we were away is gone for good (seen when a NATS node
 was restarted during a rolling upgrade: the request waited for ever on a live replica)."""
+ASK_FIRST: Final = 3
+"""Silent intervals on one request before a probe asks the replica whether it still holds that
+request: a reply lost after the replica's own connection (or a NATS route) dropped would
+otherwise wait for ever, since the replica keeps answering for its other requests."""
+ASK_MAX_GAP: Final = 30
+"""Later asks come after twice the silence so far, at most this many intervals apart: a long
+request costs its replica a few probes a minute, not one per interval."""
 
 
 async def open_call(
@@ -99,9 +109,8 @@ async def _open_call(
         deadline_mono, deadline_wall = math.inf, None
     else:
         deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
-    payload = encode(
-        Request(uuid.uuid4().hex, method, True, stream, deadline_wall, body, body_kind)
-    )
+    request_id = uuid.uuid4().hex
+    payload = encode(Request(request_id, method, True, stream, deadline_wall, body, body_kind))
     exclude: set[str] = set()
     while True:
         if clock.monotonic() >= deadline_mono:
@@ -122,6 +131,7 @@ async def _open_call(
             return ResponseReader(
                 router,
                 rid,
+                request_id,
                 response,
                 deadline_mono,
                 pump=stream and admission.will_send_health_frames,
@@ -187,6 +197,7 @@ class ResponseReader:
         "_pump_armed",
         "_pump_queue",
         "_pump_task",
+        "_request_id",
         "_response",
         "_router",
         "_started",
@@ -199,6 +210,7 @@ class ResponseReader:
         self,
         router: Router,
         replica_id: str,
+        request_id: str,
         response: ResponseStream,
         deadline_mono: float,
         *,
@@ -214,6 +226,7 @@ class ResponseReader:
         self._outcome = OK
         """What the caller saw: the first error a read raised (closing early is no failure)."""
         self.replica_id = replica_id
+        self._request_id = request_id
         self._response: ResponseStream | None = response
         self._deadline = deadline_mono
         self._expected_seq = 0
@@ -290,7 +303,8 @@ class ResponseReader:
             raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
         liveness = router.liveness
         seen = liveness.mark(self.replica_id)
-        alive_but_silent = 0
+        alive_but_silent = silent = 0
+        ask_at = ASK_FIRST
         while True:
             remaining = self._deadline - clock.monotonic()
             if remaining <= 0:
@@ -301,11 +315,18 @@ class ResponseReader:
             except BusTimeout:
                 if clock.monotonic() >= self._deadline:
                     continue
-                # it spoke on another request meanwhile: connected, no probe needed
-                spoke = liveness.mark(self.replica_id) != seen
-                gone = not spoke and await liveness.gone(self.replica_id)
+                silent += 1
+                if silent == ask_at:
+                    ask_at += min(ask_at, ASK_MAX_GAP)
+                    lost = not await liveness.holds(self.replica_id, self._request_id)
+                    why = "it no longer holds the request: its reply was lost"
+                else:
+                    # it spoke on another request meanwhile: connected, no probe needed
+                    spoke = liveness.mark(self.replica_id) != seen
+                    lost = not spoke and await liveness.gone(self.replica_id)
+                    why = "its connection is gone"
                 seen = liveness.mark(self.replica_id)
-                if not gone:
+                if not lost:
                     if response.interruptions > self._interruptions_seen:
                         alive_but_silent += 1
                         if alive_but_silent >= INTERRUPTED_PROBES:
@@ -321,12 +342,13 @@ class ResponseReader:
                     msg = await response.next(LOST_GRACE_S)
                 except (BusTimeout, NoResponders):
                     self._fail()
-                    raise ReplicaLostError(self.replica_id, "its connection is gone") from None
+                    raise ReplicaLostError(self.replica_id, why) from None
             except NoResponders:
                 self._fail()
                 raise ReplicaLostError(self.replica_id, "no responders") from None
             # a message after a reconnect: replies flow again (a lost chunk shows as a gap)
             self._interruptions_seen, alive_but_silent = response.interruptions, 0
+            silent, ask_at = 0, ASK_FIRST
             liveness.heard(self.replica_id)
             seen = liveness.mark(self.replica_id)
             try:

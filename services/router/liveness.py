@@ -14,20 +14,43 @@ the replica is heard from anyway (a frame per interval, say). A lost connection 
 within two intervals (one if nothing else was heard from it). No clock: counters, not times,
 so it behaves the same on any clock. An alive replica that is merely slow answers probes; only a
 lost connection ends a request here.
+
+A live replica can still have lost one request's reply (its NATS connection, or a route between
+NATS nodes, dropped after it admitted the request). It keeps being heard on other requests, so
+step 1 would wait for ever; a reader silent for several intervals while the replica speaks asks
+`holds(replica, request_id)`: a probe naming the request, answered `not_held` by a replica that
+no longer runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from shared.badinput import BadInput
 from shared.bus import Bus
 from shared.clock import Clock
 from shared.errors import BusError, NoResponders, WireError
 from shared.subjects import Subjects
-from shared.wire.codec import decode_as, encode
-from shared.wire.messages import HealthStatus, ProbeRequest
+from shared.wire import reasons
+from shared.wire.codec import decode, decode_as, encode
+from shared.wire.messages import ErrorReply, HealthStatus, ProbeRequest
+
+NOT_HELD = "not_held"
+"""`ErrorReply.code` of a probe naming a request the replica does not hold (docs/wire.md)."""
+
+
+def not_held(probe: bytes, held: Container[str]) -> ErrorReply | None:
+    """A replica's answer to a probe that names a request not in `held`; None: answer with
+    health. An empty payload is a plain probe (the controller's). Raises WireError when the
+    payload is neither empty nor a `probe` message."""
+    if not probe:
+        return None
+    request_id = decode_as(probe, ProbeRequest).request_id
+    if request_id is None or request_id in held:
+        return None
+    return ErrorReply(NOT_HELD, f"request {request_id} is not running here", True)
+
 
 FoldHealth = Callable[[HealthStatus, float], None]
 
@@ -81,22 +104,32 @@ class Liveness:
         # another waiter's cancellation must not cancel the probe it shares
         return await asyncio.shield(task)
 
-    async def _probe(self, replica_id: str) -> bool:
+    async def holds(self, replica_id: str, request_id: str) -> bool:
+        """False when the replica is gone or says it does not hold `request_id` (its reply, if
+        any, was sent and lost); True when it holds it, or when we cannot tell (no answer in
+        time, an old replica that ignores the request id)."""
+        return not await self._probe(replica_id, request_id)
+
+    async def _probe(self, replica_id: str, request_id: str | None = None) -> bool:
+        """True when the replica is gone (or, asked about `request_id`, does not hold it)."""
         subject = self.probe_subjects.get(replica_id) or self._subjects.probe(replica_id)
         self.probes_sent += 1
+        probe = ProbeRequest(self._clock.wall(), request_id)
         try:
-            reply = await self._bus.request(
-                subject, encode(ProbeRequest(self._clock.wall())), timeout=self.probe_timeout_s
-            )
+            reply = await self._bus.request(subject, encode(probe), timeout=self.probe_timeout_s)
         except NoResponders:
             return True
         except BusError:
             return False  # alive but slow, or the bus hiccuped: keep waiting, probe again later
         self.heard(replica_id)
         try:
-            status = decode_as(reply.data, HealthStatus)
+            answer = decode(reply.data)
+            if isinstance(answer, ErrorReply) and answer.code == NOT_HELD:
+                return request_id is not None
+            if not isinstance(answer, HealthStatus):
+                raise WireError(reasons.UNEXPECTED_KIND, f"{answer.KIND!r}, not a health message")
         except WireError as exc:
             self._bad_input.drop(exc.reason, f"probe reply from {replica_id}")
             return False
-        self._fold(status, self._clock.monotonic())
+        self._fold(answer, self._clock.monotonic())
         return False

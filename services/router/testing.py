@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from services.router.liveness import not_held
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError
@@ -34,6 +35,7 @@ from shared.wire.messages import (
     HealthStatus,
     HttpRequest,
     HttpResponse,
+    ProbeRequest,
     Request,
     WireMessage,
 )
@@ -69,6 +71,7 @@ class FakeReplica:
         self.reject = False
         self.silent = False  # never admit (the router's admission timeout fires)
         self.hang = False  # admit, then say nothing more
+        self.lose_reply = False  # admit, finish, and send nothing more (the reply went astray)
         self.frames = 0  # health frames before each chunk (when the request supports them)
         self.delay_s = 0.0  # before the first chunk (after frames)
         self.item_delay_s = 0.0  # between stream items
@@ -81,6 +84,9 @@ class FakeReplica:
         self.admitted = 0
         self.rejected = 0
         self.probes = 0
+        self.asks = 0  # probes naming a request (included in `probes`)
+        self.asked_not_held = 0  # of those, naming a request it did not hold
+        self.held: set[str] = set()  # ids of the requests it admitted and still runs
         self.ongoing = 0
         self._checks = 0
         self._subs: list[Subscription] = []
@@ -118,7 +124,10 @@ class FakeReplica:
     async def _on_probe(self, msg: Msg) -> None:
         self.probes += 1
         if self.answer_probes and msg.reply:
-            await self.bus.publish(msg.reply, encode(self.health()))
+            gone = not_held(msg.data, self.held)
+            self.asks += bool(msg.data) and decode_as(msg.data, ProbeRequest).request_id is not None
+            self.asked_not_held += gone is not None
+            await self._send(msg.reply, gone or self.health())
 
     async def _on_rpc(self, msg: Msg) -> None:
         req = decode_as(msg.data, Request)
@@ -132,6 +141,7 @@ class FakeReplica:
             return
         self.admitted += 1
         self.ongoing += 1
+        self.held.add(req.request_id)
         frames = req.supports_health_frames and self.frames > 0
         await self._send(reply, Admission(True, self.ongoing, self.health(), frames))
         task = asyncio.get_running_loop().create_task(self._serve(req, reply, frames))
@@ -142,6 +152,8 @@ class FakeReplica:
         try:
             if self.hang:
                 await asyncio.Event().wait()
+            if self.lose_reply:
+                return
             if self.garbage_after_admission:
                 await self.bus.publish(reply, b"\xc1garbage")
                 return
@@ -161,6 +173,7 @@ class FakeReplica:
             await self._send(reply, End())
         finally:
             self.ongoing -= 1
+            self.held.discard(req.request_id)
 
     def _results(self, req: Request) -> list[bytes]:
         body = decode_body(req)

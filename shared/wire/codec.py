@@ -217,7 +217,10 @@ def _e_lifecycle(m: Lifecycle) -> Map:
 
 
 def _e_probe(m: ProbeRequest) -> Map:
-    return {"v": _V, "kind": "probe", "sent_at": m.sent_at}
+    out: Map = {"v": _V, "kind": "probe", "sent_at": m.sent_at}
+    if m.request_id is not None:
+        out["request_id"] = m.request_id
+    return out
 
 
 _ENCODERS: dict[type, Callable[[Any], Map]] = {
@@ -472,7 +475,9 @@ def _opt_positive(m: Map, key: str, w: str) -> int | None:
 
 
 def _d_probe(m: Map) -> ProbeRequest:
-    return ProbeRequest(sent_at=f.get_float(m, "sent_at", "probe"))
+    w = "probe"
+    request_id = None if m.get("request_id") is None else f.get_str(m, "request_id", w)
+    return ProbeRequest(sent_at=f.get_float(m, "sent_at", w), request_id=request_id)
 
 
 _DECODERS: dict[str, Callable[[Map], WireMessage]] = {

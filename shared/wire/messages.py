@@ -239,10 +239,15 @@ class Lifecycle:
 
 @dataclass(frozen=True, slots=True)
 class ProbeRequest:
-    """Pull health probe on `fp.v1.probe.{replica}`; the reply is a `HealthStatus` message."""
+    """Pull health probe on `fp.v1.probe.{replica}`; the reply is a `HealthStatus` message.
+
+    With `request_id` (optional, left out of the bytes when None) a router asks about one
+    request it waits on: a replica that does not hold that request any more replies with an
+    `ErrorReply` `not_held` instead, so a reply lost on the way reads as lost, not as slow."""
 
     KIND: ClassVar[str] = "probe"
     sent_at: float
+    request_id: str | None = None
 
 
 WireMessage = (

@@ -13,8 +13,9 @@ import pytest
 from services.replica.config import ReplicaConfig
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
+from services.router.liveness import NOT_HELD
 from shared.bus import Bus, FakeServer, Msg
-from shared.errors import NoResponders
+from shared.errors import BusTimeout, NoResponders
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode, decode_as, encode
 from shared.wire.messages import (
@@ -29,6 +30,7 @@ from shared.wire.messages import (
     HttpRequest,
     HttpResponse,
     Lifecycle,
+    ProbeRequest,
     Request,
 )
 
@@ -263,6 +265,39 @@ async def test_probe_answers_with_latest_health(buses: Any) -> None:
     status = decode_as(reply.data, HealthStatus)
     assert status.replica_id == "r1" and status.healthy
     await rt.stop()
+
+
+async def test_a_probe_naming_a_request_says_whether_the_replica_still_holds_it(
+    buses: Any,
+) -> None:
+    rbus, cbus = buses
+    rt = await make_replica(rbus)
+    data = call("sleep", 0.5)
+    running = asyncio.create_task(collect(cbus, data))
+    request_id = decode_as(data, Request).request_id
+
+    async def ask(rid: str | None) -> Any:
+        probe = encode(ProbeRequest(0.0, rid))
+        return decode((await cbus.request(S.probe("r1"), probe, timeout=1.0)).data)
+
+    await until(lambda: request_id in rt._held)
+    assert isinstance(await ask(request_id), HealthStatus)  # running: health, as any probe
+    assert isinstance(await ask(None), HealthStatus)
+    assert isinstance((await running)[-1], End)
+    gone = await ask(request_id)  # finished: its reply, if we missed it, is lost
+    assert isinstance(gone, ErrorReply) and gone.code == NOT_HELD and gone.retryable
+    bad = rt.bad.total
+    with pytest.raises(BusTimeout):  # garbage: dropped, no answer
+        await cbus.request(S.probe("r1"), b"\xc1", timeout=0.2)
+    assert rt.bad.total == bad + 1
+    await rt.stop()
+
+
+async def until(cond: Any, within_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
 
 
 async def test_failing_check_is_counted_and_reported(buses: Any, tmp_path: Any) -> None:

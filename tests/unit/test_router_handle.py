@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -388,6 +389,55 @@ async def test_a_reply_lost_in_a_reconnect_is_a_retryable_loss(
         await r1.stop()
 
 
+async def _heard_all_along(h: DeploymentHandle, rid: str) -> None:
+    """The replica speaks on other requests all the time (a busy replica under load)."""
+    while True:
+        h.router.liveness.heard(rid)
+        await asyncio.sleep(0.002)
+
+
+async def test_a_reply_lost_on_the_replicas_side_is_a_retryable_loss(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    """The replica admitted the request, finished it, and its reply never came (its own NATS
+    connection, or a route between NATS nodes, dropped). It keeps speaking on other requests,
+    so it is never probed for being gone; only asking about this request shows it lost. Without
+    that the request waited for ever (a NATS node restarted under load on a real engine)."""
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.lose_reply = True
+    h = await handle(bus, clock)
+    busy = asyncio.create_task(_heard_all_along(h, "r1"))
+    try:
+        with pytest.raises(ReplicaLostError) as lost:
+            await asyncio.wait_for(h.remote(), 5)
+        assert lost.value.retryable and "no longer holds the request" in str(lost.value)
+        assert r1.asked_not_held == 1
+    finally:
+        busy.cancel()
+        await h.close()
+        await r1.stop()
+
+
+async def test_a_slow_request_the_replica_still_holds_keeps_waiting(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.hang = True
+    h = await handle(bus, clock, deadline_s=3.0)
+    busy = asyncio.create_task(_heard_all_along(h, "r1"))
+    try:
+        call = asyncio.create_task(h.remote())
+        await until(lambda: r1.probes >= 3)  # asked about the request, three times
+        assert not call.done() and r1.asked_not_held == 0
+        clock.advance(3.0)
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(call, 2)
+    finally:
+        busy.cancel()
+        await h.close()
+        await r1.stop()
+
+
 async def test_replica_lost_after_admission(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
     (r1,) = await replicas(rbus, clock, "r1")
     r1.hang = True
@@ -517,8 +567,9 @@ async def test_readers_and_frame_pumps_under_concurrency(
 async def test_requests_held_on_one_replica_share_one_probe(
     bus: FakeBus, rbus: FakeBus, clock: FakeClock
 ) -> None:
-    """Eight silent requests on one replica: one probe per interval, not eight; and a replica
-    that goes away is still noticed by every one of them."""
+    """Eight silent requests on one replica: one plain probe per interval, not eight (each asks
+    about its own request only after 3, 6, 12, ... intervals); and a replica that goes away is
+    still noticed by every one of them."""
     (r1,) = await replicas(rbus, clock, "r1")
     r1.hang = True
     slow_probe = RouterConfig(
@@ -531,13 +582,15 @@ async def test_requests_held_on_one_replica_share_one_probe(
         async with asyncio.timeout(5):
             while r1.admitted < 8:  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
-        start, before = time.monotonic(), r1.probes
+        start, before = time.monotonic(), r1.probes - r1.asks
         async with asyncio.timeout(10):
-            while r1.probes - before < 10:  # noqa: ASYNC110
+            while r1.probes - r1.asks - before < 10:  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
         intervals = (time.monotonic() - start) / slow_probe.liveness_interval_s
-        # one probe per silent interval for all eight (unshared: eight per interval)
-        assert r1.probes - before <= 2 * intervals + 2
+        # one plain probe per silent interval for all eight (unshared: eight per interval)
+        assert r1.probes - r1.asks - before <= 2 * intervals + 2
+        # asks at 3, 6, 12, ... silent intervals: about log2(intervals / 3) + 1 per request
+        assert r1.asks <= 8 * (math.log2(max(intervals, 3) / 3) + 2)
         assert h.router.liveness.probes_sent == r1.probes
         await r1.stop()
         for call in calls:

@@ -71,6 +71,7 @@ SAMPLES: list[WireMessage] = [
     dataclasses.replace(EXITED, state="ready", exit_code=None, max_ongoing_requests=5),
     dataclasses.replace(HR, stats=RequestStats(10, 8, 1.5, 0.5, 0.25, 1, 1, 12, 20, 2.5)),
     PROBE,
+    ProbeRequest(5.0, "req-1"),
 ]
 
 
@@ -124,7 +125,7 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
 
 
-OPTIONAL_ADDED = {"stats", "max_ongoing_requests"}
+OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id"}
 
 
 def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
@@ -208,6 +209,7 @@ def test_missing_required_field_is_reported_by_name(msg: WireMessage) -> None:
         (HR, "health", [{"replica_id": "r"}]),
         (HR, "custom", {"m": 1.0}),
         (EXITED, "exit_code", 1.5),
+        (PROBE, "request_id", 7),
     ],
 )
 def test_ill_typed_fields_are_rejected(msg: WireMessage, field: str, value: object) -> None:

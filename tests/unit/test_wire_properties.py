@@ -100,7 +100,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         text,
         text,
     ),
-    ProbeRequest: st.builds(ProbeRequest, finite),
+    ProbeRequest: st.builds(ProbeRequest, finite, st.none() | text),
 }
 
 
