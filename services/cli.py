@@ -128,6 +128,12 @@ def _cmd_auth_key(args: argparse.Namespace) -> int:
     return run_keygen(args)
 
 
+def _cmd_auth_init(args: argparse.Namespace) -> int:
+    from services.auth.keys import run_init
+
+    return run_init(args)
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from services.ops.deploy import run_deploy
 
@@ -205,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=_cmd_agent)
 
     from services.auth.config import add_auth_arguments
-    from services.auth.keys import add_keygen_arguments
+    from services.auth.keys import add_init_arguments, add_keygen_arguments
 
     auth = sub.add_parser("auth", help="run the NATS auth callout: per-connection permissions")
     add_nats_flag(auth)
@@ -214,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     key = sub.add_parser("auth-key", help="make an nkey seed for the auth callout or an agent")
     add_keygen_arguments(key)
     key.set_defaults(func=_cmd_auth_key)
+    init = sub.add_parser(
+        "auth-init", help="make the auth callout's missing keys and the files servers read"
+    )
+    add_init_arguments(init)
+    init.set_defaults(func=_cmd_auth_init)
 
     from services.ops.deploy import add_delete_arguments, add_deploy_arguments
     from services.ops.status import add_status_arguments

@@ -17,9 +17,16 @@ __all__ = ["add_auth_arguments", "main", "run_from_args", "serve"]
 
 async def serve(cfg: AuthConfig) -> int:
     service = AuthService(cfg)
-    serve_metrics(cfg.metrics_port, "auth")
     with on_stop_signals(service.stop):
-        await service.run()
+        running = asyncio.create_task(service.run(), name="auth")
+        ready = asyncio.create_task(service.ready.wait())
+        await asyncio.wait((running, ready), return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if service.ready.is_set():
+            # /metrics answers once requests are answered: the compose healthcheck, which the
+            # other services wait for, means "logins work"
+            serve_metrics(cfg.metrics_port, "auth")
+        await running
     return 0
 
 

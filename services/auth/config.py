@@ -10,6 +10,7 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
@@ -27,6 +28,7 @@ from .core import PASSWORD_ROLES, AuthPolicy
 
 ISSUER_SEED_ENV = "FLEETPULSE_AUTH_ISSUER_SEED_FILE"
 TRUSTED_KEYS_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS"
+TRUSTED_KEYS_FILE_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS_FILE"
 ACCOUNT_ENV = "FLEETPULSE_AUTH_ACCOUNT"
 
 
@@ -84,6 +86,13 @@ def add_auth_arguments(p: argparse.ArgumentParser) -> None:
         f"${TRUSTED_KEYS_ENV}, comma-separated)",
     )
     p.add_argument(
+        "--replica-keys-file",
+        default=os.environ.get(TRUSTED_KEYS_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"agent replica keys to trust, one per line (what `fleetpulse auth-init` writes; "
+        f"${TRUSTED_KEYS_FILE_ENV}); read at start, added to --replica-key",
+    )
+    p.add_argument(
         "--account",
         default=os.environ.get(ACCOUNT_ENV, GLOBAL_ACCOUNT),
         help=f"the account connections land in (${ACCOUNT_ENV}; default {GLOBAL_ACCOUNT}, "
@@ -96,7 +105,16 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
     env = os.environ if env is None else env
     if not args.issuer_seed:
         raise ConfigError(f"give --issuer-seed FILE (or ${ISSUER_SEED_ENV})", field="issuer")
-    keys = parse_keys(" ".join([env.get(TRUSTED_KEYS_ENV, ""), *args.replica_key]), "--replica-key")
+    listed = [env.get(TRUSTED_KEYS_ENV, ""), *args.replica_key]
+    keys = parse_keys(" ".join(listed), "--replica-key")
+    if args.replica_keys_file:
+        try:
+            text = Path(args.replica_keys_file).read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"cannot read {args.replica_keys_file}: {exc}", field="--replica-keys-file"
+            ) from exc
+        keys |= parse_keys(text, "--replica-keys-file")
     return AuthConfig(
         nats_url=args.nats,
         issuer=read_seed(args.issuer_seed, "--issuer-seed"),

@@ -1,12 +1,14 @@
 """compose/docker-compose.yml, proven without a Docker engine.
 
 Every service's command runs as a local process with its compose environment (from `.env`),
-against a 3-node loopback cluster started from the compose NATS config with the same accounts and
-permissions. Only what a container changes is rewritten: host names and ports (nats-N:4222, 9100,
-8000) become free loopback ports, and mounted paths (/apps, /recordings) local directories. Then
-the deploy service's command deploys the example app, the proxy answers over HTTP, each
-healthcheck passes, no role was refused anything, and every metric the Grafana dashboard plots
-exists on a running service's /metrics.
+against a 3-node loopback cluster started from the compose NATS config with the same accounts,
+auth callout and permissions. Only what a container changes is rewritten: host names and ports
+(nats-N:4222, 9100, 8000) become free loopback ports, and mounted paths (/apps, /recordings, the
+named volumes) local directories; a named volume is one directory shared by the services that
+mount it, as in compose. In compose's order: the auth-keys job makes the keys, the nodes start,
+the auth services answer, then the rest. Then the deploy service's command deploys the example
+app, the proxy answers over HTTP, each healthcheck passes, no role was refused anything, and
+every metric the Grafana dashboard plots exists on a running service's /metrics.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +88,13 @@ def is_fleetpulse(spec: dict[str, Any]) -> bool:
     return (spec.get("build") or {}).get("dockerfile") == "compose/Dockerfile"
 
 
-def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) -> list[Service]:
+ONE_SHOT = ("auth-keys", "deploy")
+FIRST = "auth"
+"""Started (and healthy) before the other long-running services, which depend on it."""
+
+
+def plan(doc: dict[str, Any], env: dict[str, str], tmp: Path) -> list[Service]:
+    """The fleetpulse services; their FLEETPULSE_NATS_URL is set once the cluster runs."""
     out = []
     for name, spec in doc["services"].items():
         if not is_fleetpulse(spec):
@@ -93,15 +102,19 @@ def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) 
         replicas = int(interpolate((spec.get("deploy") or {}).get("replicas", 1), env))
         for i in range(replicas):
             metrics, http = free_ports(2)
-            mounts = volume_mounts(spec, tmp / f"{name}-{i}-volumes")
+            mounts = volume_mounts(spec, tmp / "volumes")
             argv = []
             for arg in spec["command"]:
                 arg = mounted(interpolate(arg, env), mounts)
                 argv.append(str(http) if argv[-1:] == ["--port"] and arg == PROXY_PORT else arg)
-            service_env = {k: interpolate(v, env) for k, v in spec["environment"].items()}
-            assert "nats-1:4222" in service_env["FLEETPULSE_NATS_URL"]
-            service_env["FLEETPULSE_NATS_URL"] = cluster_url
-            service_env["FLEETPULSE_METRICS_PORT"] = str(metrics)
+            service_env = {
+                k: interpolate(v, env) for k, v in (spec.get("environment") or {}).items()
+            }
+            for k, v in service_env.items():
+                service_env[k] = mounted(v, mounts)  # e.g. the agents' replica key file
+            if name not in ONE_SHOT or "FLEETPULSE_NATS_URL" in service_env:
+                assert "nats-1:4222" in service_env["FLEETPULSE_NATS_URL"]
+                service_env["FLEETPULSE_METRICS_PORT"] = str(metrics)
             out.append(
                 Service(name, i, argv, service_env, metrics, http if "--port" in argv else None)
             )
@@ -110,7 +123,7 @@ def plan(doc: dict[str, Any], env: dict[str, str], cluster_url: str, tmp: Path) 
 
 def volume_mounts(spec: dict[str, Any], volumes: Path) -> dict[str, Path]:
     """Container path -> local directory: bind mounts (./apps) as they are, named volumes as
-    fresh directories."""
+    one directory each under `volumes`, shared by every service that mounts them."""
     out = {}
     for entry in spec.get("volumes") or []:
         source, target = str(entry).split(":")[:2]
@@ -127,6 +140,37 @@ def mounted(arg: str, mounts: dict[str, Path]) -> str:
         if arg == target or arg.startswith(target + "/"):
             return str(local) + arg[len(target) :]
     return arg
+
+
+def node_config(doc: dict[str, Any], volumes: Path, root: Path) -> Path:
+    """What a NATS node container sees at its mounts, under `root`: bind mounts copied, named
+    volumes linked (its store excepted: the cluster's own), so that the config's includes
+    (../nats-auth/issuer.conf) resolve as in the container. Returns the config's path."""
+    for entry in doc["services"]["nats-1"]["volumes"]:
+        source, target = str(entry).split(":")[:2]
+        if target == "/data":
+            continue
+        place = root / target.lstrip("/")
+        place.parent.mkdir(parents=True, exist_ok=True)
+        if source.startswith("."):
+            shutil.copytree(COMPOSE / source, place)
+        else:
+            (volumes / source).mkdir(parents=True, exist_ok=True)
+            place.symlink_to(volumes / source, target_is_directory=True)
+    return root / "etc" / "nats" / "nats.conf"
+
+
+def wait_healthy(svc: Service, within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        assert svc.proc is not None and svc.proc.poll() is None, f"{svc.name} exited"
+        try:
+            if get(f"http://127.0.0.1:{svc.metrics_port}/metrics")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{svc.name}-{svc.index} not healthy in {within_s} s"
+        time.sleep(0.2)
 
 
 def start(svc: Service, tmp: Path) -> None:
@@ -165,7 +209,7 @@ class Stack:
 
     @property
     def running(self) -> list[Service]:
-        return [s for s in self.services if s.name != "deploy"]
+        return [s for s in self.services if s.name not in ONE_SHOT]
 
     def only(self, name: str) -> Service:
         (svc,) = [s for s in self.services if s.name == name]
@@ -211,14 +255,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert command == [
             "-c", "/etc/nats/nats.conf", "--server_name", f"nats-{i}", "-sd", "/data/jetstream"
         ]  # fmt: skip
-    cluster = NatsCluster(3, config_file=COMPOSE / "nats" / "nats.conf")
     tmp = tmp_path_factory.mktemp("compose")
-    st = Stack(doc, [])
+    st = Stack(doc, plan(doc, env, tmp))
+    cluster = NatsCluster(3, config_file=node_config(doc, tmp / "volumes", tmp / "node"))
     try:
+        keys = st.only("auth-keys")
+        start(keys, tmp)
+        assert keys.proc is not None and keys.proc.wait(60) == 0, st.logs()
         cluster.start()
-        st.services = plan(doc, env, cluster.url, tmp)
-        for svc in st.running:
+        for svc in st.services:
+            if "FLEETPULSE_NATS_URL" in svc.env:
+                svc.env["FLEETPULSE_NATS_URL"] = cluster.url
+        first = [s for s in st.running if s.name == FIRST]
+        for svc in first:
             start(svc, tmp)
+        for svc in first:
+            wait_healthy(svc)
+        for svc in st.running:
+            if svc.name != FIRST:
+                start(svc, tmp)
         deploy = st.only("deploy")
         start(deploy, tmp)
         assert deploy.proc is not None and deploy.proc.wait(60) == 0, st.logs()
@@ -231,8 +286,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_the_stack_is_what_the_compose_file_says(stack: Stack) -> None:
     names = sorted({s.name for s in stack.services})
-    assert names == ["agent", "controller", "deploy", "proxy", "recorder", "router"]
+    assert names == ["agent", "auth", "auth-keys", "controller", "deploy", "proxy", "recorder",
+                     "router"]  # fmt: skip
     assert [s.name for s in stack.services].count("controller") == 2
+    assert [s.name for s in stack.services].count("auth") == 2
+    assert stack.only("auth-keys").proc.returncode == 0  # type: ignore[union-attr]
     assert [s.name for s in stack.services].count("agent") == 2
     assert stack.only("deploy").proc.returncode == 0  # type: ignore[union-attr]
 
@@ -270,6 +328,20 @@ def test_every_dashboard_metric_is_exposed(stack: Stack) -> None:
 def test_no_role_was_refused_anything(stack: Stack) -> None:
     logs = stack.logs(tail=None)
     assert "permissions violation" not in logs.lower(), logs
+    assert "refused" not in logs.lower(), logs  # no login refused by the auth callout
+
+
+def test_replicas_log_in_with_their_own_credentials(stack: Stack) -> None:
+    granted: dict[str, float] = {}
+    for svc in (s for s in stack.running if s.name == FIRST):
+        _, body = get(f"http://127.0.0.1:{svc.metrics_port}/metrics")
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                if sample.name == "fleetpulse_auth_decisions_total":
+                    why = sample.labels["why"]
+                    granted[why] = granted.get(why, 0.0) + sample.value
+    assert granted.get("replica", 0) >= 1, granted  # the example app's replica, as itself
+    assert {"controller", "agent", "router", "recorder", "operator"} <= set(granted), granted
 
 
 def test_every_service_stops_cleanly_on_sigterm(stack: Stack) -> None:

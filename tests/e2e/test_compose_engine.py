@@ -14,6 +14,7 @@ pytest is given `--engine`; with it, a missing engine is a failure, never a skip
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -28,6 +29,9 @@ from typing import Any
 
 import pytest
 
+from shared.errors import BusAuthError
+from shared.natsauth import NatsAuth
+from shared.natsbus import NatsBus
 from shared.natsserver import free_ports
 from tests.e2e.engine import (
     COMPOSE_DIR,
@@ -46,16 +50,19 @@ from tests.e2e.engine import (
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 APP, DEPLOYMENT = "greeter", "Greeter"
-SCRAPED = {"controller": 2, "agent": 2, "proxy": 1, "router": 1, "recorder": 1}
+SCRAPED = {"controller": 2, "auth": 2, "agent": 2, "proxy": 1, "router": 1, "recorder": 1}
 """Prometheus jobs (compose/prometheus/prometheus.yml) and how many targets each has."""
 OWN_FAMILIES = {  # job -> metric prefixes its processes may export (services/metrics_catalog.py)
     "controller": ("fleetpulse_controller_",),
+    "auth": ("fleetpulse_auth_",),
     "agent": ("fleetpulse_agent_",),
     "proxy": ("fleetpulse_proxy_", "fleetpulse_router_"),
     "router": ("fleetpulse_gateway_", "fleetpulse_router_"),
     "recorder": ("fleetpulse_recorder_",),
 }
 PARTITIONS = 16
+ONE_SHOT = ("auth-keys", "deploy")
+"""Jobs that must have exited 0; every other service runs and is healthy."""
 UNHEALTHY_LOG = re.compile(r"Traceback|permissions? violation|Permission denied|PermissionError")
 
 
@@ -85,7 +92,7 @@ class Stack:
         """Names of containers not (yet) healthy; the deploy job must have exited 0."""
         bad = []
         for c in self.compose.containers():
-            if c["Service"] == "deploy":
+            if c["Service"] in ONE_SHOT:
                 if c["State"] != "exited" or c["ExitCode"] != 0:
                     bad.append(f"{c['Name']} {c['State']} {c['ExitCode']}")
             elif c["State"] != "running" or c["Health"] != "healthy":
@@ -198,6 +205,30 @@ def test_each_target_exports_only_its_own_metric_families(stack: Stack) -> None:
         )
         assert not foreign, f"families exported by a service they do not belong to: {foreign}"
         d["families"] = len(rows)
+
+
+def test_each_replica_logs_in_with_its_own_credential(stack: Stack) -> None:
+    """The auth callout is on by default: replicas get in with the credentials their agents
+    mint, and the shared `replica` user of the static config no longer exists."""
+    granted = 'sum(fleetpulse_auth_decisions_total{result="granted", why="replica"})'
+    with stack.report.check("auth callout: replicas log in as themselves, no shared user") as d:
+        rows = wait_for(
+            lambda: [r for r in stack.prometheus(granted) if float(r["value"][1]) > 0], 60,
+            "the auth services granting replicas their own credentials",
+        )  # fmt: skip
+        d["replica_logins"] = int(float(rows[0]["value"][1]))
+        url = f"nats://127.0.0.1:{stack.ports['FP_NATS_PORT']}"
+        shared = NatsAuth(user="replica", password=_env_value("FP_REPLICA_PASSWORD"))
+        with pytest.raises(BusAuthError):
+            asyncio.run(NatsBus.connect(url, name="shared-replica", auth=shared))
+        d["shared_replica_user"] = "refused"
+
+
+def _env_value(name: str) -> str:
+    for line in (COMPOSE_DIR / ".env").read_text().splitlines():
+        if line.startswith(f"{name}="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError(f"{name} not in compose/.env")
 
 
 # -- recordings -------------------------------------------------------------------------------
@@ -419,7 +450,7 @@ def test_upgrade_one_service_at_a_time_under_load(stack: Stack) -> None:
             stack.report.add(f"     upgrade: recreating {node}")
             stack.compose("up", "-d", "--no-deps", "--force-recreate", node, timeout=300)
             wait_for(lambda: not stack.all_healthy(), 120, f"{node} healthy", every_s=1)
-        for service, grace_s in (("controller", 10), ("agent", 30)):
+        for service, grace_s in (("auth", 10), ("controller", 10), ("agent", 30)):
             stack.report.add(f"     upgrade: rolling {service}")
             _roll(stack, service, new, grace_s)
         for service in ("proxy", "router", "recorder"):

@@ -2,20 +2,26 @@
 
 Shared by the auth integration tests: the server (free port, temporary store), an issuer key, one
 agent replica key the service trusts, role passwords, and helpers to connect as a role or as a
-replica with a credential.
+replica with a credential. Two server configs: `global`, no accounts block (what `fleetpulse up
+--auth` writes), and `accounts`, the very file compose runs (compose/nats/callout.conf: the auth
+user in AUTH, connections landing in FLEETPULSE, the issuer from an included file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import shutil
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.auth.callout import GLOBAL_ACCOUNT
 from services.auth.config import AuthConfig
 from services.auth.core import PASSWORD_ROLES, AuthPolicy
+from services.auth.keys import ISSUER_CONF
 from services.auth.serverconf import callout_config
 from services.auth.service import AuthService
 from shared.natsauth import NatsAuth
@@ -24,7 +30,12 @@ from shared.natsjwt import PREFIX_ACCOUNT, PREFIX_USER, KeyPair
 from shared.natsserver import NatsServer
 from shared.replicacred import inbox_prefix, mint, write_credential
 
-AUTH_USER = "fp-auth"
+AUTH_USER = "fleetpulse-auth"
+"""The auth service's own user: compose/nats/callout.conf names it."""
+COMPOSE_CALLOUT = Path(__file__).resolve().parents[2] / "compose" / "nats" / "callout.conf"
+MODES = ("global", "accounts")
+COMPOSE_ACCOUNT = "FLEETPULSE"
+AUTH_PASSWORD_ENV = "FP_AUTH_PASSWORD"
 
 
 @dataclass
@@ -35,6 +46,7 @@ class Callout:
     auth_password: str
     passwords: dict[str, str]
     tmp: Path
+    account: str = GLOBAL_ACCOUNT
     service: AuthService | None = None
     task: asyncio.Task[None] | None = None
     opened: list[NatsBus] = field(default_factory=list)
@@ -47,6 +59,7 @@ class Callout:
                 trusted_replica_keys=frozenset({self.replica_key.public_key}),
                 role_passwords=self.passwords,
             ),
+            account=self.account,
         )
 
     async def start_service(self) -> None:
@@ -100,11 +113,26 @@ class Callout:
         return bus
 
 
-async def callout_server(tmp: Path) -> AsyncIterator[Callout]:
+def _server_config(tmp: Path, mode: str, issuer: KeyPair, auth_password: str) -> Path:
+    if mode == "global":
+        conf = tmp / "callout.conf"
+        conf.write_text(callout_config(issuer.public_key, {AUTH_USER: auth_password}))
+        return conf
+    # compose's layout: /etc/nats/callout.conf includes ../nats-auth/issuer.conf
+    (tmp / "nats").mkdir()
+    shutil.copy(COMPOSE_CALLOUT, tmp / "nats" / "callout.conf")
+    public = tmp / "nats-auth"
+    public.mkdir()
+    (public / ISSUER_CONF).write_text(f'issuer: "{issuer.public_key}"\n')
+    conf = tmp / "nats" / "server.conf"
+    conf.write_text("include callout.conf\n")
+    return conf
+
+
+async def callout_server(tmp: Path, mode: str = "global") -> AsyncIterator[Callout]:
     issuer = KeyPair.generate(PREFIX_ACCOUNT)
     auth_password = secrets.token_hex(16)
-    conf = tmp / "callout.conf"
-    conf.write_text(callout_config(issuer.public_key, {AUTH_USER: auth_password}))
+    conf = _server_config(tmp, mode, issuer, auth_password)
     server = NatsServer(config_file=conf)
     c = Callout(
         server=server,
@@ -113,9 +141,13 @@ async def callout_server(tmp: Path) -> AsyncIterator[Callout]:
         auth_password=auth_password,
         passwords={r: secrets.token_hex(8) for r in PASSWORD_ROLES},
         tmp=tmp,
+        account=GLOBAL_ACCOUNT if mode == "global" else COMPOSE_ACCOUNT,
     )
-    server.start()
+    before = os.environ.get(AUTH_PASSWORD_ENV)
+    # the accounts file reads it ($FP_AUTH_PASSWORD) at every start, restarts included
+    os.environ[AUTH_PASSWORD_ENV] = auth_password
     try:
+        server.start()
         await c.start_service()
         yield c
     finally:
@@ -123,3 +155,7 @@ async def callout_server(tmp: Path) -> AsyncIterator[Callout]:
             await bus.close()
         await c.stop_service()
         server.stop()
+        if before is None:
+            os.environ.pop(AUTH_PASSWORD_ENV, None)
+        else:
+            os.environ[AUTH_PASSWORD_ENV] = before

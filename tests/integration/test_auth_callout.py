@@ -22,7 +22,7 @@ from shared.natsauth import NatsAuth
 from shared.natsbus import NatsBus
 from shared.natsjwt import PREFIX_USER, KeyPair
 from shared.subjects import KV_MEMBERSHIP, Subjects
-from tests.integration.authcallout import AUTH_USER, Callout, callout_server
+from tests.integration.authcallout import AUTH_USER, MODES, Callout, callout_server
 from tests.procs import service_processes
 from tests.waiting import eventually
 
@@ -33,9 +33,9 @@ QUIET_S = 0.5
 the server had everything."""
 
 
-@pytest.fixture
-async def callout(tmp_path: Path) -> AsyncIterator[Callout]:
-    async for c in callout_server(tmp_path):
+@pytest.fixture(params=MODES)
+async def callout(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Callout]:
+    async for c in callout_server(tmp_path, request.param):
         yield c
 
 

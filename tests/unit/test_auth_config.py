@@ -11,7 +11,7 @@ import pytest
 from services.agent.config import replica_auth
 from services.agent.credentials import ReplicaCredentials
 from services.auth.config import add_auth_arguments, config_from_args
-from services.auth.keys import add_keygen_arguments, run_keygen
+from services.auth.keys import add_init_arguments, add_keygen_arguments, run_init, run_keygen
 from shared.appconfig import DeploymentConfig
 from shared.errors import ConfigError
 from shared.kv.targets import ReplicaTarget
@@ -67,6 +67,46 @@ def test_config_errors_name_the_setting(tmp_path: Path) -> None:
         config_from_args(parse(["--issuer-seed", str(issuer)]), {})
     with pytest.raises(FileExistsError):  # a key is never overwritten
         seed_file(tmp_path, "issuer")
+
+
+def init(tmp_path: Path) -> int:
+    p = argparse.ArgumentParser()
+    add_init_arguments(p)
+    seeds = tmp_path / "seeds"
+    return run_init(p.parse_args([
+        "--issuer-seed", str(seeds / "issuer.seed"), "--replica-seed", str(seeds / "replica.seed"),
+        "--public-dir", str(tmp_path / "public"),
+    ]))  # fmt: skip
+
+
+def test_auth_init_makes_missing_keys_once_and_keeps_added_ones(tmp_path: Path) -> None:
+    assert init(tmp_path) == 0
+    issuer = KeyPair.from_seed((tmp_path / "seeds" / "issuer.seed").read_text())
+    replica = KeyPair.from_seed((tmp_path / "seeds" / "replica.seed").read_text())
+    for seed in ("issuer.seed", "replica.seed"):
+        assert stat.S_IMODE((tmp_path / "seeds" / seed).stat().st_mode) == 0o600
+    public = tmp_path / "public"
+    assert (public / "issuer.conf").read_text() == f'issuer: "{issuer.public_key}"\n'
+    assert (public / "replica-keys").read_text() == f"{replica.public_key}\n"
+    rotated = KeyPair.generate(PREFIX_USER).public_key  # an operator adds a second agent key
+    with (public / "replica-keys").open("a") as f:
+        f.write(rotated + "\n")
+    assert init(tmp_path) == 0  # a restart of the job: same keys, nothing dropped
+    assert KeyPair.from_seed((tmp_path / "seeds" / "issuer.seed").read_text()) == issuer
+    keys = tmp_path / "public" / "replica-keys"
+    assert keys.read_text().split() == [replica.public_key, rotated]
+    cfg = config_from_args(
+        parse(["--issuer-seed", str(tmp_path / "seeds" / "issuer.seed"),
+               "--replica-keys-file", str(keys)]), {},
+    )  # fmt: skip
+    assert cfg.policy.trusted_replica_keys == {replica.public_key, rotated}
+    keys.write_text("not-a-key\n")
+    with pytest.raises(ConfigError, match="--replica-keys-file"):
+        config_from_args(parse(["--issuer-seed", str(tmp_path / "seeds" / "issuer.seed"),
+                                "--replica-keys-file", str(keys)]), {})  # fmt: skip
+    (tmp_path / "seeds" / "replica.seed").write_text(issuer.seed)  # the wrong kind of key
+    with pytest.raises(ConfigError, match="no replica key"):
+        init(tmp_path)
 
 
 def target(rid: str) -> ReplicaTarget:
