@@ -39,6 +39,9 @@ class ReportSubject:
     kind: ReportKind
     app: str
     deployment: str
+    replica: str | None = None
+    """The sender's replica id, when the subject names it (`...{deployment}.{replica}`: what a
+    replica publishes; under the auth callout the server lets it publish only its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,19 +79,25 @@ class Subjects:
     def probe(self, replica: str) -> str:
         return f"{self.prefix}.probe.{validate_name(replica, 'replica')}"
 
-    def report(self, kind: ReportKind, app: str, deployment: str) -> str:
+    def report(
+        self, kind: ReportKind, app: str, deployment: str, replica: str | None = None
+    ) -> str:
+        """`{prefix}.report.{kind}.{app}.{deployment}`, with `.{replica}` when a replica speaks
+        for itself (docs/wire.md)."""
         if kind not in REPORT_KINDS:
             raise UsageError(f"unknown report kind {kind!r}; expected one of {REPORT_KINDS}")
-        return (
+        subject = (
             f"{self.prefix}.report.{kind}.{validate_name(app, 'app')}."
             f"{validate_name(deployment, 'deployment')}"
         )
+        return subject if replica is None else f"{subject}.{validate_name(replica, 'replica')}"
 
     def reports_wildcard(self) -> str:
         return f"{self.prefix}.report.>"
 
     def parse_report(self, subject: str) -> ReportSubject:
-        """Parse `{prefix}.report.{kind}.{app}.{deployment}`; UsageError if it is not one."""
+        """Parse `{prefix}.report.{kind}.{app}.{deployment}[.{replica}]`; UsageError if it is
+        not one."""
         return _parse_report(self.prefix, subject)
 
     def parse_rpc(self, subject: str) -> RpcSubject:
@@ -124,17 +133,19 @@ def deployment_key(app: str, deployment: str) -> str:
     return f"{app}.{deployment}"
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 18)
 def _parse_report(prefix: str, subject: str) -> ReportSubject:
     # cached: the controller parses every report's subject, and a fleet has a few subjects per
     # deployment (at 10,000 apps the split and name checks were ~4% of ingest); refusals
     # raise, and exceptions are never cached
+    # and every replica's reports have subjects of their own (1 << 18: 65,536 replicas' three)
     parts = subject.split(".")
-    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != prefix or parts[2] != "report":
+    if len(parts) not in (6, 7) or f"{parts[0]}.{parts[1]}" != prefix or parts[2] != "report":
         raise UsageError(f"not a report subject: {subject!r}")
     kind, app, deployment = parts[3], parts[4], parts[5]
     if kind not in REPORT_KINDS:
         raise UsageError(f"unknown report kind in subject {subject!r}")
     validate_name(app, "app")
     validate_name(deployment, "deployment")
-    return ReportSubject(kind=kind, app=app, deployment=deployment)
+    replica = validate_name(parts[6], "replica") if len(parts) == 7 else None
+    return ReportSubject(kind=kind, app=app, deployment=deployment, replica=replica)

@@ -86,7 +86,8 @@ def _narrow(subject: str, who: ReplicaIdentity) -> str:
         raise ValueError(f"no rule narrows {subject!r} to one replica")
     family = subject[len(_PREFIX) : -2].split(".")
     if family[0] == "report" and len(family) == 2:
-        return f"{_PREFIX}report.{family[1]}.{who.app}.{who.deployment}"
+        # the subject names the replica too, so the server refuses it a sibling's reports
+        return f"{_PREFIX}report.{family[1]}.{who.app}.{who.deployment}.{who.replica_id}"
     if family == ["rpc"]:
         return f"{_PREFIX}rpc.{who.app}.{who.deployment}.{who.replica_id}"
     if family == ["probe"]:

@@ -48,6 +48,7 @@ from .placement import Placed, Placement
 from .policy import PolicyState
 from .replica_index import NO_SLOT
 from .schedule import Schedule, TickLog
+from .source_check import SOURCE_MISMATCH, speaks_for_another
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 from .status_book import Figures, StatusBook
 
@@ -59,7 +60,9 @@ __all__ = [
 DepKey = tuple[str, str]
 REPROBE_AFTER_S = 1.0
 _TURNED_AWAY = frozenset({STALE, DUPLICATE, UNKNOWN_REPLICA})
-SOURCE_MISMATCH = "source_mismatch"
+_PAYLOADS: dict[str, type[ReplicaReport | Heartbeat | Lifecycle]] = {
+    "replica": ReplicaReport, "heartbeat": Heartbeat, "lifecycle": Lifecycle,
+}  # fmt: skip
 """A report whose payload speaks for another deployment or rpc subject than its subject."""
 
 
@@ -244,23 +247,21 @@ class ControllerCore:
                 m.follow_records(recv)
             if where.kind == "handle":
                 self._ingest_handle(m, data, recv, decoded)
-            elif where.kind == "replica":
-                r = decode_as(data, ReplicaReport)
-                res = m.metrics.ingest_replica_report(r, recv)
-                self._fold(m, res.health, recv, direct=True)
-                self._count(res.reason)
-                if res.reason in _TURNED_AWAY:
-                    self.stats.turned_away[res.reason] += 1
-            elif where.kind == "heartbeat":
-                hb = decode_as(data, Heartbeat)
-                m.health.observe(hb.health.replica_id, hb.health, recv)
-                self._count("heartbeat")
             else:
-                ev = decode_as(data, Lifecycle)
-                if self._claims_another(where.app, where.deployment, ev):
+                report = decode_as(data, _PAYLOADS[where.kind])
+                if speaks_for_another(self.subjects, where, report):
                     self.stats.dropped[SOURCE_MISMATCH] += 1
+                elif isinstance(report, ReplicaReport):
+                    res = m.metrics.ingest_replica_report(report, recv)
+                    self._fold(m, res.health, recv, direct=True)
+                    self._count(res.reason)
+                    if res.reason in _TURNED_AWAY:
+                        self.stats.turned_away[res.reason] += 1
+                elif isinstance(report, Heartbeat):
+                    m.health.observe(report.health.replica_id, report.health, recv)
+                    self._count("heartbeat")
                 else:
-                    self._lifecycle(m, ev, recv)
+                    self._lifecycle(m, report, recv)
         except WireError as exc:
             self.stats.dropped[exc.reason] += 1
         due = None if where.kind == "lifecycle" else m.input_due(recv)
@@ -317,16 +318,6 @@ class ControllerCore:
             m.health.observe_batch(
                 batch.slots, batch.healthy, batch.checked_at, batch.failures, recv, direct=direct
             )
-
-    def _claims_another(self, app: str, deployment: str, ev: Lifecycle) -> bool:
-        """The subject (which the server's permissions bind to the sender under the auth
-        callout) names one deployment; an event naming another in its payload, or announcing
-        an rpc subject that is not its replica's there, would steer that other one."""
-        if (ev.app, ev.deployment) != (app, deployment):
-            return True
-        return bool(ev.rpc_subject) and ev.rpc_subject != self.subjects.rpc(
-            app, deployment, ev.replica_id
-        )
 
     def _lifecycle(self, m: ManagedDeployment, ev: Lifecycle, recv: float) -> None:
         self._count("lifecycle_" + ev.state)

@@ -54,7 +54,6 @@ from shared.wire.messages import HealthStatus
 from . import metrics as prom
 from .collector import Collector
 from .core import (
-    SOURCE_MISMATCH,
     Action,
     ControllerConfig,
     ControllerCore,
@@ -70,6 +69,7 @@ from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
 from .kv_delta import DeleteDoc, PutDoc
 from .kv_writer import KVWriter
+from .source_check import SOURCE_MISMATCH
 from .stats import StatsDump, ingest_kind
 from .stream import (
     DEFAULT_PARTITIONS,
@@ -445,7 +445,7 @@ class ControllerService:
         total = self.core.stats.dropped[SOURCE_MISMATCH]
         if total > self._mismatches_logged and self._mismatch_log.allow():
             log.warning(
-                "dropped %d report(s) whose payload names another deployment or rpc subject "
+                "dropped %d report(s) whose payload names another replica, deployment or rpc subject "
                 "than the subject they came on (%d so far)",
                 total - self._mismatches_logged,
                 total,

@@ -1,7 +1,8 @@
 """The FP_REPORTS JetStream stream: every report, partitioned by {app}.{deployment}.
 
 The stream captures `fp.v1.report.>` and a subject transform stores each message as
-`fp.v1.part.{P}.{kind}.{app}.{deployment}`, where P = FNV-1a(app) mod partitions (the server's
+`fp.v1.part.{P}.{kind}.{app}.{deployment}[.{replica}]` (the replica token is there when a
+replica names itself), where P = FNV-1a(app) mod partitions (the server's
 `partition()` mapping function; `group.partition_of` computes the same). A controller member
 consumes the partitions it owns; one application's reports always land in one partition, in order.
 The partition key is the app, not app.deployment: an app's status (KV fp_status, one key per app)
@@ -44,10 +45,11 @@ def partition_prefix(subjects: Subjects) -> str:
 def stream_config(
     subjects: Subjects, partitions: int, retention_s: float, *, replicas: int = 1
 ) -> StreamConfig:
-    src = f"{subjects.prefix}.report.*.*.*"
+    # `>`: the deployment, and the replica after it when the subject names one
+    src = f"{subjects.prefix}.report.*.*.>"
     dest = (
         f"{partition_prefix(subjects)}.{{{{partition({partitions},2)}}}}"
-        ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+        ".{{wildcard(1)}}.{{wildcard(2)}}.>"
     )
     return StreamConfig(
         name=STREAM_NAME if subjects.namespace == "fp" else f"{STREAM_NAME}_{subjects.namespace}",
@@ -100,7 +102,8 @@ def partition_subject(subjects: Subjects, partition: int) -> str:
 
 
 def report_subject(subjects: Subjects, stored: str) -> str:
-    """`fp.v1.part.{P}.{kind}.{app}.{dep}` back to `fp.v1.report.{kind}.{app}.{dep}`."""
+    """`fp.v1.part.{P}.{kind}.{app}.{dep}[.{replica}]` back to
+    `fp.v1.report.{kind}.{app}.{dep}[.{replica}]`."""
     head = partition_prefix(subjects) + "."
     if not stored.startswith(head):
         return stored

@@ -212,7 +212,9 @@ class ReplicaRuntime:
             # what the what-if model needs of this replica's capacity (docs/recording.md)
             max_ongoing_requests=self.cfg.spec.max_ongoing_requests if state == "ready" else None,
         )
-        subject = self.subjects.report("lifecycle", self.cfg.app, self.cfg.deployment)
+        subject = self.subjects.report(
+            "lifecycle", self.cfg.app, self.cfg.deployment, self.cfg.replica_id
+        )
         await self.bus.publish(subject, encode(msg))
 
     # -- health ------------------------------------------------------------------------------
@@ -255,7 +257,9 @@ class ReplicaRuntime:
         self.carriage.carried(latest, self.clock.monotonic(), Via.HEARTBEAT)
         self.stats.heartbeats += 1
         self.prom.heartbeats.inc()
-        subject = self.subjects.report("heartbeat", self.cfg.app, self.cfg.deployment)
+        subject = self.subjects.report(
+            "heartbeat", self.cfg.app, self.cfg.deployment, self.cfg.replica_id
+        )
         await self.bus.publish(subject, encode(Heartbeat(latest, self.clock.wall())))
 
     async def _tick_loop(self) -> None:
@@ -294,7 +298,9 @@ class ReplicaRuntime:
             self.carriage.carried(latest, now, Via.REPORT)
         self.stats.reports += 1
         self.prom.reports.inc()
-        subject = self.subjects.report("replica", self.cfg.app, self.cfg.deployment)
+        subject = self.subjects.report(
+            "replica", self.cfg.app, self.cfg.deployment, self.cfg.replica_id
+        )
         await self.bus.publish(subject, encode(report))
 
     def local_health(self) -> HealthStatus | None:

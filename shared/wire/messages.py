@@ -133,7 +133,7 @@ class ErrorReply:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaReport:
-    """A replica's own metrics on `fp.v1.report.replica.{app}.{deployment}`.
+    """A replica's own metrics on `fp.v1.report.replica.{app}.{deployment}.{replica}`.
 
     `running_requests` is a window average, hence a float. `health` is the preferred health
     channel; None when the replica has nothing new to say.

@@ -321,7 +321,7 @@ async def test_agent_started_replicas_push_their_own_reports_when_the_deployment
             decode_as(msg.data, Heartbeat)
             heartbeats.append(time.monotonic())
 
-    sub = await bus.subscribe("fp.v1.report.*.pushy.Echo", on)
+    sub = await bus.subscribe("fp.v1.report.*.pushy.Echo.*", on)  # its own id ends the subject
     fleet.controller()
     fleet.agent("a1")
     path = tmp_path / "push.yaml"

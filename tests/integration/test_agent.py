@@ -72,7 +72,9 @@ class Events:
 @pytest.fixture
 async def events(bus: Bus) -> Events:
     ev = Events()
+    # the agent's events name no replica in the subject; the replica's own name it
     await bus.subscribe(S.report("lifecycle", "app", "dep"), ev.on_msg)
+    await bus.subscribe(S.report("lifecycle", "app", "dep") + ".*", ev.on_msg)
     await bus.flush()
     return ev
 

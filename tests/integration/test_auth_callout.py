@@ -65,7 +65,7 @@ async def test_legitimate_traffic_flows(callout: Callout) -> None:
     reply = await router.request(S.rpc("A", "d", "a1"), b"ping", timeout=5)
     assert reply.data == b"pong:ping"
     for kind in ("replica", "heartbeat", "lifecycle"):
-        await replica.publish(S.report(kind, "A", "d"), kind.encode())  # type: ignore[arg-type]
+        await replica.publish(S.report(kind, "A", "d", "a1"), kind.encode())  # type: ignore[arg-type]
     await replica.flush()
     await eventually(lambda: len(reports) == 3, what="the replica's three reports")
     # its KV reads (membership, user_config) work, their replies on its own inboxes
@@ -109,8 +109,10 @@ async def test_cannot_publish_another_apps_reports(callout: Callout) -> None:
     for kind in ("replica", "heartbeat", "lifecycle", "handle"):
         await a.publish(S.report(kind, "B", "d"), b"forged")  # type: ignore[arg-type]
     await a.publish(S.report("replica", "A", "other"), b"forged: a sibling deployment")
+    await a.publish(S.report("replica", "A", "d", "a2"), b"forged: a sibling replica")
+    await a.publish(S.report("heartbeat", "A", "d"), b"forged: no id, so anyone's")
     await a.flush()
-    await eventually(lambda: a.permission_violations >= 5, what="the server refusing each PUB")
+    await eventually(lambda: a.permission_violations >= 7, what="the server refusing each PUB")
     await asyncio.sleep(QUIET_S)
     assert reports == []
 

@@ -141,7 +141,7 @@ async def test_heartbeats_suppressed_while_traffic_flows_and_resumed_after(
         decode_as(msg.data, Heartbeat)
         beats.append(time.monotonic())
 
-    await bus.subscribe(S.report("heartbeat", "app", "dep"), on_beat)
+    await bus.subscribe(S.report("heartbeat", "app", "dep") + ".*", on_beat)
     await start_replicas(procs, bus, nats_url, ["r1"])  # freshness window max(0.3, 1) = 1 s
     await set_members(bus, ["r1"], 1)
     h = await handle_for(bus)

@@ -150,7 +150,7 @@ async def test_host_health_rides_to_its_owner_and_is_never_both_lost_and_suppres
             ids[key] = await eventually(lambda k=key: target(bus, *k), 30, f"target {key}")  # type: ignore[misc]
             await replicas.start(*key, ids[key])
         front = replicas.running[0]
-        await bus.subscribe(S.report("heartbeat", home, "Front"), on_beat)
+        await bus.subscribe(S.report("heartbeat", home, "Front") + ".*", on_beat)
 
         # the host's user code holds handles to a sibling deployment and to another app
         cfg = RouterConfig(metrics_interval_s=REPORT_S)
@@ -159,7 +159,7 @@ async def test_host_health_rides_to_its_owner_and_is_never_both_lost_and_suppres
                 DeploymentHandle(app, d, bus=bus, config=cfg, providers=replicas.providers)
             )
             await handles[-1].router.start()
-        hb_subject = S.report("heartbeat", home, "Front")
+        hb_subject = S.report("heartbeat", home, "Front", front.cfg.replica_id)
 
         async def window(seconds: float) -> dict[str, Any]:
             r0 = [h.router.reports_sent for h in handles]

@@ -47,8 +47,8 @@ def test_a_replica_may_speak_and_listen_for_itself_only(app: str, dep: str, rid:
         [f"fp.v1.rpc.{app}.{dep}.{rid}", f"fp.v1.probe.{rid}", f"_INBOX_{rid}.>"]
     )
     assert {s for s in p.pub_allow if s.startswith("fp.")} == {
-        f"fp.v1.report.{k}.{app}.{dep}" for k in ("replica", "heartbeat", "lifecycle")
-    }
+        f"fp.v1.report.{k}.{app}.{dep}.{rid}" for k in ("replica", "heartbeat", "lifecycle")
+    }  # its own id in the subject: not its siblings' reports
     role = ROLE_BY_NAME["replica"]
     assert p.pub_deny == tuple(role.deny_publish)
     # the KV reads stay as the role declares them (derived, not copied)

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from services.controller.core import (
-    SOURCE_MISMATCH,
     ControllerConfig,
     ControllerCore,
     DeleteKey,
@@ -17,6 +16,7 @@ from services.controller.core import (
 )
 from services.controller.health_registry import ProbeOutcome
 from services.controller.kv_delta import DeleteDoc, PutDoc
+from services.controller.source_check import SOURCE_MISMATCH
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.kv import buckets, envelope
 from shared.kv.membership import Member
@@ -24,7 +24,7 @@ from shared.kv.targets import ReplicaTarget
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import encode
 from shared.wire.columnar import handle_report_to_columnar
-from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle
+from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
 
 TICK = 0.1
 TARGETS, MEMBERS = buckets.TARGETS.name, buckets.MEMBERSHIP.name
@@ -442,6 +442,34 @@ def test_replacing_one_replica_of_a_large_deployment_is_a_few_writes() -> None:
     assert len(sim.membership) == 40
     # slots stay bounded by the deployment's size
     assert {t.slot for t in sim.targets} == set(range(40))
+
+
+def test_a_replica_speaking_for_a_sibling_is_dropped() -> None:
+    """Its subject names it (`...Model.{its id}`: the auth callout lets it publish no other);
+    reports, heartbeats and lifecycle events whose payload names its sibling change nothing."""
+    sim = Sim(app_with(num_replicas=2))
+    sim.tick()
+    me, sibling = sim.target_ids()
+    for rid in (me, sibling):
+        ready = Lifecycle(rid, "", "ready", sim.wall(), S.rpc("shop", "Model", rid), "v1", None,
+                          "shop", "Model")  # fmt: skip
+        sim.core.ingest(S.report("lifecycle", "shop", "Model", rid), encode(ready), sim.t)
+    sim.tick()
+    assert sorted(sim.membership) == sorted([me, sibling])
+    mine = {k: S.report(k, "shop", "Model", me) for k in ("replica", "heartbeat", "lifecycle")}
+    unhealthy = HealthStatus(sibling, False, sim.wall(), 5)
+    sim.core.ingest(mine["heartbeat"], encode(Heartbeat(unhealthy, sim.wall())), sim.t)
+    forged = ReplicaReport(sibling, sim.wall(), 1, 500.0, {}, unhealthy)
+    sim.core.ingest(mine["replica"], encode(forged), sim.t)
+    exited = Lifecycle(sibling, "", "exited", sim.wall(), "", "v1", 1, "shop", "Model")
+    sim.core.ingest(mine["lifecycle"], encode(exited), sim.t)
+    sim.tick()
+    assert sim.core.stats.dropped[SOURCE_MISMATCH] == 3
+    assert sibling in sim.membership and sibling in sim.target_ids()  # still there, unharmed
+    # speaking for itself on its own subject is fine
+    own = ReplicaReport(me, sim.wall(), 1, 1.0, {}, sim.healthy(me))
+    sim.core.ingest(mine["replica"], encode(own), sim.t)
+    assert sim.core.stats.dropped[SOURCE_MISMATCH] == 3
 
 
 def test_lifecycle_speaking_for_another_deployment_is_dropped() -> None:

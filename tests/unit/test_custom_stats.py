@@ -189,7 +189,7 @@ async def reports(server: FakeServer) -> tuple[list[ReplicaReport], Any]:
     async def on(msg: Msg) -> None:
         got.append(decode_as(msg.data, ReplicaReport))
 
-    await bus.subscribe(S.report("replica", "app", "dep"), on)
+    await bus.subscribe(S.report("replica", "app", "dep") + ".*", on)  # any replica's
     return got, bus
 
 

@@ -109,7 +109,7 @@ async def test_heartbeats_resume_after_the_in_process_handle_is_closed() -> None
     async def on_beat(msg: Msg) -> None:
         beats.append(time.monotonic())
 
-    await bus.subscribe(S.report("heartbeat", "front", "api"), on_beat)
+    await bus.subscribe(S.report("heartbeat", "front", "api") + ".*", on_beat)
     providers = LocalHealthProviders()
     rt = await host(bus, providers)  # 0.2 s period: 1 s window
     h = DeploymentHandle("front", "model", bus=bus, providers=providers)
@@ -178,7 +178,7 @@ async def test_every_failed_check_goes_out_at_once_while_admissions_carry_health
     async def on_beat(msg: Msg) -> None:
         got.append(decode_as(msg.data, Heartbeat))
 
-    await bus.subscribe(S.report("heartbeat", "front", "api"), on_beat)
+    await bus.subscribe(S.report("heartbeat", "front", "api") + ".*", on_beat)
     fail = tmp_path / "fail"
     rt = await host(bus, LocalHealthProviders(), fail_file=fail)
     caller = DeploymentHandle("front", "api", bus=bus, config=RouterConfig())

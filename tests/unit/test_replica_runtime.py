@@ -240,7 +240,7 @@ async def test_heartbeats_stop_while_traffic_flows_and_resume_after(buses: Any) 
     async def on_beat(msg: Msg) -> None:
         beats.append((loop.time(), decode_as(msg.data, Heartbeat)))
 
-    await cbus.subscribe(S.report("heartbeat", "app", "dep"), on_beat)
+    await cbus.subscribe(S.report("heartbeat", "app", "dep", "r1"), on_beat)
     # period 0.2 s -> freshness window max(0.3, 1.0) = 1.0 s
     rt = await make_replica(rbus, health_check_period_s=0.2)
     await asyncio.sleep(1.3)
@@ -323,7 +323,7 @@ async def test_drain_finishes_in_flight_rejects_new_and_reports_lifecycle(buses:
     async def on_life(msg: Msg) -> None:
         states.append(decode_as(msg.data, Lifecycle).state)
 
-    await cbus.subscribe(S.report("lifecycle", "app", "dep"), on_life)
+    await cbus.subscribe(S.report("lifecycle", "app", "dep", "r1"), on_life)
     rt = await make_replica(rbus)
     held = asyncio.create_task(collect(cbus, call("sleep", 0.3)))
     await asyncio.sleep(0.05)

@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from services.controller.core import SOURCE_MISMATCH, ControllerConfig
+from services.controller.core import ControllerConfig
 from services.controller.service import MISMATCH_LOG_INTERVAL_S, ControllerService, ServiceConfig
+from services.controller.source_check import SOURCE_MISMATCH
 from shared.clock import FakeClock
 
 

@@ -30,6 +30,9 @@ def test_bad_tokens_are_refused_with_a_clear_message(bad: str) -> None:
 def test_parse_inverts_build(app: str, dep: str, rep: str, kind: str) -> None:
     s = DEFAULT_SUBJECTS
     assert s.parse_report(s.report(kind, app, dep)) == ReportSubject(kind, app, dep)  # type: ignore[arg-type]
+    mine = s.report(kind, app, dep, rep)  # type: ignore[arg-type]
+    assert mine == f"fp.v1.report.{kind}.{app}.{dep}.{rep}"
+    assert s.parse_report(mine) == ReportSubject(kind, app, dep, rep)  # type: ignore[arg-type]
     assert s.parse_rpc(s.rpc(app, dep, rep)) == RpcSubject(app, dep, rep)
     assert s.parse_call(s.call(app, dep)) == (app, dep)
 
@@ -40,6 +43,8 @@ def test_parse_inverts_build(app: str, dep: str, rep: str, kind: str) -> None:
         "fp.v1.report.bogus.a.b",
         "fp.v2.report.handle.a.b",
         "fp.v1.report.handle.a",
+        "fp.v1.report.handle.a.b.c.d",
+        "fp.v1.report.handle.a.b.c*",
         "x.v1.rpc.a.b.c",
     ],
 )
