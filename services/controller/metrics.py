@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -150,6 +150,9 @@ class Exporter:
         self.ingest_b: defaultdict[str, int] = defaultdict(int)
         self._exported: dict[tuple[str, str], int] = {}
         self._gauged: dict[str, set[str]] = {}
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        """(app, deployment) -> its replica-count gauges and demand gauge: `labels()` looks a
+        child up by hashing its label values, five per status write (1% of a busy member)."""
 
     def tick(
         self, stats: CoreStats, stall: StallState | None, pending: Mapping[int, int | None]
@@ -210,25 +213,35 @@ class Exporter:
         app = view.app
         names = set(view.deployments)
         for gone in self._gauged.get(app, set()) - names:
-            _remove(app, gone)
+            self._remove(app, gone)
         self._gauged[app] = names
         for name, d in view.deployments.items():
-            counts = (
-                d.target_replicas, d.running_replicas, d.healthy_replicas, d.unhealthy_replicas
-            )  # fmt: skip
-            for state, value in zip(REPLICA_STATES, counts, strict=True):
-                REPLICAS.labels(app, name, state).set(value)
-            DEMAND.labels(app, name).set(d.demand)
+            gauges = self._children.get((app, name))
+            if gauges is None:
+                gauges = self._children[(app, name)] = (
+                    *(REPLICAS.labels(app, name, state) for state in REPLICA_STATES),
+                    DEMAND.labels(app, name),
+                )
+            target, running, healthy, unhealthy, demand = gauges
+            target.set(d.target_replicas)
+            running.set(d.running_replicas)
+            healthy.set(d.healthy_replicas)
+            unhealthy.set(d.unhealthy_replicas)
+            demand.set(d.demand)
 
     def forget_app(self, app: str) -> None:
         for name in self._gauged.pop(app, set()):
-            _remove(app, name)
+            self._remove(app, name)
 
     def forget_partition(self, partition: int, owner: Callable[[str], int]) -> None:
         with contextlib.suppress(KeyError):
             PENDING.remove(str(partition))
         for app in [a for a in self._gauged if owner(a) == partition]:
             self.forget_app(app)
+
+    def _remove(self, app: str, deployment: str) -> None:
+        self._children.pop((app, deployment), None)
+        _remove(app, deployment)
 
 
 def _remove(app: str, deployment: str) -> None:

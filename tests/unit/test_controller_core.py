@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -194,6 +195,24 @@ def test_created_at_zero_is_healthy_and_a_queued_request_wakes_it_at_once() -> N
     sim.start_all()
     assert sim.membership == sim.target_ids() and sim.epochs == [1]
     assert sim.status["Model"] == "HEALTHY"
+
+
+def test_a_fixed_size_keeps_no_demand_window_and_autoscaling_starts_one_afresh() -> None:
+    """No decision of a fixed size reads demand, so its window is neither sampled nor caught up
+    at each input (a tenth of a member's CPU at 10,000 apps); switched to autoscaling, the
+    deployment starts from an empty window, as a new one does, and scales on its load."""
+    sim = Sim(app_with(num_replicas=2))
+    sim.run(1.0)
+    sim.start_all()
+    sim.run(3.0, queued=3.0)
+    m = sim.core.deployments[("shop", "Model")]
+    assert m.window.last_time is None  # reports came and ticks passed: nothing sampled
+    assert len(sim.target_ids()) == 2
+    sim.core.update_app("shop", app_with(dataclasses.replace(FAST, min_replicas=1)), sim.t)
+    sim.run(0.2, queued=3.0)
+    assert m.window.last_time is not None  # sampled from the switch on
+    sim.run(3.0, queued=30.0)
+    assert len(sim.target_ids()) == FAST.max_replicas  # it scaled on the load it sees now
 
 
 def test_load_scales_up_after_the_delay_and_idle_scales_to_zero() -> None:
