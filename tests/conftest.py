@@ -63,6 +63,14 @@ def nats_url(nats_server: NatsServer) -> str:
 
 
 @pytest.fixture
+async def nats_bus(nats_url: str) -> AsyncIterator[NatsBus]:
+    """One connection to the test's nats-server (where a test needs JetStream, not the fake)."""
+    bus = await NatsBus.connect(nats_url, name="test", reconnect_wait=TEST_RECONNECT_WAIT_S)
+    yield bus
+    await bus.close()
+
+
+@pytest.fixture
 def nats_cluster() -> Iterator[NatsCluster]:
     """Three routed nats-servers with JetStream, ready (meta leader known) before the test."""
     cluster = NatsCluster(3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -150,7 +150,7 @@ class Exporter:
         self.ingest_b: defaultdict[str, int] = defaultdict(int)
         self._exported: dict[tuple[str, str], int] = {}
         self._gauged: dict[str, set[str]] = {}
-        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._children: dict[tuple[str, str], tuple[Gauge, ...]] = {}
         """(app, deployment) -> its replica-count gauges and demand gauge: `labels()` looks a
         child up by hashing its label values, five per status write (1% of a busy member)."""
 

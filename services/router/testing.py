@@ -124,8 +124,9 @@ class FakeReplica:
     async def _on_probe(self, msg: Msg) -> None:
         self.probes += 1
         if self.answer_probes and msg.reply:
-            gone = not_held(msg.data, self.held)
-            self.asks += bool(msg.data) and decode_as(msg.data, ProbeRequest).request_id is not None
+            named = bool(msg.data) and decode_as(msg.data, ProbeRequest).request_id is not None
+            gone = not_held(msg.data, self.held)  # the replica runtime's own answer
+            self.asks += named
             self.asked_not_held += gone is not None
             await self._send(msg.reply, gone or self.health())
 

@@ -8,7 +8,6 @@ a stream made by the previous transform (three tokens after `report`) must be up
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 from nats.js.api import SubjectTransform
@@ -23,14 +22,8 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 16
 
 
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[NatsBus]:
-    b = await NatsBus.connect(nats_url, name="test")
-    yield b
-    await b.close()
-
-
-async def test_both_subject_forms_land_in_the_apps_partition(bus: NatsBus) -> None:
+async def test_both_subject_forms_land_in_the_apps_partition(nats_bus: NatsBus) -> None:
+    bus = nats_bus
     cfg = stream_config(S, PARTITIONS, 600.0)
     before = SubjectTransform(  # the transform of the tree before replica ids in subjects
         src="fp.v1.report.*.*.*",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -389,11 +390,27 @@ async def test_a_reply_lost_in_a_reconnect_is_a_retryable_loss(
         await r1.stop()
 
 
-async def _heard_all_along(h: DeploymentHandle, rid: str) -> None:
-    """The replica speaks on other requests all the time (a busy replica under load)."""
-    while True:
-        h.router.liveness.heard(rid)
-        await asyncio.sleep(0.002)
+@contextlib.asynccontextmanager
+async def busy_replica(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock, **handle_kw: Any
+) -> AsyncIterator[tuple[FakeReplica, DeploymentHandle]]:
+    """Replica r1, heard on other requests all the time (a busy replica under load), and a
+    handle to it; both closed afterwards."""
+    (r1,) = await replicas(rbus, clock, "r1")
+    h = await handle(bus, clock, **handle_kw)
+
+    async def speaking() -> None:
+        while True:
+            h.router.liveness.heard("r1")
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(speaking())
+    try:
+        yield r1, h
+    finally:
+        task.cancel()
+        await h.close()
+        await r1.stop()
 
 
 async def test_a_reply_lost_on_the_replicas_side_is_a_retryable_loss(
@@ -403,39 +420,25 @@ async def test_a_reply_lost_on_the_replicas_side_is_a_retryable_loss(
     connection, or a route between NATS nodes, dropped). It keeps speaking on other requests,
     so it is never probed for being gone; only asking about this request shows it lost. Without
     that the request waited for ever (a NATS node restarted under load on a real engine)."""
-    (r1,) = await replicas(rbus, clock, "r1")
-    r1.lose_reply = True
-    h = await handle(bus, clock)
-    busy = asyncio.create_task(_heard_all_along(h, "r1"))
-    try:
+    async with busy_replica(bus, rbus, clock) as (r1, h):
+        r1.lose_reply = True
         with pytest.raises(ReplicaLostError) as lost:
             await asyncio.wait_for(h.remote(), 5)
         assert lost.value.retryable and "no longer holds the request" in str(lost.value)
         assert r1.asked_not_held == 1
-    finally:
-        busy.cancel()
-        await h.close()
-        await r1.stop()
 
 
 async def test_a_slow_request_the_replica_still_holds_keeps_waiting(
     bus: FakeBus, rbus: FakeBus, clock: FakeClock
 ) -> None:
-    (r1,) = await replicas(rbus, clock, "r1")
-    r1.hang = True
-    h = await handle(bus, clock, deadline_s=3.0)
-    busy = asyncio.create_task(_heard_all_along(h, "r1"))
-    try:
+    async with busy_replica(bus, rbus, clock, deadline_s=3.0) as (r1, h):
+        r1.hang = True
         call = asyncio.create_task(h.remote())
         await until(lambda: r1.probes >= 3)  # asked about the request, three times
         assert not call.done() and r1.asked_not_held == 0
         clock.advance(3.0)
         with pytest.raises(DeadlineExceeded):
             await asyncio.wait_for(call, 2)
-    finally:
-        busy.cancel()
-        await h.close()
-        await r1.stop()
 
 
 async def test_replica_lost_after_admission(bus: FakeBus, rbus: FakeBus, clock: FakeClock) -> None:
