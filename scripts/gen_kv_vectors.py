@@ -114,6 +114,7 @@ STATUS = AppStatusView(
             "UPSCALING", "2 starting", 4, 2, 7.5, 2, 0, "scale 2 -> 4 (demand 7.50)"
         ),
     },
+    partition=5,
 )
 AGENT = AgentInfo(
     "agent-a",
@@ -195,6 +196,7 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
     }
     agent = {k: v for k, v in _as_doc(AGENT).items() if k != "resources"}
     status = _as_doc(STATUS)
+    del status["partition"]
     status["deployments"]["ranker"] = {
         "status": "HEALTHY",
         "target_replicas": 2,
@@ -227,7 +229,7 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
             "app_status",
             "shop",
             {**status, **extra},
-            "optional fields left out",
+            "optional fields left out (partition: an older writer)",
         ),
         ("agent_no_resources", "agent", "agent-a", {**agent, **extra}, "resources absent: {}"),
         (

@@ -74,14 +74,10 @@ class ControllerConfig:
     control_interval_s: float = 0.1
     status_refresh_s: float = 2.0
     """How often an app's status is looked at for changed figures (demand, counts) that no
-    event marked, and rewritten anyway (its `updated_at` shows the owner alive)..."""
-    status_rewrites_per_s: float = 500.0
-    """...unless that is more unchanged statuses a second than this: then each is rewritten
-    every apps / status_rewrites_per_s seconds (20 s at 10,000 apps; rewriting every status
-    every 2 s was 5,000 KV writes a second there), each app on a phase of its own."""
+    event marked; an unchanged status is not rewritten (status_book.py)..."""
     status_looks_per_s: float = 1000.0
-    """Likewise the looks: an app is looked at every apps / status_looks_per_s seconds when
-    that is longer than `status_refresh_s` (10 s at 10,000 apps: a look is ~50 µs of Python, and
+    """...unless that is more looks a second than this: then an app is looked at every
+    apps / status_looks_per_s seconds (10 s at 10,000 apps: a look is ~50 µs of Python, and
     5,000 a second were a quarter of a core and most of a tick's time there)."""
 
 
@@ -100,10 +96,7 @@ class ControllerCore:
             ProbeLimits(reprobe_after_s=REPROBE_AFTER_S)
         )
         self.stats = CoreStats()
-        c = self.cfg
-        self.statuses = StatusBook(
-            c.status_refresh_s, c.status_rewrites_per_s, c.status_looks_per_s
-        )
+        self.statuses = StatusBook(self.cfg.status_refresh_s, self.cfg.status_looks_per_s)
         self._pending_events: list[Action] = []
         self.placement = Placement()
         self.held: set[str] = set()

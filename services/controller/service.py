@@ -497,7 +497,8 @@ class ControllerService:
             doc = replace(a.doc, owner_epoch=decided)
             await self._writers[a.bucket].put(a.key, envelope.encode(doc), decided)
         else:
-            value = replace(a.value, owner_epoch=decided)
+            part = partition_of(a.key, self.cfg.partitions)
+            value = replace(a.value, owner_epoch=decided, partition=part)
             await self._writers[KV_STATUS].put(a.key, value.encode(), decided)
             self.exporter.status(a.value)
 

@@ -7,15 +7,19 @@ How it works: an app's status (KV fp_status) is rewritten
 - at its next *look* when its figures (counts, decision) differ from the status last written or
   its demand moved by more than `_demand_moved` allows; an app is looked at only if an input or a
   visit `touched` it since the last look;
-- unchanged, once its own slot of `max_age` has passed since the last rewrite, so `updated_at`
-  shows the owner alive.
+- at its first look after the app came to this owner (created, or its partition taken over), so
+  the status carries the owner's epoch.
 
-Looks and slots are on per-app phases (a hash of the name) of their periods, so apps created or
-taken over together are spread evenly over the period instead of coming due in one tick. Both
-periods grow with the number of apps beyond a rate (`rewrites_per_s`, `looks_per_s`): at 10,000
-apps a look every 2 s was 5,000 looks a second, a quarter of a core and most of a tick. The apps
-to look at come from a timer heap, never from a pass over every app. No clock, no I/O: the core
-asks `due(now, ...)` at each tick.
+An unchanged status is never rewritten: whether its owner is alive is read from the partition's
+lease and the owner's member entry (`fleetpulse status`), not from the status's age. Rewriting
+every status every few seconds for that was, at 10,000 apps, 500 KV writes a second and a tenth
+of the controller's CPU.
+
+Looks are on per-app phases (a hash of the name) of their period, so apps created or taken over
+together are spread evenly over the period instead of coming due in one tick. The period grows
+with the number of apps beyond `looks_per_s`: at 10,000 apps a look every 2 s was 5,000 looks a
+second, a quarter of a core and most of a tick. The apps to look at come from a timer heap, never
+from a pass over every app. No clock, no I/O: the core asks `due(now, ...)` at each tick.
 """
 
 from __future__ import annotations
@@ -33,16 +37,14 @@ Figures = tuple[tuple[object, ...], tuple[float, ...]]
 DEMAND_MOVED_ABS = 0.5
 DEMAND_MOVED_REL = 0.1
 _LOOK_SALT = b"look"
-_REWRITE_SALT = b"rewrite"
 
 
 class StatusBook:
-    def __init__(self, refresh_s: float, rewrites_per_s: float, looks_per_s: float) -> None:
+    def __init__(self, refresh_s: float, looks_per_s: float) -> None:
         self.refresh_s = refresh_s
-        self.rewrites_per_s = rewrites_per_s
         self.looks_per_s = looks_per_s
-        self._written: dict[str, tuple[float, Figures]] = {}
-        """Per app: when its status was last written and what it showed."""
+        self._written: dict[str, Figures] = {}
+        """Per app: what its status last written showed."""
         self._touched: set[str] = set()
         self._changed: set[str] = set()
         self._looks: Schedule[str] = Schedule()
@@ -61,11 +63,6 @@ class StatusBook:
         self._changed.discard(app)
         self._looks.forget(app)
 
-    def max_age(self, apps: int) -> float:
-        """How old an unchanged status may get: `refresh_s`, or longer when rewriting `apps`
-        statuses that often would exceed `rewrites_per_s`."""
-        return max(self.refresh_s, apps / self.rewrites_per_s)
-
     def look_s(self, apps: int) -> float:
         """How often an app is looked at: `refresh_s`, or longer beyond `looks_per_s`."""
         return max(self.refresh_s, apps / self.looks_per_s)
@@ -81,48 +78,45 @@ class StatusBook:
         `held` ones are not written (their history is being replayed) but keep their looks;
         `figures(app)` is called only for apps looked at."""
         out: list[str] = []
-        max_age, look = self.max_age(len(apps)), self.look_s(len(apps))
+        look = self.look_s(len(apps))
         looked = self._looks.fired(now)
         for app in sorted((self._changed | looked).difference(held)):
             if app not in apps:
                 self._looks.forget(app)
                 continue
             if app in looked or app not in self._written:
-                self._looks.place(app, on_phase(app, now, look, _LOOK_SALT))
-            changed = app in self._changed
-            rewritten, (seen, demands) = self._written.get(app, (-math.inf, ((), ())))
-            old = now >= on_phase(app, rewritten, max_age, _REWRITE_SALT)
-            if not (changed or old or app in self._touched):
+                self._looks.place(app, on_phase(app, now, look))
+            written = self._written.get(app)
+            changed = app in self._changed or written is None
+            if not (changed or app in self._touched):
                 continue  # nothing arrived and nothing ran for it since the last look
             self._touched.discard(app)
             shown, now_demands = figures(app)
+            seen, demands = written or ((), ())
             moved = len(now_demands) != len(demands) or any(
                 demand_moved(a, b) for a, b in zip(demands, now_demands, strict=False)
             )
-            if not (changed or old or moved or shown != seen):
+            if not (changed or moved or shown != seen):
                 continue  # nothing to say that the last status did not
             self._changed.discard(app)
-            self._written[app] = (now, (shown, now_demands))
+            self._written[app] = (shown, now_demands)
             out.append(app)
         for app in looked.intersection(held):
-            self._looks.place(app, on_phase(app, now, look, _LOOK_SALT))
+            self._looks.place(app, on_phase(app, now, look))
         return out
 
 
-def on_phase(app: str, after: float, period: float, salt: bytes) -> float:
+def on_phase(app: str, after: float, period: float) -> float:
     """The first time after `after` on the app's own phase of `period` (a hash of its name):
-    per-app work on a period, spread evenly over it whatever the apps' history. Two periods of
-    one app hash with different salts, or the second would bunch at the first's ticks."""
-    if after == -math.inf:
-        return after
-    phase = _phase(app, salt)
+    per-app work on a period, spread evenly over it whatever the apps' history."""
+    phase = _phase(app)
     return (math.floor(after / period - phase) + 1 + phase) * period
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _phase(app: str, salt: bytes) -> float:
-    # not crc32: it is affine, so two salts of one name give correlated phases
-    digest = hashlib.blake2b(app.encode(), digest_size=8, salt=salt).digest()
+def _phase(app: str) -> float:
+    # not crc32: it is affine, so phases of similar names would correlate
+    digest = hashlib.blake2b(app.encode(), digest_size=8, salt=_LOOK_SALT).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 

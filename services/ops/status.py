@@ -5,9 +5,9 @@ How it works: both buckets are read with a KV watch (every current value in one 
 keeps the watch open and applies changes as they come). Rendering is pure: `render_table` and
 `status_json` take the decoded values and `now`, so they are tested without sockets. An app in
 fp_apps with no status yet shows as DEPLOYING (waiting for controller); a deployment the
-controller has not reported yet shows as UPDATING with the same note. The age column is how old
-the controller's last word is: the controller rewrites each status every few seconds, so an old
-age means no controller is looking after that app.
+controller has not reported yet shows as UPDATING with the same note. The age column is how long
+ago the status last changed; whether a live controller looks after it is read from the group's
+leases and member entries (group_view.py), and an app nobody looks after is marked.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from services.ops import (
 from shared.appconfig import AppConfig
 from shared.bus import Bus
 from shared.errors import ConfigError, UsageError, WireError
-from shared.kv import envelope
-from shared.kv.group import ControllerMember
 from shared.kv.status import AppStatusView, DeploymentStatusView
-from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS
+from shared.subjects import KV_APPS, KV_STATUS
+
+from .group_view import GroupView, group_notes, read_group, unattended
 
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.05
@@ -50,8 +50,8 @@ TEXT_WIDTH = 48
 TEXT_CHARS = 96
 """Longer messages and decisions are cut (the column folds them onto lines of TEXT_WIDTH)."""
 WIDE_MIN_WIDTH = 120
-STALE_AFTER_S = 30.0
-"""A status older than this was not refreshed by a controller (they rewrite every few seconds)."""
+STALE_NAMED = 5
+"""Apps nobody looks after named under the table (the rest are counted)."""
 WAITING = "waiting for controller"
 NO_STATUS_APP = "DEPLOYING"
 NO_STATUS_DEPLOYMENT = "UPDATING"
@@ -157,15 +157,30 @@ def _waiting(target: int) -> DeploymentStatusView:
     )
 
 
+def stale_statuses(
+    statuses: Mapping[str, AppStatusView], group: GroupView | None, now: float
+) -> dict[str, str]:
+    """App -> why no live controller looks after its status (`group` None: not judged)."""
+    if group is None:
+        return {}
+    return {a: why for a, v in statuses.items() if (why := unattended(v, group, now)) is not None}
+
+
 def status_json(
-    statuses: Mapping[str, AppStatusView], apps: Mapping[str, AppConfig]
+    statuses: Mapping[str, AppStatusView],
+    apps: Mapping[str, AppConfig],
+    group: GroupView | None = None,
+    now: float = 0.0,
 ) -> dict[str, Any]:
-    """The `--json` document (print it with sort_keys=True)."""
+    """The `--json` document (print it with sort_keys=True). With `group`, each app with a
+    status says whether a live controller looks after it (`stale`, and why not)."""
+    stale = stale_statuses(statuses, group, now)
     return {
         "applications": {
             row.name: {
                 "status": row.status,
                 "route_prefix": row.route_prefix,
+                **_stale_fields(row.name, statuses, group, stale),
                 "deployments": {
                     name: {
                         "status": d.status,
@@ -185,14 +200,27 @@ def status_json(
     }
 
 
+def _stale_fields(
+    app: str,
+    statuses: Mapping[str, AppStatusView],
+    group: GroupView | None,
+    stale: Mapping[str, str],
+) -> dict[str, Any]:
+    if group is None or app not in statuses:
+        return {}
+    return {"stale": True, "stale_reason": stale[app]} if app in stale else {"stale": False}
+
+
 def render_table(
     statuses: Mapping[str, AppStatusView],
     apps: Mapping[str, AppConfig],
     now: float,
     notes: Sequence[str] = (),
     width: int | None = None,
+    group: GroupView | None = None,
 ) -> Table:
-    """The status table; `now` (unix s) dates the ages, `notes` go under the table. Below
+    """The status table; `now` (unix s) dates the ages, `notes` go under the table, `group`
+    (None: not judged) tells which statuses no live controller looks after. Below
     WIDE_MIN_WIDTH columns of terminal `width` the free-text column is left out."""
     wide = width is None or width >= WIDE_MIN_WIDTH
     table = Table(
@@ -214,12 +242,11 @@ def render_table(
             min_width=None if wide or header != "APP" else len("DEPLOY_FAILED"),
         )
     rows = merge(statuses, apps)
-    stale = False
+    stale = stale_statuses(statuses, group, now)
     for i, row in enumerate(rows):
         if i:
             table.add_section()
         age = None if row.updated_at is None else max(0.0, now - row.updated_at)
-        stale = stale or (age is not None and age > STALE_AFTER_S)
         app_status = _colored(row.status)
         if row.updated_at is None:
             app_status.append(f"\n({WAITING})", style="dim")
@@ -240,14 +267,12 @@ def render_table(
                     cells.append(_notes(d))
             else:
                 cells += [""] * (len(table.columns) - len(cells) - 1)
-            table.add_row(*cells, _age_cell(age) if first else "")
+            table.add_row(*cells, _age_cell(age, row.name in stale) if first else "")
     captions = list(notes)
     if not rows:
         captions.append("no applications deployed (deploy one with `fleetpulse deploy FILE`)")
     if stale:
-        captions.append(
-            f"statuses older than {STALE_AFTER_S:g}s were not refreshed: is a controller running?"
-        )
+        captions.append(_stale_caption(stale))
     if not wide and rows:
         captions.append(
             f"messages and decisions: use --json, or a terminal >= {WIDE_MIN_WIDTH} wide"
@@ -285,10 +310,20 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _age_cell(age: float | None) -> Text:
+def _stale_caption(stale: Mapping[str, str]) -> str:
+    named = sorted(stale)[:STALE_NAMED]
+    more = len(stale) - len(named)
+    lines = [f"{len(stale)} status(es) not looked after by a live controller (is one running?):"]
+    lines += [f"  {app}: {stale[app]}" for app in named]
+    if more:
+        lines.append(f"  and {more} more")
+    return "\n".join(lines)
+
+
+def _age_cell(age: float | None, stale: bool) -> Text:
     if age is None:
         return Text("-", style="dim")
-    return Text(format_age(age), style="yellow" if age > STALE_AFTER_S else "")
+    return Text(format_age(age) + (" !" if stale else ""), style="yellow" if stale else "")
 
 
 def format_age(seconds: float) -> str:
@@ -391,13 +426,13 @@ def run_status(args: argparse.Namespace) -> int:
             known = ", ".join(sorted(set(mirror.statuses) | set(mirror.apps))) or "none"
             raise UsageError(f"no application {args.app!r} (known: {known})")
         if args.json:
-            doc = status_json(statuses, apps)
-            doc["controllers"] = group
+            doc = status_json(statuses, apps, group, time.time())
+            doc["controllers"] = group.to_json()
             print(json.dumps(doc, indent=2, sort_keys=True))
         else:
             console = Console()
             notes = [*mirror.notes(), *group_notes(group)]
-            table = render_table(statuses, apps, time.time(), notes, console.width)
+            table = render_table(statuses, apps, time.time(), notes, console.width, group)
             console.print(table)
         return EXIT_OK
 
@@ -405,35 +440,6 @@ def run_status(args: argparse.Namespace) -> int:
         return run_command("status", main)
     except KeyboardInterrupt:
         return EXIT_OK  # Ctrl-C is how --watch ends
-
-
-async def read_group(bus: Bus) -> dict[str, Any]:
-    """The controller group as its members announce themselves (KV fp_controllers):
-    member -> {partitions, pending}. Entries expire with the bucket TTL once a member is gone;
-    a value that is not a `ControllerMember` document is left out."""
-    kv = await existing_kv(bus, KV_CONTROLLERS)
-    out: dict[str, Any] = {}
-    if kv is None:
-        return out
-    for entry in await kv.snapshot([">"]):
-        try:
-            member = envelope.decode(entry.value, ControllerMember)
-        except WireError:
-            continue
-        out[entry.key] = {"partitions": list(member.partitions), "pending": member.pending}
-    return out
-
-
-def group_notes(group: Mapping[str, Any]) -> list[str]:
-    if not group:
-        return ["controller group: no member announced itself (is a controller running?)"]
-    lines = [f"controller group: {len(group)} member(s)"]
-    for member, info in sorted(group.items()):
-        parts = info["partitions"]
-        lines.append(
-            f"  {member}: {len(parts)} partition(s) {parts}, {info['pending']} report(s) behind"
-        )
-    return lines
 
 
 def _follow_both(
@@ -476,7 +482,9 @@ async def _watch(bus: Bus, mirror: Mirror, args: argparse.Namespace) -> None:
         if args.json:
             last = None
             while deadline is None or time.monotonic() < deadline:
-                doc = json.dumps(status_json(*mirror.select(args.app)), sort_keys=True)
+                group = await read_group(bus)
+                selected = mirror.select(args.app)
+                doc = json.dumps(status_json(*selected, group, time.time()), sort_keys=True)
                 if doc != last:
                     print(doc, flush=True)
                     last = doc
@@ -485,8 +493,12 @@ async def _watch(bus: Bus, mirror: Mirror, args: argparse.Namespace) -> None:
         console = Console()
         with Live(console=console, auto_refresh=False) as live:
             while deadline is None or time.monotonic() < deadline:
+                # a snapshot each refresh: a member's entry that expired is simply absent
+                # from it, where a watch would never hear of the expiry
+                group = await read_group(bus)
                 selected = mirror.select(args.app)
-                table = render_table(*selected, time.time(), mirror.notes(), console.width)
+                notes = [*mirror.notes(), *group_notes(group)]
+                table = render_table(*selected, time.time(), notes, console.width, group)
                 live.update(table, refresh=True)
                 await _tick(watches, args.interval, deadline)
     finally:

@@ -47,6 +47,11 @@ class AppStatusView:
     updated_at: float
     owner_epoch: int
     deployments: Mapping[str, DeploymentStatusView]
+    partition: int | None = None
+    """The FP_REPORTS partition the writer held the app under, at `owner_epoch`: the status is
+    looked after while that partition's lease (fp_leases) holds the same epoch and names a live
+    member (fp_controllers). None: written by a controller that predates the field (it rewrote
+    every status every few seconds instead, so its `updated_at` was its liveness)."""
 
     def encode(self) -> bytes:
         return e.encode(self)
@@ -64,6 +69,7 @@ class AppStatusView:
             "updated_at": self.updated_at,
             "owner_epoch": self.owner_epoch,
             "deployments": {k: asdict(v) for k, v in sorted(self.deployments.items())},
+            **({} if self.partition is None else {"partition": self.partition}),
         }
 
     @classmethod
@@ -80,4 +86,5 @@ class AppStatusView:
                 name: e.nested(f"app_status.deployments.{name}", raw, DeploymentStatusView.from_doc)
                 for name, raw in deployments.items()
             },
+            partition=None if doc.get("partition") is None else e.count(doc, "partition"),
         )

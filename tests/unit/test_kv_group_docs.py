@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from services.controller.group import GroupCore, Lease
 from services.controller.group_shell import KV_LEASES, GroupRunner
-from services.ops.status import read_group
+from services.ops.group_view import GroupView, read_group
 from shared.clock import FakeClock
 from shared.fakebus import FakeServer
 from shared.kv import envelope
@@ -43,7 +43,9 @@ async def test_member_entry_and_leases_are_documents() -> None:
         assert entry is not None
         member = envelope.decode(entry.value, ControllerMember)
         assert member == ControllerMember("m1", (1, 3), pending=7, apps=2)
-        assert await read_group(reader) == {"m1": {"partitions": [1, 3], "pending": 7}}
+        group = await read_group(reader)
+        assert group.to_json() == {"m1": {"partitions": [1, 3], "pending": 7}}
+        assert group.leases == {p: PartitionLease("m1", 1) for p in range(PARTITIONS)}
         lease = await (await reader.kv(KV_LEASES)).get(lease_key(0))
         assert lease is not None
         assert envelope.decode(lease.value, PartitionLease) == PartitionLease("m1", 1)
@@ -57,4 +59,10 @@ async def test_status_skips_a_member_entry_that_is_not_a_document() -> None:
     kv = await bus.kv(KV_CONTROLLERS)
     await kv.put("old", b'{"v":1,"kind":"controller","partitions":[0]}')
     await kv.put("new", envelope.encode(ControllerMember("new", (2,))))
-    assert await read_group(bus) == {"new": {"partitions": [2], "pending": 0}}
+    leases = await bus.kv(KV_LEASES)
+    await leases.put(lease_key(1), b"not a lease")
+    await leases.put("other", envelope.encode(PartitionLease("new", 2)))
+    await leases.put(lease_key(2), envelope.encode(PartitionLease("new", 4)))
+    assert await read_group(bus) == GroupView(
+        {"new": ControllerMember("new", (2,))}, {2: PartitionLease("new", 4)}
+    )

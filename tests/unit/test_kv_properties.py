@@ -152,6 +152,7 @@ statuses = st.builds(
     updated_at=finite,
     owner_epoch=counts,
     deployments=st.dictionaries(names, deployment_statuses, max_size=3),
+    partition=st.none() | counts,
 )
 agents = st.builds(
     AgentInfo,

@@ -9,7 +9,6 @@ policy state and demand means at the end.
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import replace
 
@@ -351,49 +350,49 @@ def _status_writes(
     return t, writes
 
 
-def test_an_unchanged_status_is_rewritten_only_when_old_and_a_changed_one_at_its_look() -> None:
-    # one app rewritten at most once every 30 s: as 15,000 apps would be at the default rate
-    core = ControllerCore(ControllerConfig(status_rewrites_per_s=1 / 30))
-    max_age = core.statuses.max_age(1)
-    assert max_age == 30.0 and ControllerCore().statuses.max_age(1000) == 2.0
+def _demand(core: ControllerCore, app: str, t: float, ongoing: float) -> None:
+    r = HandleReport("h1", app, "D", WALL0 + t, 1, ongoing, {}, (), 1, {})
+    core.ingest(S.report("handle", app, "D"), encode(r), t)
+
+
+def test_an_unchanged_status_is_never_rewritten_and_a_changed_one_is_at_its_look() -> None:
+    """Whether the owner is alive is read from its lease (fleetpulse status), so an unchanged
+    status costs no write: at 10,000 apps the rewrites for liveness were 500 KV writes a
+    second and a tenth of the member's CPU."""
+    core = ControllerCore()
     t = 100.0
     core.set_apps({"fixed": _app("fixed", FIXED)}, t)
     t, writes = _status_writes(core, t, 10)
     assert len(writes) == 1  # the first status, at once
-    t, writes = _status_writes(core, t, int(3 * max_age / TICK))  # before any start timeout
-    # unchanged: rewritten on the app's own slot of each 30 s, never more often, and looked
-    # at every 2 s meanwhile (a look comes within 2 s of the slot)
-    times = [w for w, _ in writes]
-    assert len(times) == 3
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert all(max_age - 1e-6 <= g <= max_age + core.cfg.status_refresh_s for g in gaps), gaps
-    r = HandleReport("h1", "fixed", "D", WALL0 + t, 1, 3.0, {}, (), 1, {})
-    core.ingest(S.report("handle", "fixed", "D"), encode(r), t)
+    t, writes = _status_writes(core, t, int(60 / TICK))  # before any start timeout
+    assert writes == []  # looked at every 2 s, nothing to say
+    _demand(core, "fixed", t, 3.0)
     t, writes = _status_writes(core, t, int(core.cfg.status_refresh_s / TICK) + 1)
     assert len(writes) == 1  # the demand figure changed: rewritten at the app's next look
 
 
-def test_apps_written_together_are_rewritten_spread_over_the_period() -> None:
-    """300 apps created in one tick: their unchanged statuses come due on slots of their own
-    over the max age (20 s here), not all in the two seconds after it, and each app is looked
-    at every apps / status_looks_per_s seconds."""
-    cfg = ControllerConfig(status_rewrites_per_s=15.0, status_looks_per_s=150.0)
+def test_apps_created_together_are_looked_at_spread_over_the_period() -> None:
+    """300 apps created in one tick, then a new demand for each: their statuses are rewritten
+    at looks on phases of their own over the look period (10 s here), not in one tick."""
+    cfg = ControllerConfig(status_looks_per_s=30.0)
     core = ControllerCore(cfg)
     apps = {f"a{i:04d}": _app(f"a{i:04d}", FIXED) for i in range(300)}
-    assert core.statuses.max_age(len(apps)) == 20.0 and core.statuses.look_s(len(apps)) == 2.0
-    assert ControllerCore(replace(cfg, status_looks_per_s=60.0)).statuses.look_s(300) == 5.0
+    assert core.statuses.look_s(len(apps)) == 10.0
+    assert ControllerCore(replace(cfg, status_looks_per_s=600.0)).statuses.look_s(300) == 2.0
     t = 100.0
     core.set_apps(apps, t)
     t, writes = _status_writes(core, t, 5)
     assert len(writes) == 300
-    t, writes = _status_writes(core, t, int(40 / TICK))
+    for app in apps:
+        _demand(core, app, t, 3.0)
+    t, writes = _status_writes(core, t, int(10 / TICK) + 1)
+    # each at its look (a few twice: looked at again after the report expired at 10 s)
+    assert {a for _, a in writes} == set(apps) and len(writes) < 330
     per_tick: dict[float, int] = {}
     for w, _ in writes:
         per_tick[w] = per_tick.get(w, 0) + 1
-    # 300 apps over a 20 s period at 0.1 s ticks: 1.5 a tick on average (all 300 in the 2 s
-    # after the first write, as before the phases, would be 15 a tick)
-    assert 450 <= len(writes) <= 750
-    assert max(per_tick.values()) <= 8, max(per_tick.values())
+    # 300 looks over 100 ticks: 3 a tick on average; all at once would be 300 in one tick
+    assert max(per_tick.values()) <= 12, max(per_tick.values())
 
 
 def test_a_silent_handle_expires_alike() -> None:

@@ -6,17 +6,25 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from services.ops.status import (
-    STALE_AFTER_S,
-    WIDE_MIN_WIDTH,
-    format_age,
-    render_table,
-    status_json,
+from services.ops.group_view import (
+    LEGACY_STALE_AFTER_S,
+    GroupView,
+    group_notes,
+    unattended,
 )
+from services.ops.status import WIDE_MIN_WIDTH, format_age, render_table, status_json
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.kv.group import ControllerMember, PartitionLease
 from shared.kv.status import AppStatusView, DeploymentStatusView
 
 NOW = 1_700_000_000.0
+PARTITION = 2
+EPOCH = 3
+LOOKED_AFTER = GroupView(
+    {"c1": ControllerMember("c1", (PARTITION,))}, {PARTITION: PartitionLease("c1", EPOCH)}
+)
+"""The group in which the statuses of `view` are looked after."""
+OWNER_GONE = GroupView({}, {PARTITION: PartitionLease("c1", EPOCH)})
 
 
 def dep(status: str = "HEALTHY", **kw: object) -> DeploymentStatusView:
@@ -34,15 +42,22 @@ def dep(status: str = "HEALTHY", **kw: object) -> DeploymentStatusView:
     return DeploymentStatusView(**fields)  # type: ignore[arg-type]
 
 
-def view(app: str, status: str, age: float, **deployments: DeploymentStatusView) -> AppStatusView:
+def view(
+    app: str,
+    status: str,
+    age: float,
+    partition: int | None = PARTITION,
+    **deployments: DeploymentStatusView,
+) -> AppStatusView:
     return AppStatusView(
         app=app,
         status=status,
         route_prefix=f"/{app}",
         ingress=next(iter(deployments), None),
         updated_at=NOW - age,
-        owner_epoch=3,
+        owner_epoch=EPOCH,
         deployments=deployments,
+        partition=partition,
     )
 
 
@@ -168,7 +183,7 @@ def test_table_shows_every_column_for_each_deployment() -> None:
             Cart=dep(),
         )
     }
-    table = render_table(statuses, {}, NOW)
+    table = render_table(statuses, {}, NOW, group=OWNER_GONE)
     assert [c.header for c in table.columns] == [
         "APP",
         "APP STATUS",
@@ -189,7 +204,9 @@ def test_table_shows_every_column_for_each_deployment() -> None:
     assert "HEALTHY" in cart and "2/2" in cart and "2 ok" in cart and "bad" not in cart
     assert "1m15s" not in cart  # app-level cells only on the app's first row
     assert "/shop" in text
-    assert "is a controller running?" in text  # 75 s > STALE_AFTER_S
+    assert "1m15s !" in text  # marked: nobody looks after it
+    assert "1 status(es) not looked after by a live controller (is one running?)" in text
+    assert "shop: partition 2's owner c1 is gone" in text
 
 
 def test_status_cells_are_colored_by_status() -> None:
@@ -207,13 +224,54 @@ def test_status_cells_are_colored_by_status() -> None:
     ]
 
 
-def test_fresh_statuses_have_no_stale_warning_and_long_text_is_cut() -> None:
+def test_looked_after_statuses_have_no_stale_warning_however_old_and_long_text_is_cut() -> None:
     decision = "upscale " + "x" * 200
-    statuses = {"a": view("a", "RUNNING", STALE_AFTER_S - 1, A=dep(last_decision=decision))}
-    text = text_of(render_table(statuses, {}, NOW), width=200)
-    assert "controller running" not in text
+    statuses = {"a": view("a", "RUNNING", 3 * 3600, A=dep(last_decision=decision))}
+    text = text_of(render_table(statuses, {}, NOW, group=LOOKED_AFTER), width=200)
+    assert "controller running" not in text and "!" not in text
     assert "x" * 200 not in text and "…" in text
-    assert "29s" in text
+    assert "3h00m" in text  # unchanged for 3 hours: no rewrite, and none needed
+
+
+@pytest.mark.parametrize(
+    ("group", "why"),
+    [
+        (LOOKED_AFTER, None),
+        (GroupView(), "partition 2 has no owner"),
+        (
+            GroupView({"c1": ControllerMember("c1")}, {2: PartitionLease("", 3)}),
+            "partition 2 has no owner",
+        ),
+        (OWNER_GONE, "partition 2's owner c1 is gone"),
+        (
+            GroupView({"c2": ControllerMember("c2", (2,))}, {2: PartitionLease("c2", 4)}),
+            "partition 2 changed hands: c2 has not written this status yet",
+        ),
+    ],
+)
+def test_a_status_is_looked_after_while_its_lease_holds_its_epoch_for_a_live_member(
+    group: GroupView, why: str | None
+) -> None:
+    assert unattended(view("a", "RUNNING", 1.0), group, NOW) == why
+
+
+def test_a_status_of_an_older_controller_is_judged_by_its_age() -> None:
+    fresh = view("a", "RUNNING", LEGACY_STALE_AFTER_S - 1, partition=None)
+    old = view("b", "RUNNING", LEGACY_STALE_AFTER_S + 5, partition=None)
+    assert unattended(fresh, LOOKED_AFTER, NOW) is None
+    assert unattended(old, LOOKED_AFTER, NOW) == "not refreshed for 35s"
+    doc = status_json({"a": fresh, "b": old}, {}, LOOKED_AFTER, NOW)["applications"]
+    assert doc["a"]["stale"] is False
+    assert doc["b"]["stale"] is True and doc["b"]["stale_reason"] == "not refreshed for 35s"
+
+
+def test_the_caption_names_a_few_unattended_apps_and_counts_the_rest() -> None:
+    statuses = {f"a{i}": view(f"a{i}", "RUNNING", 1.0) for i in range(8)}
+    text = text_of(render_table(statuses, {}, NOW, group=OWNER_GONE), width=200)
+    assert "8 status(es) not looked after" in text
+    assert "a4: partition 2's owner c1 is gone" in text and "a5:" not in text
+    assert "and 3 more" in text
+    assert "not looked after" not in text_of(render_table(statuses, {}, NOW), width=200)
 
 
 def test_narrow_terminal_folds_app_status_under_the_name_and_drops_the_text() -> None:
@@ -249,11 +307,8 @@ def test_format_age(seconds: float, text: str) -> None:
 
 
 def test_group_notes_name_members_partitions_and_lag() -> None:
-    from services.ops.status import group_notes
-
-    notes = group_notes(
-        {"c1": {"partitions": [0, 3], "pending": 2}, "c2": {"partitions": [1], "pending": 0}}
-    )
+    members = {"c1": ControllerMember("c1", (3, 0), pending=2), "c2": ControllerMember("c2", (1,))}
+    notes = group_notes(GroupView(members))
     assert notes[0] == "controller group: 2 member(s)"
     assert "c1: 2 partition(s) [0, 3], 2 report(s) behind" in notes[1]
-    assert "is a controller running?" in group_notes({})[0]
+    assert "is a controller running?" in group_notes(GroupView())[0]
