@@ -12,6 +12,8 @@ seconds. Reading is a snapshot of each bucket; judging (`unattended`) is pure.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,8 @@ from shared.kv.status import AppStatusView
 
 from . import existing_kv
 
+GROUP_READ_S = 1.0
+"""How often a watching reader reads the group again."""
 LEGACY_STALE_AFTER_S = 30.0
 """A status without a partition (an older controller, which rewrote every 2 s) older than this
 was not refreshed."""
@@ -82,6 +86,23 @@ async def read_group(bus: Bus) -> GroupView:
         except WireError:
             continue
     return GroupView(members, leases)
+
+
+class GroupReads:
+    """The group for `status --watch`, read again at most every GROUP_READ_S: a snapshot (an
+    expired member entry is simply absent from it, where a watch would never hear of the
+    expiry), not one per refresh of a fast `--interval`."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.group = GroupView()
+        self._read_at = -math.inf
+
+    async def current(self) -> GroupView:
+        if time.monotonic() - self._read_at >= GROUP_READ_S:
+            self.group = await read_group(self.bus)
+            self._read_at = time.monotonic()
+        return self.group
 
 
 def group_notes(group: GroupView) -> list[str]:

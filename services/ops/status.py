@@ -41,7 +41,7 @@ from shared.errors import ConfigError, UsageError, WireError
 from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.subjects import KV_APPS, KV_STATUS
 
-from .group_view import GroupView, group_notes, read_group, unattended
+from .group_view import GroupReads, GroupView, group_notes, read_group, unattended
 
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.05
@@ -470,6 +470,7 @@ def _follow_both(
 
 
 async def _watch(bus: Bus, mirror: Mirror, args: argparse.Namespace) -> None:
+    groups = GroupReads(bus)
     ready = [asyncio.Event(), asyncio.Event()]
     watches = [
         asyncio.create_task(c)
@@ -482,7 +483,7 @@ async def _watch(bus: Bus, mirror: Mirror, args: argparse.Namespace) -> None:
         if args.json:
             last = None
             while deadline is None or time.monotonic() < deadline:
-                group = await read_group(bus)
+                group = await groups.current()
                 selected = mirror.select(args.app)
                 doc = json.dumps(status_json(*selected, group, time.time()), sort_keys=True)
                 if doc != last:
@@ -493,9 +494,7 @@ async def _watch(bus: Bus, mirror: Mirror, args: argparse.Namespace) -> None:
         console = Console()
         with Live(console=console, auto_refresh=False) as live:
             while deadline is None or time.monotonic() < deadline:
-                # a snapshot each refresh: a member's entry that expired is simply absent
-                # from it, where a watch would never hear of the expiry
-                group = await read_group(bus)
+                group = await groups.current()
                 selected = mirror.select(args.app)
                 notes = [*mirror.notes(), *group_notes(group)]
                 table = render_table(*selected, time.time(), notes, console.width, group)
