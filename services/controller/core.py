@@ -31,24 +31,21 @@ from shared.kv.membership import Member
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
-from shared.wire.codec import decode_as
 from shared.wire.columnar import (
     ColumnarHandleReport,
-    decode_handle_report_columnar,
-    detect_format,
 )
-from shared.wire.messages import HandleReport, HealthStatus, Heartbeat, Lifecycle, ReplicaReport
+from shared.wire.messages import HealthStatus
 
 from .actions import Action, CoreStats, DeleteKey, Event, Probe, PutStatus
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
+from .landing import land
+from .layout import DepKey, Layout
 from .managed import ManagedDeployment
-from .metrics_types import DUPLICATE, STALE, UNKNOWN_REPLICA, HealthBatch
 from .placement import Placed, Placement
 from .policy import PolicyState
 from .replica_index import NO_SLOT
 from .schedule import Schedule, TickLog
-from .source_check import SOURCE_MISMATCH, speaks_for_another
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 from .status_book import Figures, StatusBook
 
@@ -57,13 +54,7 @@ __all__ = [
     "PutStatus",
 ]  # fmt: skip
 
-DepKey = tuple[str, str]
 REPROBE_AFTER_S = 1.0
-_TURNED_AWAY = frozenset({STALE, DUPLICATE, UNKNOWN_REPLICA})
-_PAYLOADS: dict[str, type[ReplicaReport | Heartbeat | Lifecycle]] = {
-    "replica": ReplicaReport, "heartbeat": Heartbeat, "lifecycle": Lifecycle,
-}  # fmt: skip
-"""A report whose payload speaks for another deployment or rpc subject than its subject."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +102,7 @@ class ControllerCore:
         """(stale, candidates) of each deployment's last visit, summed for the stall guard."""
         self._stale_total = 0
         self._known_total = 0
-        self._layout: _Layout | None = None
+        self._layout: Layout | None = None
         """Visit order and deployments by app, rebuilt when deployments come or go."""
 
     # -- inputs ------------------------------------------------------------------------------
@@ -232,58 +223,20 @@ class ControllerCore:
         self.statuses.touched(where.app)
         # what the ticks it was skipped at would have done comes first, then the new input
         self._catch_up(m)
-        try:
-            if where.kind != "lifecycle":
-                # lifecycle events only mark the records changed; whatever reads the index,
-                # registry or running gate catches up first (free when nothing changed), so a
-                # burst of N lifecycle events costs O(N), not N passes over the replicas
-                m.follow_records(recv)
-            if where.kind == "handle":
-                self._ingest_handle(m, data, recv, decoded)
-            else:
-                report = decode_as(data, _PAYLOADS[where.kind])
-                if speaks_for_another(self.subjects, where, report):
-                    self.stats.dropped[SOURCE_MISMATCH] += 1
-                elif isinstance(report, ReplicaReport):
-                    res = m.metrics.ingest_replica_report(report, recv)
-                    self._fold(m, res.health, recv, direct=True)
-                    self._count(res.reason)
-                    if res.reason in _TURNED_AWAY:
-                        self.stats.turned_away[res.reason] += 1
-                elif isinstance(report, Heartbeat):
-                    m.health.observe(report.health.replica_id, report.health, recv)
-                    self._count("heartbeat")
-                else:
-                    self._lifecycle(m, report, recv)
-        except WireError as exc:
-            self.stats.dropped[exc.reason] += 1
+        if where.kind != "lifecycle":
+            # lifecycle events only mark the records changed; whatever reads the index,
+            # registry or running gate catches up first (free when nothing changed), so a
+            # burst of N lifecycle events costs O(N), not N passes over the replicas
+            m.follow_records(recv)
+        landed = land(m, where, data, recv, decoded, self.subjects, self.stats)
+        if landed.foreign:
+            self._fold_hosts(m, landed.foreign, recv)
+        self._pending_events.extend(_events(m, landed.events))
         due = None if where.kind == "lifecycle" else m.input_due(recv)
         if due is None:
             self.schedule.touch(key)
         else:
             self.schedule.replace(key, due)
-
-    def _ingest_handle(
-        self,
-        m: ManagedDeployment,
-        data: bytes,
-        recv: float,
-        decoded: ColumnarHandleReport | WireError | None,
-    ) -> None:
-        if isinstance(decoded, WireError):
-            raise decoded
-        if decoded is not None or detect_format(data) == "columnar":
-            part = decoded if decoded is not None else decode_handle_report_columnar(data)
-            res = m.metrics.ingest_columnar(part, recv)
-            self._count("columnar_" + res.reason)
-        else:
-            res = m.metrics.ingest_handle_report(decode_as(data, HandleReport), recv)
-            self._count("object_" + res.reason)
-        if res.reason in _TURNED_AWAY:
-            self.stats.turned_away[res.reason] += 1
-        self._fold(m, res.health, recv, direct=False)
-        if res.foreign:
-            self._fold_hosts(m, res.foreign, recv)
 
     def _fold_hosts(
         self, m: ManagedDeployment, foreign: tuple[HealthStatus, ...], recv: float
@@ -301,23 +254,8 @@ class ControllerCore:
             for d in siblings:
                 if d.index.slot(status.replica_id) != NO_SLOT:
                     d.health.observe(status.replica_id, status, recv, direct=False)
-                    self._count("host_health")
+                    self.stats.ingested["host_health"] += 1
                     break
-
-    def _fold(
-        self, m: ManagedDeployment, batch: HealthBatch | None, recv: float, *, direct: bool
-    ) -> None:
-        if batch is not None and len(batch):
-            m.health.observe_batch(
-                batch.slots, batch.healthy, batch.checked_at, batch.failures, recv, direct=direct
-            )
-
-    def _lifecycle(self, m: ManagedDeployment, ev: Lifecycle, recv: float) -> None:
-        self._count("lifecycle_" + ev.state)
-        events = m.state.on_lifecycle(
-            ev.replica_id, ev.state, recv, rpc_subject=ev.rpc_subject, agent_id=ev.agent_id
-        )
-        self._pending_events.extend(_events(m, events))
 
     def on_probe(
         self, app: str, deployment: str, replica_id: str, outcome: ProbeOutcome,
@@ -337,11 +275,6 @@ class ControllerCore:
         self._follow_held()  # released since the last tick: its held ticks do not count
         if m.app not in self.held:
             m.catch_up(self._ticks)
-
-    def _count(self, what: str) -> None:
-        self.stats.ingested[what] += 1
-
-    # -- ticks -------------------------------------------------------------------------------
 
     def sample(self, now: float, apps: set[str] | None = None) -> None:
         """Rebuild mode: fill demand windows (of `apps`, default all), decide nothing."""
@@ -429,9 +362,9 @@ class ControllerCore:
 
     # -- which deployments a tick visits -------------------------------------------------------
 
-    def _layout_now(self) -> _Layout:
+    def _layout_now(self) -> Layout:
         if self._layout is None:
-            self._layout = _Layout.of(self.deployments, self.deleting)
+            self._layout = Layout.of(self.deployments, self.deleting)
         return self._layout
 
     def _app_deployments(self, app: str) -> list[ManagedDeployment]:
@@ -574,26 +507,6 @@ class ControllerCore:
             updated_at=wall,
             owner_epoch=self.cfg.owner_epoch,
             deployments={name: m.status_view() for name, m in {**gone, **mine}.items()},
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """The deployments' visit order (live ones, then those being deleted, each in insertion
-    order, as a visit of all takes them) and their keys by app."""
-
-    order: tuple[DepKey, ...]
-    rank: dict[DepKey, int]
-    by_app: dict[str, tuple[DepKey, ...]]
-
-    @classmethod
-    def of(cls, live: Mapping[DepKey, object], deleting: Mapping[DepKey, object]) -> _Layout:
-        order = (*live, *(k for k in deleting if k not in live))
-        by_app: dict[str, list[DepKey]] = {}
-        for k in order:
-            by_app.setdefault(k[0], []).append(k)
-        return cls(
-            order, {k: i for i, k in enumerate(order)}, {a: tuple(ks) for a, ks in by_app.items()}
         )
 
 
