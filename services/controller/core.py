@@ -31,9 +31,7 @@ from shared.kv.membership import Member
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
-from shared.wire.columnar import (
-    ColumnarHandleReport,
-)
+from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
 
 from .actions import Action, CoreStats, DeleteKey, Event, Probe, PutStatus
@@ -231,7 +229,8 @@ class ControllerCore:
         landed = land(m, where, data, recv, decoded, self.subjects, self.stats)
         if landed.foreign:
             self._fold_hosts(m, landed.foreign, recv)
-        self._pending_events.extend(_events(m, landed.events))
+        if landed.events:
+            self._pending_events.extend(_events(m, landed.events))
         due = None if where.kind == "lifecycle" else m.input_due(recv)
         if due is None:
             self.schedule.touch(key)
@@ -275,6 +274,8 @@ class ControllerCore:
         self._follow_held()  # released since the last tick: its held ticks do not count
         if m.app not in self.held:
             m.catch_up(self._ticks)
+
+    # -- ticks -------------------------------------------------------------------------------
 
     def sample(self, now: float, apps: set[str] | None = None) -> None:
         """Rebuild mode: fill demand windows (of `apps`, default all), decide nothing."""

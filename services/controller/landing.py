@@ -8,7 +8,7 @@ and the lifecycle's events. A bad payload raises nothing: it is counted as dropp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shared.errors import WireError
 from shared.subjects import ReportSubject, Subjects
@@ -38,7 +38,10 @@ class Landed:
     foreign: tuple[HealthStatus, ...] = ()
     """Health rows of a handle report naming no replica of the deployment (a host's own health
     rides on its router's reports to any deployment of its app)."""
-    events: list[StateEvent] = field(default_factory=list)
+    events: tuple[StateEvent, ...] = ()
+
+
+_NOTHING = Landed()
 
 
 def land(
@@ -74,10 +77,10 @@ def land(
                 rpc_subject=report.rpc_subject,
                 agent_id=report.agent_id,
             )
-            return Landed(events=events)
+            return Landed(events=tuple(events))
     except WireError as exc:
         stats.dropped[exc.reason] += 1
-    return Landed()
+    return _NOTHING
 
 
 def _handle(

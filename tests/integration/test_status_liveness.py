@@ -29,7 +29,7 @@ from shared.subjects import KV_STATUS
 from tests.procs import ServiceProcesses
 from tests.waiting import eventually
 
-from .test_ops import CONNECT_TIMEOUT_S
+CONNECT_TIMEOUT_S = 2.0
 
 APP_YAML = """\
 applications:
