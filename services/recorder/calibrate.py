@@ -17,9 +17,15 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
   included) and c^2, c*s, s^2: the sufficient statistics of a least-squares line
   S(c) = base_s + slope_s * (c - 1) over every request of the recording (slope >= 0), and of
   the spread left around it (a coefficient of variation).
-- **Start time.** Per replica, the first "starting" to the first "ready" event (agents stamp the
-  spawn, replicas their own start and ready; both wall clocks of the replica's host): every one
-  of them (the simulation draws from them) and their median.
+- **Start time and its growth with replicas starting together.** Per replica, the first
+  "starting" to the first "ready" event (agents stamp the spawn, replicas their own start and
+  ready; both wall clocks of the replica's host), and k, the deployment's replicas starting at
+  once with it: those still starting at its spawn and those spawned within `BATCH_S` after it
+  (itself included). Replicas that start together compete for their host (on two cores, five
+  live starts took 2.1-2.3 s where one took 0.6 s), so a line T(k) = base + slope * (k - 1)
+  is fitted through the recorded starts (slope >= 0), and each start's ratio to the line is
+  kept: the simulation draws a recorded ratio and scales the line at the k it starts with.
+  Starts that never vary in k give slope 0, and the draws are the recorded start times.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
   between one router's reports).
 - **Slot use under saturation.** A router holds no request back when its replicas are full: it
@@ -62,6 +68,9 @@ MAX_CV: Final = 3.0
 MIN_SATURATED_SLOT_S: Final = 5.0
 """Saturated slot-seconds below which the slot share is not measured (read as 1)."""
 MIN_SATURATED_USE: Final = 0.5
+BATCH_S: Final = 0.5
+"""Spawns this close after a replica's start with it (an agent spawns a scale event's replicas
+one after another, tens of milliseconds apart)."""
 
 
 def _saturated_use(routers: Iterable[_Router], max_ongoing: int | None) -> tuple[float, float]:
@@ -125,7 +134,19 @@ class Calibration:
     timed_out: int
     wait_s: float
     startups: tuple[float, ...] = ()
-    """Every recorded start time (sorted): the simulation draws one per start."""
+    """Every recorded start time (sorted)."""
+    startup_base_s: float | None = None
+    """The fitted start time of a replica starting alone (None: no start was recorded)."""
+    startup_slope_s: float = 0.0
+    """Growth of the start time per other replica of the deployment starting at once."""
+    startup_spread: tuple[float, ...] = ()
+    """Each recorded start over the fitted line at its k (sorted): what the simulation draws."""
+
+    def startup_at(self, starting: int) -> float | None:
+        """The fitted start time of a replica starting with `starting - 1` others."""
+        if self.startup_base_s is None:
+            return None
+        return self.startup_base_s + self.startup_slope_s * max(starting - 1, 0)
 
     def service_s(self, concurrency: float) -> float:
         base = self.base_s if self.base_s is not None else 0.0
@@ -142,6 +163,8 @@ class Calibration:
             "startup_s": self.startup_s,
             "startups": len(self.startups),
             "startup_range_s": list(self.startups[:: max(len(self.startups) - 1, 1)]),
+            "startup_base_s": self.startup_base_s,
+            "startup_slope_s": self.startup_slope_s,
             "max_ongoing_requests": self.max_ongoing,
             "report_interval_s": self.report_interval_s,
             "saturated_use": self.saturated_use,
@@ -189,6 +212,39 @@ def _fit_service(routers: Iterable[_Router]) -> tuple[float | None, float, float
     resid = sss / n - mean_s**2 - slope**2 * max(var_c, 0.0)
     cv = min(math.sqrt(max(resid, 0.0)) / base, MAX_CV) if base > 0 else 0.0
     return base, slope, cv, round(n)
+
+
+def _fit_startup(
+    spawned: dict[str, float], ready: dict[str, float]
+) -> tuple[float | None, float, tuple[float, ...]]:
+    """(base_s, slope_s, spread): the line T(k) = base + slope * (k - 1) through the recorded
+    start times against k, the replicas starting at once (see the module docstring), and each
+    start's ratio to it."""
+    ids = [r for r, at in spawned.items() if r in ready and ready[r] >= at]
+    if not ids:
+        return None, 0.0, ()
+    s = np.asarray([spawned[r] for r in ids])
+    e = np.asarray([ready[r] for r in ids])
+    d = e - s
+    # started with replica i: spawned by s_i + BATCH_S and not ready by s_i (a replica ready
+    # by s_i was spawned before it, so those are a subset): O(n log n), not pairs
+    with_it = np.searchsorted(np.sort(s), s + BATCH_S, "right") - np.searchsorted(
+        np.sort(e), s, "right"
+    )
+    others = np.maximum(with_it - 1, 0).astype(np.float64)  # k - 1: 0 for a start alone
+    mean_d, mean_o = float(d.mean()), float(others.mean())
+    var_o = float(np.mean((others - mean_o) ** 2))
+    slope = (
+        max(float(np.mean((others - mean_o) * (d - mean_d))) / var_o, 0.0) if var_o > 1e-9 else 0.0
+    )
+    base = mean_d - slope * mean_o
+    floor = float(d.min()) / 2
+    if base < floor:  # a steep fit: keep the line through the mean, its start time positive
+        base, slope = floor, (mean_d - floor) / mean_o
+    if base <= 0:
+        return None, 0.0, ()  # every recorded start took no time: nothing to scale
+    spread = np.sort(d / (base + slope * others))
+    return base, slope, tuple(spread.tolist())
 
 
 def _dispersion(routers: Iterable[_Router]) -> float:
@@ -272,6 +328,7 @@ def calibrate(
             for rid, at in starting[key].items()
             if rid in ready[key] and ready[key][rid] >= at
         ]
+        start_base, start_slope, start_spread = _fit_startup(starting[key], ready[key])
         max_ongoing = limits[key].most_common(1)[0][0] if limits[key] else None
         use, use_s = _saturated_use(with_stats, max_ongoing)
         gaps = [g for r in with_stats for g in np.diff(np.asarray(r.sent)).tolist() if g > 0]
@@ -288,6 +345,9 @@ def calibrate(
             saturated_use=use,
             saturated_s=use_s,
             startups=tuple(sorted(starts)),
+            startup_base_s=start_base,
+            startup_slope_s=start_slope,
+            startup_spread=start_spread,
             completed=completed,
             rejected=round(sum(r.total("rejected") for r in with_stats)),
             timed_out=round(sum(r.total("timed_out") for r in with_stats)),

@@ -232,7 +232,8 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
             f"{key}: calibrated service {base} s + {cal.slope_s:.4g} s per extra request"
             f" (cv {cal.cv:.2f}), dispersion {cal.dispersion:.2f},"
             f" start {'-' if cal.startup_s is None else f'{cal.startup_s:.3g}'} s"
-            f" (median of {len(cal.startups)}),"
+            f" (median of {len(cal.startups)}; +{cal.startup_slope_s:.3g} s per replica"
+            " starting with it),"
             f" max_ongoing {cal.max_ongoing or '-'}, slots busy under saturation"
             f" {cal.saturated_use:.2f}\n"
         )

@@ -27,9 +27,12 @@ models, per step:
    what the controller's metrics store would hold (a cold start and a sharp rise report at once,
    as routers do); each step that demand goes into the controller's `DemandWindow` and
    `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
-6. Replicas: a target increase starts replicas that run a start time later: one drawn (seeded)
-   from the recorded start times (lifecycle events), or the `startup_s` option for all; a
-   decrease stops first the replicas that would be ready last (still starting, then the newest).
+6. Replicas: a target increase starts replicas that run a start time later: the calibrated
+   start time at k, the replicas then starting at once (this scale event's and those still
+   starting), scaled by a recorded start's ratio to it (drawn, seeded); or the `startup_s`
+   option for all. A replica's start time is fixed when it spawns: a later batch does not slow
+   it. A decrease stops first the replicas that would be ready last (still starting, then the
+   newest).
 
 The cost per step is O(1) per deployment whatever its replica count (the fluid aggregates the
 replicas), so a 1,000-replica fleet costs what its deployments cost. Determinism: the seed and
@@ -175,22 +178,25 @@ def _nodes(cv: float, key: str, seed: int) -> F64:
 
 
 class _StartTimes:
-    """Start times of new replicas: drawn from the recorded ones (seeded), or the option's."""
+    """Start times of new replicas: the calibrated line at the number starting at once, times
+    a recorded ratio (seeded); or the option's."""
 
     def __init__(self, cal: Calibration, opts: ModelOptions) -> None:
         self.fixed: float | None = opts.startup_s
-        if self.fixed is None and not cal.startups:
+        if self.fixed is None and not cal.startup_spread:
             self.fixed = cal.startup_s or 0.0
-        self.pool = cal.startups
+        self.cal = cal
         self.rng = np.random.default_rng([opts.seed, zlib.crc32(cal.key.encode()), 2])
         self.buf: list[float] = []
 
-    def draw(self) -> float:
+    def draw(self, starting: int = 1) -> float:
+        """The start time of a replica spawned with `starting - 1` others starting."""
         if self.fixed is not None:
             return self.fixed
         if not self.buf:  # a batch of draws at a time: a scale event may start hundreds
-            self.buf = np.asarray(self.pool)[self.rng.integers(0, len(self.pool), 256)].tolist()
-        return self.buf.pop()
+            pool = np.asarray(self.cal.startup_spread)
+            self.buf = pool[self.rng.integers(0, len(pool), 256)].tolist()
+        return self.buf.pop() * (self.cal.startup_at(starting) or 0.0)
 
 
 class _Reports:
@@ -290,8 +296,10 @@ def _run_once(
         window.add(now, reported)
         mean, short, full = window.policy_demand(cfg, state.target, now)
         state, d = decide(cfg, state, PolicyInputs(mean, short, full, cold, r), now)
-        while len(ready_at) < d.target:
-            bisect.insort(ready_at, now + starts.draw())
+        if d.target > len(ready_at):
+            starting = d.target - r  # this scale event's and those still starting
+            for _ in range(d.target - len(ready_at)):
+                bisect.insort(ready_at, now + starts.draw(starting))
         del ready_at[d.target :]
         window.trim(now, keep_s)
         r_after = bisect.bisect_right(ready_at, now)

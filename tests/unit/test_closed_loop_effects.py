@@ -11,7 +11,7 @@ import pytest
 
 from services.recorder.calibrate import ArrivalCurve, Calibration, calibrate
 from services.recorder.fluid import MAX_COHORTS, FluidQueue
-from services.recorder.simulate import ModelOptions, _StartTimes, run_deployment
+from services.recorder.simulate import ClosedRun, ModelOptions, _StartTimes, run_deployment
 from services.recorder.tune import Candidate, Rule, tune
 from shared.appconfig import AutoscalingConfig
 from shared.wire.codec import encode
@@ -141,8 +141,15 @@ def test_a_lower_saturated_share_queues_longer_only_when_saturated() -> None:
     assert np.array_equal(x.latency, y.latency)
 
 
+def recorded_starts(c: Calibration, times: list[float]) -> Calibration:
+    """`c` with start times as calibrated from replicas each starting alone."""
+    base = sum(times) / len(times)
+    return dataclasses.replace(c, startups=tuple(sorted(times)), startup_base_s=base,
+                               startup_spread=tuple(sorted(t / base for t in times)))  # fmt: skip
+
+
 def test_start_times_are_drawn_from_the_recorded_ones_seeded() -> None:
-    c = cal(BURST, startups=(1.0, 5.0))
+    c = recorded_starts(cal(BURST), [1.0, 5.0])
     draws = [_StartTimes(c, ModelOptions(seed=s)) for s in (1, 1, 2)]
     seqs = [[d.draw() for _ in range(300)] for d in draws]
     assert set(seqs[0]) == {1.0, 5.0} and seqs[0] == seqs[1] and seqs[0] != seqs[2]
@@ -153,8 +160,7 @@ def test_start_times_are_drawn_from_the_recorded_ones_seeded() -> None:
     up = AutoscalingConfig(min_replicas=1, max_replicas=6, target_ongoing_requests=1,
                            upscale_delay_s=0, downscale_delay_s=600)  # fmt: skip
     run = run_deployment(KEY, up, 4, c, 60.0, ModelOptions())
-    median = run_deployment(KEY, up, 4, dataclasses.replace(c, startups=(3.0,)), 60.0,
-                            ModelOptions())  # fmt: skip
+    median = run_deployment(KEY, up, 4, recorded_starts(c, [3.0]), 60.0, ModelOptions())
     ups = np.flatnonzero(np.diff(run.target) > 0)
     rises = np.flatnonzero(np.diff(run.running) > 0)
     delays = {round((r - u) * 0.1, 1) for r in rises.tolist() for u in ups.tolist() if r > u}
@@ -170,6 +176,60 @@ def test_calibration_keeps_every_recorded_start_time() -> None:
     rows = [(round((q.START + t) * 1e6), s, p) for t, s, p in q.messages(replicas=3)]
     c = calibrate(rows, ["queue.d000"])[0]["queue.d000"]
     assert c.startups == pytest.approx((q.STARTUP_S,) * 3)
+    # all three started together: no growth is measured, the draws are the recorded times
+    assert c.startup_slope_s == 0.0 and c.startup_at(3) == pytest.approx(q.STARTUP_S)
+    assert c.startup_spread == pytest.approx((1.0,) * 3)
+
+
+def lifecycle_rows(batches: list[tuple[float, int, float]]) -> list[tuple[int, str, bytes]]:
+    """Recording rows of replicas started in batches [(spawn s, how many, start time s)]."""
+    events: list[tuple[float, Lifecycle]] = []
+    for b, (at, n, took) in enumerate(batches):
+        for i in range(n):
+            rid, spawn = f"r{b}-{i}", at + 0.02 * i  # an agent spawns one after another
+            for state, t in (("starting", spawn), ("ready", spawn + took)):
+                events.append((t, Lifecycle(rid, "agent-1", state, q.START + t, f"rpc.{rid}",
+                                            "v1", None, "app", "dep", 4)))  # fmt: skip
+    subject = "fp.v1.report.lifecycle.app.dep"
+    return [(round((q.START + t) * 1e6), subject, encode(ev)) for t, ev in sorted(events)]
+
+
+def test_start_time_grows_with_the_replicas_starting_together() -> None:
+    """Live on two cores, one replica started in 0.6 s, three at once in 1.3 s, five in 2.2 s:
+    they share the host. The fit recovers the line, and a big scale event starts late."""
+    rows = lifecycle_rows([(0.0, 1, 0.6), (10.0, 3, 1.4), (20.0, 5, 2.2), (30.0, 1, 0.6)])
+    c = calibrate(rows, [KEY])[0][KEY]
+    assert c.startup_base_s == pytest.approx(0.6, abs=0.02)
+    assert c.startup_slope_s == pytest.approx(0.4, abs=0.02)
+    assert c.startup_spread == pytest.approx((1.0,) * 10, abs=0.03)
+    # the replicas still starting count: three spawned while two others start are five at
+    # once (counting their own three, the line would be 1.2 s per replica)
+    late = calibrate(lifecycle_rows([(0.0, 2, 1.0), (0.6, 3, 2.2)]), [KEY])[0][KEY]
+    assert late.startup_slope_s == pytest.approx(0.4) and late.startup_at(1) == pytest.approx(0.6)
+    starts = _StartTimes(dataclasses.replace(cal(BURST), startup_base_s=0.6,
+                                             startup_slope_s=0.4, startup_spread=(1.0,)),
+                         ModelOptions())  # fmt: skip
+    assert starts.draw(1) == pytest.approx(0.6) and starts.draw(5) == pytest.approx(2.2)
+    # in the simulation: a jump from one replica to six waits for a five-replica start
+    jump = AutoscalingConfig(min_replicas=1, max_replicas=6, target_ongoing_requests=0.5,
+                             upscale_delay_s=0, downscale_delay_s=600)  # fmt: skip
+    step = cal([(10.0, 0.0), (60.0, 12.0)])
+    alone = run_deployment(KEY, jump, 4, recorded_starts(step, [0.6]), 60.0, ModelOptions())
+    fitted = dataclasses.replace(step, startup_base_s=c.startup_base_s,
+                                 startup_slope_s=c.startup_slope_s,
+                                 startup_spread=c.startup_spread)  # fmt: skip
+    together = run_deployment(KEY, jump, 4, fitted, 60.0, ModelOptions())
+    assert together.running.sum() < alone.running.sum()
+
+    def first_start(run: ClosedRun) -> tuple[int, float]:
+        """(replicas the first scale-up starts, seconds until they all run)."""
+        at = int(np.argmax(np.diff(run.target) > 0)) + 1
+        up = int(run.target[at])
+        return up - int(run.running[at]), round(int(np.argmax(run.running[at:] == up)) * 0.1, 1)
+
+    n, took = first_start(together)
+    assert n >= 3 and first_start(alone) == (n, 0.6)
+    assert took == pytest.approx(0.6 + 0.4 * (n - 1), abs=0.15)  # the fit, to a 0.1 s step
 
 
 def cand(worst: float, events: float, failed: float = 0.0) -> Candidate:
