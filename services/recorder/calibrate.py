@@ -237,12 +237,12 @@ def _fit_startup(
     slope = (
         max(float(np.mean((others - mean_o) * (d - mean_d))) / var_o, 0.0) if var_o > 1e-9 else 0.0
     )
+    if not (d > 0).any():
+        return None, 0.0, ()  # every recorded start took no time: nothing to scale
     base = mean_d - slope * mean_o
-    floor = float(d.min()) / 2
+    floor = min(float(d[d > 0].min()) / 2, mean_d)
     if base < floor:  # a steep fit: keep the line through the mean, its start time positive
         base, slope = floor, (mean_d - floor) / mean_o
-    if base <= 0:
-        return None, 0.0, ()  # every recorded start took no time: nothing to scale
     spread = np.sort(d / (base + slope * others))
     return base, slope, tuple(spread.tolist())
 

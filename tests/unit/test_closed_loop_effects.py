@@ -8,8 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from services.recorder.calibrate import ArrivalCurve, Calibration, calibrate
+from services.recorder.calibrate import ArrivalCurve, Calibration, _fit_startup, calibrate
 from services.recorder.fluid import MAX_COHORTS, FluidQueue
 from services.recorder.simulate import ClosedRun, ModelOptions, _StartTimes, run_deployment
 from services.recorder.tune import Candidate, Rule, tune
@@ -263,3 +265,32 @@ def test_tune_refuses_a_config_whose_worst_replication_misses(cal_rows: list) ->
 @pytest.fixture(scope="module")
 def cal_rows() -> list[tuple[int, str, bytes]]:
     return [(round((q.START + t) * 1e6), s, p) for t, s, p in q.messages(peak=40.0)]
+
+
+QUARTERS = st.integers(0, 400).map(lambda n: n * 0.25)
+"""Times in quarter seconds: exact in binary, so shifting them keeps every tie a tie."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(QUARTERS, QUARTERS.map(lambda t: t / 16)), min_size=1, max_size=30))
+def test_the_start_time_fit_reproduces_every_recorded_start(
+    starts: list[tuple[float, float]],
+) -> None:
+    """Whatever the starts, the line is non-negative and each recorded start is its ratio times
+    the line at its own k: a draw of ratio i at replica i's k gives back its start time."""
+    spawned = {f"r{i}": at for i, (at, _) in enumerate(starts)}
+    ready = {f"r{i}": at + took for i, (at, took) in enumerate(starts)}
+    base, slope, spread = _fit_startup(spawned, ready)
+    if all(took == 0 for _, took in starts):
+        assert base is None and spread == ()
+        return
+    assert base is not None and base > 0 and slope >= 0 and len(spread) == len(starts)
+    assert all(r >= 0 for r in spread)
+    took = sorted(t for _, t in starts)
+    lo, hi = base, base + slope * (len(starts) - 1)  # the line over every possible k
+    assert min(spread) * lo <= took[0] + 1e-9 and took[-1] <= max(spread) * hi + 1e-9
+    # only the gaps between spawns and readies count, not when the recording started
+    later = _fit_startup({r: t + 1000.0 for r, t in spawned.items()},
+                         {r: t + 1000.0 for r, t in ready.items()})  # fmt: skip
+    assert later[0] == pytest.approx(base, rel=1e-6, abs=1e-9)
+    assert later[1] == pytest.approx(slope, rel=1e-6, abs=1e-9)
