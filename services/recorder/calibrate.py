@@ -214,15 +214,23 @@ def _fit_service(routers: Iterable[_Router]) -> tuple[float | None, float, float
     return base, slope, cv, round(n)
 
 
-def _fit_startup(
-    spawned: dict[str, float], ready: dict[str, float]
-) -> tuple[float | None, float, tuple[float, ...]]:
-    """(base_s, slope_s, spread): the line T(k) = base + slope * (k - 1) through the recorded
-    start times against k, the replicas starting at once (see the module docstring), and each
-    start's ratio to it."""
+@dataclass(frozen=True, slots=True)
+class StartupFit:
+    """The recorded start times and the line through them (see the module docstring)."""
+
+    times: tuple[float, ...] = ()
+    """Every recorded start time, sorted."""
+    base_s: float | None = None
+    slope_s: float = 0.0
+    spread: tuple[float, ...] = ()
+
+
+def _fit_startup(spawned: dict[str, float], ready: dict[str, float]) -> StartupFit:
+    """The line T(k) = base + slope * (k - 1) through the recorded start times against k, the
+    replicas starting at once (see the module docstring), and each start's ratio to it."""
     ids = [r for r, at in spawned.items() if r in ready and ready[r] >= at]
     if not ids:
-        return None, 0.0, ()
+        return StartupFit()
     s = np.asarray([spawned[r] for r in ids])
     e = np.asarray([ready[r] for r in ids])
     d = e - s
@@ -237,14 +245,15 @@ def _fit_startup(
     slope = (
         max(float(np.mean((others - mean_o) * (d - mean_d))) / var_o, 0.0) if var_o > 1e-9 else 0.0
     )
+    times = tuple(np.sort(d).tolist())
     if not (d > 0).any():
-        return None, 0.0, ()  # every recorded start took no time: nothing to scale
+        return StartupFit(times)  # every recorded start took no time: nothing to scale
     base = mean_d - slope * mean_o
     floor = min(float(d[d > 0].min()) / 2, mean_d)
     if base < floor:  # a steep fit: keep the line through the mean, its start time positive
         base, slope = floor, (mean_d - floor) / mean_o
     spread = np.sort(d / (base + slope * others))
-    return base, slope, tuple(spread.tolist())
+    return StartupFit(times, base, slope, tuple(spread.tolist()))
 
 
 def _dispersion(routers: Iterable[_Router]) -> float:
@@ -323,12 +332,7 @@ def calibrate(
             else None
         )
         base, slope, cv, completed = _fit_service(with_stats)
-        starts = [
-            ready[key][rid] - at
-            for rid, at in starting[key].items()
-            if rid in ready[key] and ready[key][rid] >= at
-        ]
-        start_base, start_slope, start_spread = _fit_startup(starting[key], ready[key])
+        starts = _fit_startup(starting[key], ready[key])
         max_ongoing = limits[key].most_common(1)[0][0] if limits[key] else None
         use, use_s = _saturated_use(with_stats, max_ongoing)
         gaps = [g for r in with_stats for g in np.diff(np.asarray(r.sent)).tolist() if g > 0]
@@ -339,15 +343,15 @@ def calibrate(
             base_s=base,
             slope_s=slope,
             cv=cv,
-            startup_s=statistics.median(starts) if starts else None,
+            startup_s=statistics.median(starts.times) if starts.times else None,
             max_ongoing=max_ongoing,
             report_interval_s=statistics.median(gaps) if gaps else None,
             saturated_use=use,
             saturated_s=use_s,
-            startups=tuple(sorted(starts)),
-            startup_base_s=start_base,
-            startup_slope_s=start_slope,
-            startup_spread=start_spread,
+            startups=starts.times,
+            startup_base_s=starts.base_s,
+            startup_slope_s=starts.slope_s,
+            startup_spread=starts.spread,
             completed=completed,
             rejected=round(sum(r.total("rejected") for r in with_stats)),
             timed_out=round(sum(r.total("timed_out") for r in with_stats)),

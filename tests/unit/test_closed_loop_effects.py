@@ -280,7 +280,8 @@ def test_the_start_time_fit_reproduces_every_recorded_start(
     the line at its own k: a draw of ratio i at replica i's k gives back its start time."""
     spawned = {f"r{i}": at for i, (at, _) in enumerate(starts)}
     ready = {f"r{i}": at + took for i, (at, took) in enumerate(starts)}
-    base, slope, spread = _fit_startup(spawned, ready)
+    fit = _fit_startup(spawned, ready)
+    base, slope, spread = fit.base_s, fit.slope_s, fit.spread
     if all(took == 0 for _, took in starts):
         assert base is None and spread == ()
         return
@@ -292,5 +293,5 @@ def test_the_start_time_fit_reproduces_every_recorded_start(
     # only the gaps between spawns and readies count, not when the recording started
     later = _fit_startup({r: t + 1000.0 for r, t in spawned.items()},
                          {r: t + 1000.0 for r, t in ready.items()})  # fmt: skip
-    assert later[0] == pytest.approx(base, rel=1e-6, abs=1e-9)
-    assert later[1] == pytest.approx(slope, rel=1e-6, abs=1e-9)
+    assert later.base_s == pytest.approx(base, rel=1e-6, abs=1e-9)
+    assert later.slope_s == pytest.approx(slope, rel=1e-6, abs=1e-9)
