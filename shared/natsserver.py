@@ -11,7 +11,8 @@ No orphans: the child gets `PR_SET_PDEATHSIG(SIGKILL)` (Linux), so it dies with 
 the parent is SIGKILLed, and an atexit hook stops every server still running on a normal exit.
 
 `NatsCluster` runs N such servers routed into one cluster (each with its own store) and waits
-until every node sees every other node and knows the JetStream meta leader.
+until every node sees every other node and knows the JetStream meta leader, and the leader
+sees every other node as a current peer.
 
 Everything here is synchronous (subprocess + threads) so pytest fixtures and the CLI can use it.
 """
@@ -437,7 +438,8 @@ class NatsCluster:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until every running node routes to every other running node and knows the
-        JetStream meta leader (before that, KV and stream requests fail)."""
+        JetStream meta leader, and the leader sees every other running node as current (before
+        that, KV and stream requests fail, and replicated streams cannot be placed)."""
         limit = self._ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         while True:
@@ -465,8 +467,16 @@ class NatsCluster:
             missing = names - seen - {server.server_name}
             if missing:
                 problems.append(f"{server.server_name}: no route to {sorted(map(str, missing))}")
-            if not (jsz.get("meta_cluster") or {}).get("leader"):
+            meta = jsz.get("meta_cluster") or {}
+            if not meta.get("leader"):
                 problems.append(f"{server.server_name}: no JetStream meta leader")
+            elif meta["leader"] == server.server_name:
+                # a stream replicated over every node is placed only on peers the leader sees
+                # as current: before that, creating one fails ("no suitable peers")
+                current = {r.get("name") for r in meta.get("replicas") or [] if r.get("current")}
+                behind = names - current - {server.server_name}
+                if behind:
+                    problems.append(f"meta leader: {sorted(map(str, behind))} not current yet")
         return problems
 
     def __enter__(self) -> NatsCluster:

@@ -22,6 +22,7 @@ from shared.natsserver import (
     NatsCluster,
     NatsServer,
     ServerStartError,
+    _get_json,
     nats_server_binary,
 )
 
@@ -278,6 +279,29 @@ async def test_cluster_routes_between_nodes_and_stops_clean(nats_cluster: NatsCl
     nats_cluster.stop()
     for pid in pids:
         assert pid is not None and not alive(pid)
+
+
+async def test_a_ready_cluster_places_a_stream_on_every_node_at_once(
+    nats_cluster: NatsCluster,
+) -> None:
+    """Ready means the meta leader sees every other node as a current peer: a stream
+    replicated over all three is placed on the first try (before, it could fail with "no
+    suitable peers for placement" right after the start)."""
+    leader = [
+        meta
+        for s in nats_cluster.servers
+        if (meta := _get_json(s.monitor_url + "/jsz")["meta_cluster"])["leader"] == s.server_name
+    ]
+    assert len(leader) == 1
+    assert sorted(r["name"] for r in leader[0]["replicas"] if r["current"]) == sorted(
+        str(s.server_name) for s in nats_cluster.servers if s.server_name != leader[0]["leader"]
+    )
+    bus = await connect(nats_cluster.urls[1])
+    try:
+        info = await bus.js.add_stream(name="t_r3", subjects=["r3.>"], num_replicas=3)
+        assert info.config.num_replicas == 3
+    finally:
+        await bus.close()
 
 
 async def test_cluster_node_kill_and_restart(nats_cluster: NatsCluster) -> None:
