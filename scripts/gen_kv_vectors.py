@@ -100,6 +100,7 @@ MEMBER = Member(
     owner_epoch=4,
     report_interval_s=2.5,
     max_queued_requests=100,
+    max_ongoing_requests=8,
 )
 STATUS = AppStatusView(
     "shop",
@@ -278,6 +279,7 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
         ("member_interval_text", "member", with_(member, report_interval_s="1"), "wrong_type", ""),
         ("member_dotted_replica", "member", with_(member, replica_id="a.b"), "bad_value", ""),
         ("member_zero_queue", "member", with_(member, max_queued_requests=0), "bad_value", ""),
+        ("member_zero_ongoing", "member", with_(member, max_ongoing_requests=0), "bad_value", ""),
         (
             "replica_target_device_twice",
             "replica_target",

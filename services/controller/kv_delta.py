@@ -66,9 +66,9 @@ class KVDelta:
         """Replica id -> its slot, while it needs a key."""
         self.targets: dict[str, str] = {}
         """Replica id -> the fp_targets key written for it."""
-        self.members: dict[str, tuple[int, str, float | None, int | None]] = {}
-        """Replica id -> (slot, rpc subject, report interval, queue bound) written to
-        fp_membership."""
+        self.members: dict[str, tuple[int, str, float | None, int | None, int | None]] = {}
+        """Replica id -> (slot, rpc subject, report interval, queue bound, its max ongoing)
+        written to fp_membership."""
         self._free: list[int] = []
         self._next_slot = 0
         self._specs: dict[str, ReplicaSpec] = {}
@@ -125,7 +125,7 @@ class KVDelta:
             if not target and rid in self.targets:
                 out.append(DeleteDoc(buckets.TARGETS.name, self.targets.pop(rid)))
             if not member and rid in self.members:
-                slot, _, _, _ = self.members.pop(rid)
+                slot = self.members.pop(rid)[0]
                 out.append(
                     DeleteDoc(buckets.MEMBERSHIP.name, member_key(self.app, self.deployment, slot))
                 )
@@ -146,13 +146,16 @@ class KVDelta:
                     out.append(DeleteDoc(buckets.TARGETS.name, old))
                 self.targets[rid] = key
                 out.append(PutDoc(buckets.TARGETS.name, key, self._target(rec, slot, rpc)))
-            written = (slot, rpc, self.report_interval_s, self.max_queued_requests)
+            spec = self._specs.get(rec.version)
+            ongoing = spec.max_ongoing_requests if spec is not None else None
+            written = (slot, rpc, self.report_interval_s, self.max_queued_requests, ongoing)
             if member and self.members.get(rid) != written:
                 self.members[rid] = written
                 m = Member(
                     self.app, self.deployment, slot, rid, rpc, rec.order, epoch,
                     report_interval_s=self.report_interval_s,
                     max_queued_requests=self.max_queued_requests,
+                    max_ongoing_requests=ongoing,
                 )  # fmt: skip
                 out.append(PutDoc(buckets.MEMBERSHIP.name, m.key, m))
                 members_changed = True
@@ -190,7 +193,8 @@ class KVDelta:
         for m in members:
             if self.slots.setdefault(m.replica_id, m.slot) == m.slot:
                 self.members[m.replica_id] = (
-                    m.slot, m.rpc_subject, m.report_interval_s, m.max_queued_requests
+                    m.slot, m.rpc_subject, m.report_interval_s, m.max_queued_requests,
+                    m.max_ongoing_requests,
                 )  # fmt: skip
         used = set(self.slots.values())
         self._next_slot = max(used, default=-1) + 1

@@ -112,10 +112,12 @@ async def _open_call(
     request_id = uuid.uuid4().hex
     payload = encode(Request(request_id, method, True, stream, deadline_wall, body, body_kind))
     exclude: set[str] = set()
+    retry = False
     while True:
         if clock.monotonic() >= deadline_mono:
             raise DeadlineExceeded(f"no replica of {router.key} admitted the request in time")
-        rid = await router.acquire(deadline_mono, exclude)
+        rid = await router.acquire(deadline_mono, exclude, retry=retry)
+        retry = True
         member = router.members.get(rid)
         if member is None:  # left the membership while we waited
             continue

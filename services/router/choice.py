@@ -8,6 +8,10 @@ How it works: for each member replica the chooser knows
 Queue length = in_flight + decayed external. `choose` samples two distinct available replicas at
 random and returns the shorter queue (power of two choices: near-best balance at O(1) cost).
 
+A replica whose `max_ongoing_requests` is known (its member value carries it) is full while its
+queue length is at that limit: `choose` skips it, so a router does not send what the replica
+would refuse, and the request waits in the router's own queue (oldest first) for a finish.
+
 A replica that rejected a request (full or draining) or never answered one is unavailable for a
 backoff that starts at `backoff_initial_s` and doubles per consecutive failure up to
 `backoff_max_s`; an accepted admission resets it. When every member is backing off, `choose`
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +43,8 @@ class ReplicaLoad:
     external_at: float = 0.0
     backoff_s: float = 0.0
     backoff_until: float = -math.inf
+    limit: int = 0
+    """The replica's `max_ongoing_requests` (0: not known, never counted full)."""
 
 
 class ReplicaChooser:
@@ -58,17 +64,23 @@ class ReplicaChooser:
         self._loads: dict[str, ReplicaLoad] = {}
 
     # -- membership -------------------------------------------------------------------------
-    def set_members(self, replica_ids: Iterable[str]) -> None:
-        """Replace the member set. Survivors keep their state; a departed replica keeps its entry
-        only while requests are still in flight there (they finish and are counted down)."""
+    def set_members(
+        self, replica_ids: Iterable[str], limits: Mapping[str, int | None] | None = None
+    ) -> None:
+        """Replace the member set (`limits`: their `max_ongoing_requests` where known). Survivors
+        keep their state; a departed replica keeps its entry only while requests are still in
+        flight there (they finish and are counted down)."""
         self._members = list(dict.fromkeys(replica_ids))
         members = set(self._members)
         idle_gone = [r for r, ld in self._loads.items() if r not in members and not ld.in_flight]
         for rid in idle_gone:
             del self._loads[rid]
+        limits = limits or {}
         for rid in self._members:
-            if rid not in self._loads:
-                self._loads[rid] = ReplicaLoad()
+            load = self._loads.get(rid)
+            if load is None:
+                load = self._loads[rid] = ReplicaLoad()
+            load.limit = limits.get(rid) or 0
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -77,7 +89,7 @@ class ReplicaChooser:
     # -- choice -----------------------------------------------------------------------------
     def available(self, replica_id: str, now: float) -> bool:
         load = self._loads.get(replica_id)
-        return load is not None and load.backoff_until <= now
+        return load is not None and _open(load, now)
 
     def queue_length(self, replica_id: str, now: float) -> float:
         load = self._loads.get(replica_id)
@@ -93,13 +105,13 @@ class ReplicaChooser:
             return None
         if n == 1:
             only = members[0]
-            return only if only not in exclude and self._loads[only].backoff_until <= now else None
+            return only if only not in exclude and _open(self._loads[only], now) else None
         first: str | None = None
         second: str | None = None
         randrange = self._rng.randrange
         for _ in range(SAMPLE_TRIES):
             rid = members[randrange(n)]
-            if rid == first or rid in exclude or self._loads[rid].backoff_until > now:
+            if rid == first or rid in exclude or not _open(self._loads[rid], now):
                 continue
             if first is None:
                 first = rid
@@ -107,9 +119,7 @@ class ReplicaChooser:
                 second = rid
                 break
         if second is None:
-            candidates = [
-                r for r in members if r not in exclude and self._loads[r].backoff_until <= now
-            ]
+            candidates = [r for r in members if r not in exclude and _open(self._loads[r], now)]
             if not candidates:
                 return None
             if len(candidates) == 1:
@@ -121,10 +131,10 @@ class ReplicaChooser:
         return first
 
     def next_available_at(self, now: float) -> float | None:
-        """When the earliest backing-off member becomes available again (None: no members)."""
-        if not self._members:
-            return None
-        return max(now, min(self._loads[r].backoff_until for r in self._members))
+        """When the earliest unavailable member may be tried again (None: no members, or only
+        ones full with our own requests, which a finish frees)."""
+        at = min((_opens_at(self._loads[r], now) for r in self._members), default=math.inf)
+        return None if math.isinf(at) else max(now, at)
 
     # -- events -----------------------------------------------------------------------------
     def on_dispatch(self, replica_id: str) -> None:
@@ -183,6 +193,28 @@ class ReplicaChooser:
         step = self._backoff_initial if load.backoff_s <= 0 else load.backoff_s * 2
         load.backoff_s = min(step, self._backoff_max)
         load.backoff_until = now + load.backoff_s
+
+
+def _open(load: ReplicaLoad, now: float) -> bool:
+    """Not backing off, and not full (as far as this router knows)."""
+    if load.backoff_until > now:
+        return False
+    if not load.limit or load.in_flight + load.external < load.limit:
+        return True  # fast path: even undecayed, the external estimate leaves room
+    return load.in_flight + _decayed(load, now) < load.limit
+
+
+def _opens_at(load: ReplicaLoad, now: float) -> float:
+    """When `_open` turns true with no event in between (inf: only a finish of ours frees it)."""
+    at = load.backoff_until
+    if not load.limit or load.in_flight + _decayed(load, now) < load.limit:
+        return at
+    room = load.limit - load.in_flight
+    if room <= 0:
+        return math.inf
+    # the external estimate halves every half-life: it leaves room once below `room`
+    age = EXTERNAL_HALF_LIFE_S * math.log2(load.external / room)
+    return max(at, load.external_at + age + 1e-9)
 
 
 def _decayed(load: ReplicaLoad, now: float) -> float:

@@ -8,11 +8,13 @@ How it works: one `Router` per (bus, namespace, app, deployment) owns
   chooser once (the refresh is coalesced). The view epoch is the largest member epoch applied;
 - the replica chooser (choice.py), the carried-health map (carried_health.py) and the
   time-weighted windows (window.py) that feed the handle reports;
-- the queue: a request that finds no available replica (none at all, or all backing off after
-  rejections) waits here, bounded by the deployment's `max_queued_requests` (its members carry
-  it; else the router config's) (BackPressureError) and by its deadline
-  (DeadlineExceeded). Waiters wake on membership changes, on a request finishing, on the earliest
-  backoff expiry, and at least every `queue_poll_max_s`. A request queued while the deployment
+- the queue: a request that finds no available replica (none at all, all full at their
+  `max_ongoing_requests`, or all backing off after rejections) waits here, oldest first
+  (waitqueue.py), bounded by the deployment's `max_queued_requests` (its members carry it; else
+  the router config's) (BackPressureError) and by its deadline (DeadlineExceeded). A newcomer
+  does not overtake a waiter. The head wakes on membership changes, on a request finishing, on
+  the earliest backoff expiry, and at least every `queue_poll_max_s`; a head that leaves wakes
+  the next. A request queued while the deployment
   has zero replicas triggers an immediate handle report (cold start), at most once per
   `cold_start_report_min_interval_s`; the regular cadence then continues;
 - the reports loop: every report interval it closes the windows and publishes a handle report
@@ -52,6 +54,7 @@ from services.router.reports import (
     encode_handle_report,
 )
 from services.router.rise import RISE_SETTLE_S, RiseDetector
+from services.router.waitqueue import WaitQueue
 from services.router.window import TimeWeightedCounts, TimeWeightedGauge
 from shared.badinput import BadInput
 from shared.bus import Bus, RateLimiter
@@ -120,7 +123,7 @@ class Router:
             interval_s=config.liveness_interval_s, probe_timeout_s=config.probe_timeout_s,
             fold=self.fold_health, bad_input=self.bad_input,
         )  # fmt: skip
-        self._changed = asyncio.Event()
+        self._queue = WaitQueue()
         self._ready = asyncio.Event()
         self._report_wake = asyncio.Event()
         """Set for a cold-start report, or when the report interval changed (re-arm the wait)."""
@@ -159,7 +162,7 @@ class Router:
         if self.closed:
             return
         self.closed = True
-        self._notify()
+        self._queue.wake_all()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -185,14 +188,18 @@ class Router:
         self.epoch = max(self.epoch, self.view.epoch)
         members = {m.replica_id: m for m in self.view.members()}
         if members.keys() == self.members.keys() and all(
-            members[r].rpc_subject == self.members[r].rpc_subject for r in members
+            (members[r].rpc_subject, members[r].max_ongoing_requests)
+            == (self.members[r].rpc_subject, self.members[r].max_ongoing_requests)
+            for r in members
         ):
             self.members = members
             return False
         self.members = members
         self.probe_subjects = {rid: self.subjects.probe(rid) for rid in members}
         self.liveness.probe_subjects = self.probe_subjects
-        self.chooser.set_members(members)
+        self.chooser.set_members(
+            members, {rid: m.max_ongoing_requests for rid, m in members.items()}
+        )
         self.health.prune_to(members)
         self.liveness.prune_to(members)
         self._notify()
@@ -285,16 +292,18 @@ class Router:
         self.health.observe(status, now)
 
     # -- choosing, or waiting in the queue ------------------------------------------------------
-    async def acquire(self, deadline_mono: float, exclude: set[str]) -> str:
-        """A replica to send to now; waits in the queue when none is available."""
+    async def acquire(self, deadline_mono: float, exclude: set[str], *, retry: bool = False) -> str:
+        """A replica to send to now; waits in the queue when none is available or others wait
+        already. `retry`: a replica refused this request, which is older than the waiters."""
         if not self._ready.is_set():
             await self._wait_ready_until(deadline_mono)
         if self.closed:
             raise RouterClosedError(f"router for {self.key} is closed")
-        rid = self.chooser.choose(self.clock.monotonic(), exclude)
-        if rid is not None:
-            return rid
-        return await self._wait_in_queue(deadline_mono, exclude)
+        if not self._queue or retry:
+            rid = self.chooser.choose(self.clock.monotonic(), exclude)
+            if rid is not None:
+                return rid
+        return await self._wait_in_queue(deadline_mono, exclude, front=retry)
 
     async def _wait_ready_until(self, deadline_mono: float) -> None:
         await self.start()
@@ -305,32 +314,35 @@ class Router:
         except TimeoutError:
             raise DeadlineExceeded("waiting for the deployment's membership") from None
 
-    async def _wait_in_queue(self, deadline_mono: float, exclude: set[str]) -> str:
-        clock, chooser, cfg = self.clock, self.chooser, self.config
-        queued = False
+    async def _wait_in_queue(self, deadline_mono: float, exclude: set[str], *, front: bool) -> str:
+        clock, chooser, cfg, line = self.clock, self.chooser, self.config, self._queue
+        waiter: asyncio.Event | None = None
         try:
             while True:
                 if self.closed:
                     raise RouterClosedError(f"router for {self.key} is closed")
                 now = clock.monotonic()
-                rid = chooser.choose(now, exclude)
-                if rid is None and exclude:
-                    exclude.clear()  # everyone failed this request once: try them all again
-                    rid = chooser.choose(now)
-                if rid is not None:
-                    return rid
+                # only the oldest may take a replica (a refused request counts as the oldest)
+                may_take = line.is_head(waiter) if waiter is not None else front or not line
+                if may_take:
+                    rid = chooser.choose(now, exclude)
+                    if rid is None and exclude:
+                        exclude.clear()  # everyone failed this request once: try them all again
+                        rid = chooser.choose(now)
+                    if rid is not None:
+                        return rid
                 if now >= deadline_mono:
                     raise DeadlineExceeded(
                         f"no replica of {self.key} accepted the request in time "
                         f"({len(self.members)} replicas)"
                     )
-                if not queued:
+                if waiter is None:
                     limit, setting = self.queue_bound
                     if self.queued_now >= limit:
                         raise BackPressureError(
                             self.queued_now, limit, deployment=self.key, setting=setting
                         )
-                    queued = True
+                    waiter = line.join(front=front)
                     self.queued_now += 1
                     self.queued.add(1.0, now)
                     self.metrics.queued.inc()
@@ -339,22 +351,23 @@ class Router:
                     else:
                         self._load_rose(now)
                 wait = min(deadline_mono - now, cfg.queue_poll_max_s)
-                next_at = chooser.next_available_at(now)
+                next_at = chooser.next_available_at(now) if line.is_head(waiter) else None
                 if next_at is not None and next_at > now:
                     wait = min(wait, next_at - now)
-                changed = self._changed
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(wait, MIN_WAIT_S)):
-                        await changed.wait()
+                        await waiter.wait()
+                waiter.clear()  # no await until the next look: no wake can be lost
         finally:
-            if queued:
+            if waiter is not None:
+                line.leave(waiter)
                 self.queued_now -= 1
                 self.queued.add(-1.0, clock.monotonic())
                 self.metrics.queued.dec()
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        """Something may have freed capacity: the oldest waiter looks (and hands on)."""
+        self._queue.wake_head()
 
     def _cold_start(self, now: float) -> None:
         if now - self._last_cold_report >= self.config.cold_start_report_min_interval_s:

@@ -69,6 +69,8 @@ class FakeReplica:
         self.fn: Callable[[str, tuple[Any, ...], dict[str, Any]], Any] = echo
         self.http_fn: Callable[[HttpRequest], HttpResponse] = http_echo
         self.reject = False
+        self.max_ongoing: int | None = None  # refuse beyond this many at once (members carry it)
+        self.release: asyncio.Semaphore | None = None  # each request takes one before answering
         self.silent = False  # never admit (the router's admission timeout fires)
         self.hang = False  # admit, then say nothing more
         self.lose_reply = False  # admit, finish, and send nothing more (the reply went astray)
@@ -94,7 +96,7 @@ class FakeReplica:
 
     @property
     def member(self) -> Seat:
-        return Seat(self.replica_id, self.rpc_subject)
+        return Seat(self.replica_id, self.rpc_subject, self.max_ongoing)
 
     def health(self) -> HealthStatus:
         self._checks += 1
@@ -136,7 +138,7 @@ class FakeReplica:
         if self.silent or not msg.reply:
             return
         reply = msg.reply
-        if self.reject:
+        if self.reject or (self.max_ongoing is not None and self.ongoing >= self.max_ongoing):
             self.rejected += 1
             await self._send(reply, Admission(False, self.ongoing, self.health(), False))
             return
@@ -153,6 +155,8 @@ class FakeReplica:
         try:
             if self.hang:
                 await asyncio.Event().wait()
+            if self.release is not None:
+                await self.release.acquire()
             if self.lose_reply:
                 return
             if self.garbage_after_admission:
@@ -191,10 +195,11 @@ class FakeReplica:
 
 @dataclass(frozen=True, slots=True)
 class Seat:
-    """A replica as a test lists it in a membership: its id and rpc subject."""
+    """A replica as a test lists it in a membership: its id, rpc subject and limit (if told)."""
 
     replica_id: str
     rpc_subject: str
+    max_ongoing: int | None = None
 
 
 def members_of(
@@ -212,6 +217,7 @@ def members_of(
             slot + 1,
             epoch,
             max_queued_requests=max_queued,
+            max_ongoing_requests=s.max_ongoing,
         )
         for slot, s in enumerate(seats)
     ]

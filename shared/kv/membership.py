@@ -68,12 +68,18 @@ class Member:
     max_queued_requests: int | None = None
     """The deployment's `max_queued_requests`: how many requests each router may queue for it
     (absent: the router's own bound)."""
+    max_ongoing_requests: int | None = None
+    """This replica's `max_ongoing_requests` (its version's): a router sends it no more at once
+    than that and queues the rest itself, oldest first (absent: the router learns it is full from
+    its refusals)."""
 
     def __post_init__(self) -> None:
         if self.report_interval_s is not None and not self.report_interval_s > 0:
             raise UsageError(f"report_interval_s must be > 0, got {self.report_interval_s}")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise UsageError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
+            raise UsageError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
 
     @property
     def key(self) -> str:
@@ -101,6 +107,11 @@ class Member:
                 if self.max_queued_requests is None
                 else {"max_queued_requests": self.max_queued_requests}
             )
+            | (
+                {}
+                if self.max_ongoing_requests is None
+                else {"max_ongoing_requests": self.max_ongoing_requests}
+            )
         )
 
     @classmethod
@@ -115,7 +126,8 @@ class Member:
             epoch=e.count(doc, "epoch"),
             owner_epoch=e.count(doc, "owner_epoch", 0),
             report_interval_s=e.optional_positive(doc, "report_interval_s"),
-            max_queued_requests=_queue_bound(doc),
+            max_queued_requests=_at_least_one(doc, "max_queued_requests"),
+            max_ongoing_requests=_at_least_one(doc, "max_ongoing_requests"),
         )
 
     def check_key(self, key: str) -> None:
@@ -187,10 +199,10 @@ def _by_order(m: Member) -> tuple[int, int]:
     return m.order, m.slot
 
 
-def _queue_bound(doc: dict[str, Any]) -> int | None:
-    if doc.get("max_queued_requests") is None:
+def _at_least_one(doc: dict[str, Any], field: str) -> int | None:
+    if doc.get(field) is None:
         return None
-    n = e.count(doc, "max_queued_requests")
+    n = e.count(doc, field)
     if n < 1:
-        raise WireError(reasons.BAD_VALUE, "member.max_queued_requests must be >= 1")
+        raise WireError(reasons.BAD_VALUE, f"member.{field} must be >= 1")
     return n

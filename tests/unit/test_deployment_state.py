@@ -11,7 +11,8 @@ from services.controller.deployment_state import (
     ReplicaState,
     app_status,
 )
-from services.controller.kv_delta import KVDelta
+from services.controller.kv_delta import KVDelta, PutDoc
+from shared.kv.membership import Member
 from shared.replicaspec import ReplicaSpec
 
 S = DeploymentStatus
@@ -234,3 +235,14 @@ def test_replicas_lost_with_their_agent_are_replaced_without_unhealthy() -> None
     d.reconcile(4.0)
     d.update_status(4.0)
     assert d.status is S.UNHEALTHY
+
+
+def test_a_member_carries_its_versions_max_ongoing_requests() -> None:
+    d = new(target=1)
+    d.reconcile(0.0)
+    kv = KVDelta(d.app, d.deployment)
+    kv.set_spec("v1", ReplicaSpec("m:X", max_ongoing_requests=3))
+    (rid,) = bring_up(d, 1.0)
+    out, changed = kv.changes(d.replicas, [rid], rpc_for=str, epoch=1)
+    members = [c.doc for c in out if isinstance(c, PutDoc) and isinstance(c.doc, Member)]
+    assert changed and [m.max_ongoing_requests for m in members] == [3]

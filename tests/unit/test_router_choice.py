@@ -1,3 +1,4 @@
+import math
 import random
 from collections import Counter
 
@@ -5,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.router.choice import BACKOFF_INITIAL_S, BACKOFF_MAX_S, ReplicaChooser
+from services.router.choice import (
+    BACKOFF_INITIAL_S,
+    BACKOFF_MAX_S,
+    EXTERNAL_HALF_LIFE_S,
+    ReplicaChooser,
+)
 
 
 def chooser(members: list[str], seed: int = 1) -> ReplicaChooser:
@@ -112,3 +118,31 @@ def test_choice_is_always_an_available_member(
         assert got in allowed
     else:
         assert got is None
+
+
+def test_a_replica_at_its_limit_is_not_chosen_until_one_of_ours_finishes() -> None:
+    c = ReplicaChooser(random.Random(1))
+    c.set_members(["a", "b"], {"a": 2, "b": None})
+    for _ in range(2):
+        c.on_dispatch("a")
+    assert all(c.choose(0.0) == "b" for _ in range(50)), "a is full, b has no known limit"
+    c.set_members(["a"], {"a": 2})
+    assert c.choose(0.0) is None
+    assert c.next_available_at(0.0) is None, "only a finish of ours frees it: no timer"
+    c.on_finish("a")
+    assert c.choose(0.0) == "a"
+
+
+def test_a_replica_full_with_other_routers_requests_opens_as_that_estimate_decays() -> None:
+    c = ReplicaChooser(random.Random(1))
+    c.set_members(["a"], {"a": 4})
+    c.on_dispatch("a")
+    c.on_admission("a", True, 4, now=10.0)  # 3 of the 4 are other routers'
+    assert c.choose(10.0) is None
+    opens = c.next_available_at(10.0)
+    assert opens is not None
+    # 1 + 3 * 2^(-age) < 4 needs age > 0; with two of ours it needs 3 * 2^(-age) < 2
+    c.on_dispatch("a")
+    opens = c.next_available_at(10.0)
+    assert opens == pytest.approx(10.0 + EXTERNAL_HALF_LIFE_S * math.log2(3 / 2))
+    assert c.choose(opens - 1e-3) is None and c.choose(opens + 1e-6) == "a"

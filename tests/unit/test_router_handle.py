@@ -626,3 +626,61 @@ async def test_a_replica_heard_on_another_request_is_not_probed(
     finally:
         await h.close()
         await r1.stop()
+
+
+async def test_waiting_requests_go_oldest_first_and_none_is_sent_to_a_full_replica(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.max_ongoing = 1
+    r1.release = asyncio.Semaphore(0)
+    await put_membership(rbus, APP, DEP, 2, [r1.member])
+    h = await handle(bus, clock, deadline_s=30.0)
+    try:
+        await until(lambda: "r1" in h.router.members)
+        assert h.router.members["r1"].max_ongoing_requests == 1
+        calls = []
+        for i in range(5):
+            calls.append(asyncio.create_task(h.remote(i)))
+            # the first is sent, the others wait in the router's queue in arrival order
+            await until(lambda i=i: len(r1.requests) == 1 and h.router.queued_now == i)
+        late = None
+        for i in range(5):
+            r1.release.release()
+            if i == 1:
+                # a newcomer while the line waits: it goes behind, it does not take the slot
+                late = asyncio.create_task(h.remote(99))
+            assert (await asyncio.wait_for(calls[i], 5))["args"] == [i]
+        assert late is not None
+        r1.release.release()
+        assert (await asyncio.wait_for(late, 5))["args"] == [99]
+        sent = [decode_as(r.body, CallArgs).args for r in r1.requests]
+        assert sent == [(0,), (1,), (2,), (3,), (4,), (99,)]
+        assert r1.rejected == 0, "the router knew the replica was full: it never sent more"
+    finally:
+        await h.close()
+
+
+async def test_a_request_a_replica_refused_keeps_its_place_at_the_front(
+    bus: FakeBus, rbus: FakeBus, clock: FakeClock
+) -> None:
+    # the replica's limit is not in its member value: the router learns it is full by refusals
+    (r1,) = await replicas(rbus, clock, "r1")
+    r1.release = asyncio.Semaphore(0)
+    r1.max_ongoing = 1
+    h = await handle(bus, clock, deadline_s=30.0)
+    try:
+        first = asyncio.create_task(h.remote(0))
+        await until(lambda: r1.admitted == 1)
+        second = asyncio.create_task(h.remote(1))  # refused, then backs off in the queue
+        await until(lambda: r1.rejected >= 1 and h.router.queued_now == 1)
+        third = asyncio.create_task(h.remote(2))
+        await until(lambda: h.router.queued_now == 2)
+        r1.release.release()
+        assert (await asyncio.wait_for(first, 5))["args"] == [0]
+        r1.release.release()
+        assert (await asyncio.wait_for(second, 5))["args"] == [1]
+        r1.release.release()
+        assert (await asyncio.wait_for(third, 5))["args"] == [2]
+    finally:
+        await h.close()
