@@ -1,6 +1,6 @@
 """The routers' queue and the requests in service of one deployment, as a fluid (simulate.py
-steps 2-4): arrivals wait as cohorts, are admitted in random order (or first come, first
-served) while slots are free, take the calibrated service time at the concurrency they find,
+steps 2-4): arrivals wait as cohorts, are admitted first come, first served (or in random order)
+while slots are free, take the calibrated service time at the concurrency they find,
 and leave in shares; every admitted share is a latency record, folded onto a fine grid when a
 long saturation makes many."""
 
@@ -93,8 +93,8 @@ class FluidQueue:
     def _admit(self, k: int, free: float, running: int) -> None:
         cohorts = self.cohorts
         if self.random_order and free < self.queued:
-            # every waiter is as likely to win a freed slot, whatever its age (the router's
-            # waiters all wake on a finish and race; newcomers join the race)
+            # every waiter is as likely to win a freed slot, whatever its age (routers whose
+            # waiters all wake on a finish and race, newcomers joining the race)
             frac = free / self.queued
             waits = [((k - h[0]) * self.dt, h[1] * frac) for h in cohorts]
             for h in cohorts:

@@ -13,14 +13,14 @@ models, per step:
    S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
    `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
    a power-of-two choice finds on replicas balanced to within one request (`fluid.joined`).
-3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted while
-   R x max_ongoing_requests exceeds N. A router does not serve its waiters in order: on every
-   finish they all wake and race, and newcomers race with them, so each waiting request is as
-   likely as any other to get a freed slot (`random_order`; its age does not count). A cohort
-   therefore leaves in shares, and the oldest cohorts are merged to keep at most `MAX_COHORTS`.
-   While requests wait, only the calibrated share of the slots is busy (`saturated_use`: the
-   slot a finish frees stays empty until a retry lands, and retries pile on some replicas). A
-   queue beyond `max_queued` rejects; a request still queued at `timeout_s` times out.
+3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted, oldest first as
+   routers serve their waiters, while R x max_ongoing_requests exceeds N. While requests wait,
+   only the calibrated share of the slots is busy (`saturated_use`, near 1: a router knows each
+   replica's limit and hands a freed slot to its oldest waiter at once). `random_order` models
+   routers that let every waiter race for a freed slot (fleetpulse's before they served in
+   order): each waiting request is then as likely as any other to get it, a cohort leaves in
+   shares, and the oldest cohorts are merged to keep at most `MAX_COHORTS`. A queue beyond
+   `max_queued` rejects; a request still queued at `timeout_s` times out.
 4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
    calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
 5. Reports and control: every report interval the routers' time-averaged running + queued is
@@ -88,9 +88,9 @@ class ModelOptions:
     """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
     pooled latencies), the series those of the first."""
     namespace: str = DEFAULT_NAMESPACE
-    random_order: bool = True
-    """Queued requests are admitted in random order, as routers do (False: first come, first
-    served)."""
+    random_order: bool = False
+    """Queued requests are admitted in random order, as routers did before they served their
+    waiters oldest first (False: first come, first served, as routers do)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
