@@ -48,7 +48,7 @@ from shared.subjects import DEFAULT_NAMESPACE, Subjects
 
 from . import closedloop, whatif
 from .files import batch_messages, iter_batches
-from .simulate import ModelOptions
+from .simulate import ModelOptions, add_queue_order_arg
 
 FLUSH_EVERY = 1000
 """At --max-speed, wait for the server every this many messages (bounds the client buffer)."""
@@ -368,6 +368,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout-s", type=float, default=None, help="closed loop: request deadline (none)"
     )
+    add_queue_order_arg(p)
     p.add_argument(
         "--sample-every-s",
         type=float,
@@ -426,6 +427,7 @@ def run_closed_whatif(args: argparse.Namespace, configs: Sequence[Path]) -> bool
         startup_s=args.startup_delay_s,
         timeout_s=args.timeout_s,
         namespace=args.namespace,
+        random_order=args.queue_order == "random",
     )
     rows = load_report_rows(args.path, opts.namespace)
     loaded = labelled_configs(configs)

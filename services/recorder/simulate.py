@@ -41,6 +41,7 @@ the deployment key fix every draw; no clock, no I/O.
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import dataclasses
 import math
@@ -103,6 +104,17 @@ class ModelOptions:
             raise UsageError("max_queued must be >= 0")
         if self.replications < 1:
             raise UsageError("replications must be >= 1")
+
+
+def add_queue_order_arg(p: argparse.ArgumentParser) -> None:
+    """`--queue-order`, for the CLIs that run the model (its value: `random_order`)."""
+    p.add_argument(
+        "--queue-order",
+        choices=("fifo", "random"),
+        default="random" if ModelOptions().random_order else "fifo",
+        help="closed loop: how routers serve their queue: fifo (default: oldest first, as "
+        "fleetpulse's do) or random (every waiter races for a freed slot, as routers did before)",
+    )
 
 
 @dataclass(frozen=True, slots=True, eq=False)

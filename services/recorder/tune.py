@@ -46,7 +46,7 @@ from shared.subjects import DEFAULT_NAMESPACE, deployment_key
 
 from .calibrate import Calibration
 from .closedloop import calibrate_for, recording_span, summary
-from .simulate import ModelOptions, run_deployment
+from .simulate import ModelOptions, add_queue_order_arg, run_deployment
 from .whatif import _r, dumps
 
 GRID: dict[str, tuple[float, ...]] = {
@@ -230,6 +230,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse configs scaling more than this many times as often as the app's")  # fmt: skip
     p.add_argument("--interval-s", type=float, default=0.1)
     p.add_argument("--timeout-s", type=float, default=None, help="request deadline (none)")
+    add_queue_order_arg(p)
     p.add_argument("--out-yaml", type=Path, help="write the best config as an app file")
     p.add_argument("--out", type=Path, metavar="JSON", help="every candidate and the frontier")
     p.add_argument("--plot", type=Path, metavar="PNG", help="the frontier, cost vs latency")
@@ -260,6 +261,7 @@ def run_tune(args: argparse.Namespace) -> int:
     opts = ModelOptions(
         interval_s=args.interval_s, seed=args.seed, timeout_s=args.timeout_s,
         replications=args.replications, namespace=args.namespace,
+        random_order=args.queue_order == "random",
     )  # fmt: skip
     rows = load_report_rows(args.path, opts.namespace)
     cal = calibrate_for(rows, [apps], opts.namespace).get(key)

@@ -14,7 +14,7 @@ How it works: one `Router` per (bus, namespace, app, deployment) owns
   the router config's) (BackPressureError) and by its deadline (DeadlineExceeded). A newcomer
   does not overtake a waiter. The head wakes on membership changes, on a request finishing, on
   the earliest backoff expiry, and at least every `queue_poll_max_s`; a head that leaves wakes
-  the next. A request queued while the deployment
+  the next (the others sleep until then or their deadline). A request queued while the deployment
   has zero replicas triggers an immediate handle report (cold start), at most once per
   `cold_start_report_min_interval_s`; the regular cadence then continues;
 - the reports loop: every report interval it closes the windows and publishes a handle report
@@ -350,12 +350,14 @@ class Router:
                         self._cold_start(now)
                     else:
                         self._load_rose(now)
-                wait = min(deadline_mono - now, cfg.queue_poll_max_s)
-                next_at = chooser.next_available_at(now) if line.is_head(waiter) else None
-                if next_at is not None and next_at > now:
-                    wait = min(wait, next_at - now)
+                wait = deadline_mono - now  # behind the head: it hands on its turn, no polling
+                if line.is_head(waiter):
+                    wait = min(wait, cfg.queue_poll_max_s)
+                    next_at = chooser.next_available_at(now)
+                    if next_at is not None and next_at > now:
+                        wait = min(wait, next_at - now)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(wait, MIN_WAIT_S)):
+                    async with asyncio.timeout(None if math.isinf(wait) else max(wait, MIN_WAIT_S)):
                         await waiter.wait()
                 waiter.clear()  # no await until the next look: no wake can be lost
         finally:

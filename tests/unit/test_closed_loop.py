@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.recorder import closedloop
+from services.recorder.__main__ import main as recorder_main
 from services.recorder.calibrate import calibrate
 from services.recorder.replay import load_app_configs
 from services.recorder.simulate import ModelOptions, run_deployment
@@ -241,3 +242,16 @@ def test_a_deployment_s_own_queue_bound_is_the_model_s() -> None:
     default = simulate_closed({KEY: c}, [app(-1)], 600.0).deployments[KEY]
     assert bounded.rejected > 0 and bounded.queued.max() <= 20 + 1e-9
     assert default.queued.max() > 20
+
+
+def test_queue_order_reaches_the_model_from_the_command_line(tmp_path: Path) -> None:
+    from tests.replay.generate import QUEUE_CONFIG, QUEUE_EXPECTED, QUEUE_RECORDING
+
+    out = {order: tmp_path / f"{order}.json" for order in ("fifo", "random")}
+    base = ["replay", str(QUEUE_RECORDING), "--what-if", str(QUEUE_CONFIG)]
+    for order, path in out.items():
+        assert recorder_main([*base, "--queue-order", order, "--out", str(path)]) == 0
+    # fifo is the default: the committed fixture's numbers
+    fixture = json.loads(QUEUE_EXPECTED.read_text())
+    assert json.loads(out["fifo"].read_text())["deployments"] == fixture["deployments"]
+    assert out["random"].read_bytes() != out["fifo"].read_bytes()
