@@ -131,6 +131,24 @@ def test_a_new_owner_takes_over_without_rewriting_and_continues_by_delta() -> No
     assert new.kv.slot_count == 20
 
 
+def test_members_an_older_owner_wrote_without_a_limit_are_rewritten_once_with_it() -> None:
+    old, kv = deployment(), {}
+    grow(old, 3)
+    finish(old, kv)
+    for key, doc in list(kv.items()):
+        if isinstance(doc, Member):  # as a controller before members carried the limit
+            kv[key] = dataclasses.replace(doc, max_ongoing_requests=None)
+    new = deployment()
+    targets = [d for d in kv.values() if isinstance(d, ReplicaTarget)]
+    new.restore(targets, [d for d in kv.values() if isinstance(d, Member)], 5.0)
+    changes = finish(new, kv)
+    assert len(changes) == 3 and all(isinstance(c, PutDoc) for c in changes)
+    assert {d.max_ongoing_requests for d in kv.values() if isinstance(d, Member)} == {
+        CFG.max_ongoing_requests
+    }
+    assert finish(new, kv) == []  # once
+
+
 def test_a_member_without_a_target_is_deleted_on_takeover() -> None:
     old, kv = deployment(), {}
     grow(old, 3)
