@@ -28,12 +28,15 @@ a spawn as "starting" (lifecycle events). Per deployment, from the recorded rows
   Starts that never vary in k give slope 0, and the draws are the recorded start times.
 - **max_ongoing_requests** as the replicas announced it, and the report interval (median gap
   between one router's reports).
-- **Slot use under saturation.** A router holds no request back when its replicas are full: it
-  sends, is refused, backs that replica off and tries again, so a slot freed stays empty until
-  a retry lands, and retries pile on some replicas while others idle. Over the report intervals
-  in which a router's load (running + queued) exceeded its replicas' slots (membership
-  unchanged since its previous report), the service time it completed over the slot-time there
-  is the share of slots in use when requests wait (1: every slot busy; no such interval: 1).
+- **Slot use under saturation.** How much of its replicas' slots a router keeps busy while
+  requests wait: near 1 for routers that hand a freed slot to their oldest waiter, less for
+  older ones that let waiters race and retry after refusals. Over the report intervals in which
+  a router's load (running + queued) exceeded its replicas' slots and had done so in the
+  interval before (membership unchanged since), the service time it completed over the
+  slot-time there is the share (no such interval: 1). The first interval of a saturation does
+  not count: the requests completing in it were admitted before, at a lower concurrency and so
+  with shorter service times, while those admitted at the limit are still running, which reads
+  as idle slots (a share of 0.35 at one onset where the slots were full throughout).
   Per router, on its own load: with several routers a router's share rarely fills every slot,
   so the share is measured only where one router saturates the deployment.
 
@@ -79,10 +82,13 @@ def _saturated_use(routers: Iterable[_Router], max_ongoing: int | None) -> tuple
         return 1.0, 0.0
     slot = busy = 0.0
     for r in routers:
-        for n, load, dt, service in r.spans:
-            if n > 0 and load > n * max_ongoing:
+        before = False  # the interval before was saturated, with the same members
+        for n, load, dt, service, chained in r.spans:
+            now = n > 0 and load > n * max_ongoing
+            if now and before and chained:
                 slot += n * max_ongoing * dt
                 busy += service
+            before = now
     if slot < MIN_SATURATED_SLOT_S:
         return 1.0, slot
     return min(max(busy / slot, MIN_SATURATED_USE), 1.0), slot
@@ -186,8 +192,11 @@ class _Router:
     first: RequestStats
     last: RequestStats
     members: frozenset[str] | None = None
-    spans: list[tuple[int, float, float, float]] = field(default_factory=list)
-    """Per report after one with the same members: (replicas, load, seconds, service s)."""
+    spans: list[tuple[int, float, float, float, bool]] = field(default_factory=list)
+    """Per report after one with the same members: (replicas, load, seconds, service s, whether
+    the report before was a span too)."""
+    spanned: bool = False
+    """The last report added a span."""
 
     def total(self, name: str) -> float:
         """Growth of a counter over the recording (from this router's first report)."""
@@ -377,8 +386,11 @@ def _add_report(
     elif s.arrived < cur.last.arrived or sent_at <= cur.sent[-1]:
         return  # a restarted router reusing its id, or a stale report: keep the first run
     members = None if replicas is None else frozenset(replicas)
-    if members is not None and members == cur.members and cur.times:
-        cur.spans.append((len(members), load, t - cur.times[-1], s.service_s - cur.last.service_s))
+    chained = cur.spanned
+    cur.spanned = members is not None and members == cur.members and bool(cur.times)
+    if cur.spanned:
+        span = (len(members or ()), load, t - cur.times[-1], s.service_s - cur.last.service_s)
+        cur.spans.append((*span, chained))
     cur.members = members
     cur.last = s
     cur.times.append(t)

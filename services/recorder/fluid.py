@@ -85,12 +85,12 @@ class FluidQueue:
         if self.queued > free:  # saturated: the routers keep only a share of the slots busy
             free = full * self.saturated_use - self.n_flight
         if free > 0 and self.queued > 0:
-            self._admit(k, free, running)
+            self._admit(k, free, running, done)
         while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
             self.timed_out += self.cohorts[0][1]
             self.queued = max(0.0, self.queued - self.cohorts.popleft()[1])
 
-    def _admit(self, k: int, free: float, running: int) -> None:
+    def _admit(self, k: int, free: float, running: int, done: float) -> None:
         cohorts = self.cohorts
         if self.random_order and free < self.queued:
             # every waiter is as likely to win a freed slot, whatever its age (routers whose
@@ -113,7 +113,11 @@ class FluidQueue:
                 if head[1] <= 1e-12:
                     cohorts.popleft()
         self.queued = max(0.0, self.queued - admitted)
-        c = joined((self.n_flight + admitted / 2) / max(running, 1))
+        # what the step's requests find on average: its completions and admissions interleave
+        # (each a freed slot taken at once while requests wait), so in flight moves from its
+        # value before the step to its value after it; taking every completion first would
+        # admit a saturated queue at a concurrency it never sees
+        c = joined((self.n_flight + done / 2 + admitted / 2) / max(running, 1))
         s_now = self.service(min(c, float(self.max_ongoing)))
         self.n_flight += admitted
         share = admitted / PIPE

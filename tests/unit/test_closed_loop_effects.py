@@ -103,8 +103,10 @@ def report(t: float, running: dict[str, float], served: float, done: int) -> tup
 
 
 def test_the_share_of_slots_busy_under_saturation_is_calibrated_from_the_reports() -> None:
-    """Only intervals whose load exceeds the slots, with the same members as the report before,
-    count: there the service completed over the slot-time is the share (3.4 of 4 slots)."""
+    """Only intervals whose load exceeds the slots after an interval that did too, with the same
+    members, count: there the service completed over the slot-time is the share (3.4 of 4
+    slots). The first interval of a saturation does not count (at its onset requests admitted
+    at a lower concurrency complete while those at the limit still run)."""
     ready = Lifecycle("r1", "a", "ready", 100.0, "s", "v1", None, "app", "dep", 4)
     rows = [(100_000_000, "fp.v1.report.lifecycle.app.dep", encode(ready))]
     served, done = 0.0, 0
@@ -120,10 +122,10 @@ def test_the_share_of_slots_busy_under_saturation_is_calibrated_from_the_reports
             n = 2 if t > 20 else 1
             rows.append(report(t, {f"r{i + 1}": 12.0 / n for i in range(n)}, served, done))
     c = calibrate(rows, [KEY])[0][KEY]
-    # t 10..19 (the first is after a light one, same members): 1 replica, 3.4 of 4 slots;
-    # t 21..29 (after the change at 20): 2 replicas still above 8 slots: 3.4 of 8
-    assert c.saturated_s == pytest.approx(10 * 4 + 9 * 8)
-    assert c.saturated_use == pytest.approx(19 * 3.4 / (10 * 4 + 9 * 8))
+    # t 11..19 (10, after a light one, is the onset): 1 replica, 3.4 of 4 slots;
+    # t 22..29 (21 follows the change at 20): 2 replicas still above 8 slots: 3.4 of 8
+    assert c.saturated_s == pytest.approx(9 * 4 + 8 * 8)
+    assert c.saturated_use == pytest.approx(17 * 3.4 / (9 * 4 + 8 * 8))
     light = calibrate(rows[:10], [KEY])[0][KEY]
     assert light.saturated_use == 1.0 and light.saturated_s == 0.0
 
