@@ -57,7 +57,10 @@ _STOP: Final = object()
 # filter subjects per snapshot consumer: the create request stays a few tens of KB
 SNAPSHOT_FILTERS_PER_READ = 512
 SNAPSHOT_FETCH = 1000
-SNAPSHOT_FETCH_TIMEOUT_S = 10.0
+# one fetch waits this long; then the consumer is asked what is still pending, since an entry
+# counted when the consumer was made can expire (the bucket's max age) before it is delivered
+SNAPSHOT_FETCH_WAIT_S = 1.0
+SNAPSHOT_FETCH_WAITS = 10
 # a snapshot consumer its reader never deleted (the reader died) is dropped this soon
 SNAPSHOT_INACTIVE_S = 30.0
 
@@ -188,8 +191,16 @@ class NatsKV:
                 return out
             sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=stream)
             try:
+                waits = 0
                 while left:
-                    batch = await sub.fetch(min(left, SNAPSHOT_FETCH), SNAPSHOT_FETCH_TIMEOUT_S)
+                    try:
+                        batch = await sub.fetch(min(left, SNAPSHOT_FETCH), SNAPSHOT_FETCH_WAIT_S)
+                    except nats.errors.TimeoutError:
+                        waits += 1
+                        left = (await self.js.consumer_info(stream, info.name)).num_pending
+                        if left and waits >= SNAPSHOT_FETCH_WAITS:
+                            raise
+                        continue
                     for msg in batch:
                         meta = msg.metadata
                         left = meta.num_pending

@@ -16,6 +16,7 @@ import pytest
 from shared.bus import Bus, KVEntry, KVWatcher, MaxPayloadExceeded, Msg
 from shared.errors import BusError, BusTimeout, KVConflict, NoResponders, UsageError
 from shared.natsbus import NatsBus
+from tests import waiting
 from tests.conftest import BusFactory
 
 WAIT_S = 5.0
@@ -371,6 +372,33 @@ async def test_kv_snapshot_leaves_no_consumer_on_the_server(nats_url: str) -> No
             assert len(await kv.snapshot([f"{c}.>" for c in "abcdefgh"])) == 1
         info = await bus.js.stream_info("KV_t_snapshot_consumers")
         assert info.state.consumer_count == 0
+    finally:
+        await bus.close()
+
+
+async def test_kv_snapshot_of_an_entry_that_expires_before_it_is_read(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member entry counted as pending when the consumer is made can reach the bucket's max
+    age before it is fetched: the snapshot is then empty, not a timeout."""
+    bus = await NatsBus.connect(nats_url, name="snapshot-expiry")
+    try:
+        kv = await bus.kv("t_snapshot_expiry", ttl=1.0)
+        await kv.put("member", b"1")
+        made = bus.js.add_consumer
+
+        async def made_then_expired(stream: str, **kw: object) -> object:
+            info = await made(stream, **kw)  # type: ignore[arg-type]
+            assert info.num_pending == 1
+
+            async def expired() -> bool:
+                return not (await bus.js.stream_info(stream)).state.messages
+
+            await waiting.eventually(expired, WAIT_S, "the entry expired")
+            return info
+
+        monkeypatch.setattr(bus.js, "add_consumer", made_then_expired)
+        assert await asyncio.wait_for(kv.snapshot([">"]), WAIT_S) == []
     finally:
         await bus.close()
 
