@@ -33,14 +33,17 @@ FOLD_RES: Final = 0.002
 1 ms as 1 ms)."""
 
 
-def joined(m: float) -> float:
-    """The requests a new request finds on its replica, itself included, when m are in flight
-    per replica: balanced to within one (a fraction f of the replicas serve floor(m) + 1, the
-    rest floor(m)), and the router's power of two choices takes the busier only when both
-    picks are (probability f^2)."""
+def joined(m: float, replicas: int) -> float:
+    """The requests a new request finds on its replica, itself included, when m others are in
+    flight per replica: balanced to within one (b = f x replicas of them serve floor(m) + 1,
+    the rest floor(m)), and the router's power of two choices, two distinct replicas, takes the
+    busier only when both picks are (probability b(b - 1) / (R(R - 1)); one replica: f)."""
     lo = math.floor(m)
     f = m - lo
-    return lo + f * f + 1.0
+    if replicas <= 1:
+        return m + 1.0
+    b = f * replicas
+    return lo + max(b * (b - 1.0), 0.0) / (replicas * (replicas - 1.0)) + 1.0
 
 
 class FluidQueue:
@@ -116,8 +119,10 @@ class FluidQueue:
         # what the step's requests find on average: its completions and admissions interleave
         # (each a freed slot taken at once while requests wait), so in flight moves from its
         # value before the step to its value after it; taking every completion first would
-        # admit a saturated queue at a concurrency it never sees
-        c = joined((self.n_flight + done / 2 + admitted / 2) / max(running, 1))
+        # admit a saturated queue at a concurrency it never sees. A request finds the others
+        # admitted before it, half of the rest of the step's on average, not itself
+        others = self.n_flight + done / 2 + max(admitted - 1.0, 0.0) / 2
+        c = joined(others / max(running, 1), running)
         s_now = self.service(min(c, float(self.max_ongoing)))
         self.n_flight += admitted
         share = admitted / PIPE

@@ -74,6 +74,7 @@ NODES: Final = 64
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 P99_EVERY_S: Final = 10.0
 DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
+EARLY_REPORT_S: Final = RouterConfig().cold_start_report_min_interval_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,13 +215,16 @@ class _StartTimes:
 
 
 class _Reports:
-    """What routers report (step 5): the time-weighted running + queued at their cadence; a queue
-    at zero replicas (cold start) and a sharp rise that holds are reported at once."""
+    """What routers report (step 5): the time-weighted running + queued at their cadence, from a
+    phase the load does not know (drawn); a queue at zero replicas (cold start) and a sharp rise
+    that holds are reported at once, at most once per `early_s`, as routers do."""
 
-    def __init__(self, report_s: float) -> None:
+    def __init__(self, report_s: float, phase_s: float, early_s: float) -> None:
         self.report_s = report_s
+        self.early_s = early_s
         self.acc = 0.0  # integral of running + queued since the last report
-        self.last = 0.0
+        self.last = phase_s - report_s
+        self.last_early = -math.inf
         self.value = 0.0
         self.rise_ticks = 0
 
@@ -228,12 +232,19 @@ class _Reports:
         self.acc += load * dt
         rising = load >= RISE_FACTOR * self.value + RISE_MIN
         self.rise_ticks = self.rise_ticks + 1 if rising else 0
-        due = now - self.last >= self.report_s - 1e-9
-        if due or (cold and self.value < queued) or self.rise_ticks >= 2:
-            span = now - self.last
+        # the step nearest the due time: a cadence a little over a whole number of steps (a
+        # recorded 1.001 s) must not wait a whole extra step each time
+        due = now - self.last >= self.report_s - dt / 2
+        early = (cold and self.value < queued) or self.rise_ticks >= 2
+        if early and not due and now - self.last_early < self.early_s - dt / 2:
+            early = False
+        if due or early:
+            span = min(now - self.last, now)
             self.value = load if self.rise_ticks >= 2 else self.acc / span if span > 0 else load
             if cold:
                 self.value = max(self.value, queued)
+            if early and not due:
+                self.last_early = now
             self.acc, self.last, self.rise_ticks = 0.0, now, 0
         return self.value
 
@@ -288,7 +299,8 @@ def _run_once(
     nodes = _nodes(cal.cv, key, opts.seed)
     every = max(1, round(P99_EVERY_S / dt))
     q = FluidQueue(cal, max_ongoing, nodes, opts)
-    reports = _Reports(report_s)
+    phase = float(np.random.default_rng([opts.seed, zlib.crc32(key.encode()), 3]).uniform())
+    reports = _Reports(report_s, phase * report_s, EARLY_REPORT_S)
     window = DemandWindow.for_policy(cfg)
     keep_s = max(cfg.look_back_period_s, cfg.panic_window_s)
     state = initial_state(cfg, 0.0)
