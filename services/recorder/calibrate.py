@@ -147,6 +147,9 @@ class Calibration:
     """Growth of the start time per other replica of the deployment starting at once."""
     startup_spread: tuple[float, ...] = ()
     """Each recorded start over the fitted line at its k (sorted): what the simulation draws."""
+    concurrency_sum: float = 0.0
+    """The recorded requests' concurrency at admission, summed (the model of the recorded
+    config is checked against its mean)."""
 
     def startup_at(self, starting: int) -> float | None:
         """The fitted start time of a replica starting with `starting - 1` others."""
@@ -180,6 +183,9 @@ class Calibration:
                 "rejected": self.rejected,
                 "timed_out": self.timed_out,
                 "mean_wait_s": self.wait_s / self.completed if self.completed else 0.0,
+                "mean_concurrency": (
+                    self.concurrency_sum / self.completed if self.completed else None
+                ),
             },
         }
 
@@ -365,6 +371,7 @@ def calibrate(
             rejected=round(sum(r.total("rejected") for r in with_stats)),
             timed_out=round(sum(r.total("timed_out") for r in with_stats)),
             wait_s=sum(r.total("wait_s") for r in with_stats),
+            concurrency_sum=sum(r.total("concurrency_sum") for r in with_stats),
         )
     return out, skipped
 

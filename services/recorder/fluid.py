@@ -57,9 +57,12 @@ class FluidQueue:
         self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
         self.pipe = nodes.reshape(PIPE, -1).mean(axis=1).tolist()  # coarser, for completions
         self.n_flight = self.queued = 0.0
+        self.draining = 0.0  # of n_flight, on replicas stopped since: they hold no running slot
+        self.running = 0
         self.cohorts: deque[list[float]] = deque()  # [arrival step, count], FIFO
         self.done_at: dict[int, float] = {}  # step -> requests completing then
         self.rejected = self.timed_out = 0.0
+        self.admitted = self.admitted_c = self.admitted_wait = 0.0  # for the means at admission
         self.lat_wait: list[float] = []
         self.lat_s: list[float] = []
         self.lat_w: list[float] = []
@@ -73,7 +76,14 @@ class FluidQueue:
     def step(self, k: int, arrivals: float, running: int) -> None:
         done = self.done_at.pop(k, 0.0)
         if done:
+            # a stopped replica's requests finish like the others (their share of each wave)
+            off = done * self.draining / self.n_flight if self.n_flight > 0 else 0.0
+            self.draining = max(0.0, self.draining - off)
             self.n_flight = max(0.0, self.n_flight - done)
+            done -= off
+        if running < self.running:  # a scale-down: the stopped replicas' share drains there
+            self.draining += (self.n_flight - self.draining) * (1 - running / self.running)
+        self.running = running
         if arrivals > 0:
             self.cohorts.append([k, arrivals])
             self._merge()
@@ -84,9 +94,10 @@ class FluidQueue:
                 self.queued -= over
                 self.rejected += over
         full = running * self.max_ongoing
-        free = full - self.n_flight
+        busy = self.n_flight - self.draining
+        free = full - busy
         if self.queued > free:  # saturated: the routers keep only a share of the slots busy
-            free = full * self.saturated_use - self.n_flight
+            free = full * self.saturated_use - busy
         if free > 0 and self.queued > 0:
             self._admit(k, free, running, done)
         while self.cohorts and k - self.cohorts[0][0] >= self.timeout_steps:
@@ -121,15 +132,19 @@ class FluidQueue:
         # value before the step to its value after it; taking every completion first would
         # admit a saturated queue at a concurrency it never sees. A request finds the others
         # admitted before it, half of the rest of the step's on average, not itself
-        others = self.n_flight + done / 2 + max(admitted - 1.0, 0.0) / 2
+        others = self.n_flight - self.draining + done / 2 + max(admitted - 1.0, 0.0) / 2
         c = joined(others / max(running, 1), running)
-        s_now = self.service(min(c, float(self.max_ongoing)))
+        c = min(c, float(self.max_ongoing))
+        s_now = self.service(c)
         self.n_flight += admitted
+        self.admitted += admitted
+        self.admitted_c += c * admitted
         share = admitted / PIPE
         for q in self.pipe:  # each share leaves after its service time
             at = k + max(1, round(s_now * q / self.dt))
             self.done_at[at] = self.done_at.get(at, 0.0) + share
         for w, n in waits:
+            self.admitted_wait += w * n
             self.lat_wait.append(w)
             self.lat_s.append(s_now)
             self.lat_w.append(n)

@@ -11,10 +11,11 @@ models, per step:
    (common random numbers), so configs differ by the config only.
 2. Service: a request admitted when its replica serves c requests (itself included) takes
    S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
-   `PIPE` shares at quantiles of that spread. With N in flight on R running replicas, c is what
-   a power-of-two choice finds on replicas balanced to within one request (`fluid.joined`), N
-   the step's mean (its completions and admissions interleave, as a freed slot is taken at
-   once: a request admitted from a queue finds its replica at the limit).
+   `PIPE` shares at quantiles of that spread. With N others in flight on R running replicas, c
+   is what a power-of-two choice of two distinct replicas finds on replicas balanced to within
+   one request (`fluid.joined`), N the step's mean (its completions and admissions interleave,
+   as a freed slot is taken at once: a request admitted from a queue finds its replica at the
+   limit) and, of the step's own admissions, the half admitted before it, not itself.
 3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted, oldest first as
    routers serve their waiters, while R x max_ongoing_requests exceeds N. While requests wait,
    only the calibrated share of the slots is busy (`saturated_use`, near 1: a router knows each
@@ -25,9 +26,11 @@ models, per step:
    `max_queued` rejects; a request still queued at `timeout_s` times out.
 4. Latency: each admitted cohort gets its queueing wait plus S(c) at admission, spread by the
    calibrated service-time variation (a fixed, seeded set of `NODES` gamma quantile nodes).
-5. Reports and control: every report interval the routers' time-averaged running + queued is
-   what the controller's metrics store would hold (a cold start and a sharp rise report at once,
-   as routers do); each step that demand goes into the controller's `DemandWindow` and
+5. Reports and control: every report interval (at the step nearest each due time, from a
+   seeded phase: where in a report interval the load changes is chance) the routers'
+   time-averaged running + queued is what the controller's metrics store would hold (a cold
+   start and a sharp rise report at once, at most once per `EARLY_REPORT_S`, as routers do);
+   each step that demand goes into the controller's `DemandWindow` and
    `policy.decide` runs with the config under test, exactly as in the open-loop what-if.
 6. Replicas: a target increase starts replicas that run a start time later: the calibrated
    start time at k, the replicas then starting at once (this scale event's and those still
@@ -144,6 +147,10 @@ class ClosedRun:
     rejected: float
     timed_out: float
     timeline: tuple[TimelineEntry, ...]
+    mean_concurrency: float | None = None
+    """The requests on a replica at admission (itself included), averaged over the admitted:
+    the recording has the same for the recorded config (calibration `mean_concurrency`)."""
+    mean_wait_s: float | None = None
     p99_series: F64 = dataclasses.field(default_factory=lambda: np.empty(0))
     """p99 latency of the requests admitted in each `P99_EVERY_S` (NaN where none was)."""
     replications: tuple[ClosedRun, ...] = ()
@@ -365,6 +372,8 @@ def _run_once(
         rejected=q.rejected,
         timed_out=timed_out,
         timeline=tuple(timeline),
+        mean_concurrency=q.admitted_c / q.admitted if q.admitted > 0 else None,
+        mean_wait_s=q.admitted_wait / q.admitted if q.admitted > 0 else None,
         p99_series=p99,
     )
 

@@ -255,3 +255,27 @@ def test_queue_order_reaches_the_model_from_the_command_line(tmp_path: Path) -> 
     fixture = json.loads(QUEUE_EXPECTED.read_text())
     assert json.loads(out["fifo"].read_text())["deployments"] == fixture["deployments"]
     assert out["random"].read_bytes() != out["fifo"].read_bytes()
+
+
+def test_the_output_checks_the_model_against_the_recorded_concurrency_and_wait(
+    cal_rows: list,
+) -> None:
+    """The routers count the concurrency each request found and its wait: the calibration
+    reports both as recorded, the summary as modelled, and the table sets them side by side
+    (the recorded config's model should match)."""
+    c = calibrate(cal_rows, [KEY])[0][KEY]
+    recorded = c.doc()["recorded"]
+    assert isinstance(recorded, dict)
+    assert recorded["mean_concurrency"] == pytest.approx(c.concurrency_sum / c.completed)
+    as_live = cfg(min_replicas=q.MAX_ONGOING - 1, max_replicas=q.MAX_ONGOING - 1)  # 4, as recorded
+    run = run_deployment(KEY, as_live, q.MAX_ONGOING, c, 600.0, ModelOptions(replications=2))
+    s = closedloop.summary(run, 0.1)
+    assert 1.0 <= s["mean_concurrency"] <= q.MAX_ONGOING
+    assert s["mean_concurrency"] == pytest.approx(recorded["mean_concurrency"], abs=0.5)
+    assert s["mean_wait_s"] >= 0.0
+    result = closedloop.ClosedResult(ModelOptions(), 0, 600.0, {KEY: run})
+    out = io.StringIO()
+    closedloop.print_closed([("live", result)], out)
+    line = next(x for x in out.getvalue().splitlines() if "at admission" in x)
+    assert f"as recorded: {recorded['mean_concurrency']:.2f} requests" in line
+    assert f"live {s['mean_concurrency']:.2f}, {s['mean_wait_s']:.3f} s" in line

@@ -64,3 +64,19 @@ def test_an_early_report_comes_at_most_once_per_interval() -> None:
     loads = [3.0 * 2**k for k in range(20)]  # 0.1 s apart: a rise every step
     times = report_times(_Reports(10.0, 5.0, EARLY_REPORT_S), loads)
     assert times == [0.2, 1.2]  # held two steps, then once more a second later
+
+
+def test_a_stopped_replica_s_requests_do_not_hold_the_running_replicas_slots() -> None:
+    """Four replicas serve 12; three stop: their 9 finish where they are, and the one left,
+    serving its 3, takes one of 4 waiters at once (counting all 12 against its 4 slots held
+    every waiter until 8 had finished elsewhere)."""
+    queue = FluidQueue(cal(BURST), 4, np.ones(64), ModelOptions())
+    queue.step(0, 12.0, 4)
+    assert queue.n_flight == pytest.approx(12.0) and queue.queued == 0.0
+    queue.step(1, 4.0, 1)
+    assert queue.draining == pytest.approx(9.0)
+    assert queue.queued == pytest.approx(3.0)
+    for k in range(2, 40):  # the drained requests finish; the left replica serves the rest
+        queue.step(k, 0.0, 1)
+    assert queue.draining == pytest.approx(0.0) and queue.queued == pytest.approx(0.0)
+    assert queue.n_flight == pytest.approx(0.0)
