@@ -151,6 +151,16 @@ class Calibration:
     """The recorded requests' concurrency at admission, summed (the model of the recorded
     config is checked against its mean)."""
 
+    @property
+    def mean_concurrency(self) -> float | None:
+        """As recorded: the requests a request found on its replica at admission, itself in."""
+        return self.concurrency_sum / self.completed if self.completed else None
+
+    @property
+    def mean_wait_s(self) -> float:
+        """As recorded: the time a request waited in its router's queue."""
+        return self.wait_s / self.completed if self.completed else 0.0
+
     def startup_at(self, starting: int) -> float | None:
         """The fitted start time of a replica starting with `starting - 1` others."""
         if self.startup_base_s is None:
@@ -182,10 +192,8 @@ class Calibration:
                 "completed": self.completed,
                 "rejected": self.rejected,
                 "timed_out": self.timed_out,
-                "mean_wait_s": self.wait_s / self.completed if self.completed else 0.0,
-                "mean_concurrency": (
-                    self.concurrency_sum / self.completed if self.completed else None
-                ),
+                "mean_wait_s": self.mean_wait_s,
+                "mean_concurrency": self.mean_concurrency,
             },
         }
 

@@ -90,9 +90,15 @@ def _series_summary(run: ClosedRun, interval_s: float) -> dict[str, float]:
     }
 
 
-def _mean_of(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return _r(sum(known) / len(known)) if known else None
+def at_admission(run: ClosedRun) -> dict[str, float | None]:
+    """The modelled mean concurrency a request found at admission and its mean wait, over the
+    replications: what the recording's routers counted for the recorded config."""
+    reps = run.replications or (run,)
+    out: dict[str, float | None] = {}
+    for name in ("mean_concurrency", "mean_wait_s"):
+        known = [v for r in reps if (v := getattr(r, name)) is not None]
+        out[name] = _r(sum(known) / len(known)) if known else None
+    return out
 
 
 def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
@@ -109,14 +115,10 @@ def summary(run: ClosedRun, interval_s: float) -> dict[str, Any]:
         each = sorted(x for r in reps if (x := r.percentile(99.0)) is not None)
         if each:
             p["p99_runs_s"] = [_r(each[0]), _r(float(np.median(each))), _r(each[-1])]
-    at_admission = {
-        name: _mean_of([getattr(r, name) for r in reps])
-        for name in ("mean_concurrency", "mean_wait_s")
-    }
     return {
         **p,
         **series,
-        **at_admission,
+        **at_admission(run),
         "mean_latency_s": _opt(mean),
         "arrived": _r(run.arrived),
         "completed": _r(run.completed()),
@@ -247,18 +249,16 @@ def print_closed(runs: Sequence[tuple[str, ClosedResult]], out: TextIO) -> None:
             f" max_ongoing {cal.max_ongoing or '-'}, slots busy under saturation"
             f" {cal.saturated_use:.2f}\n"
         )
-        if cal.completed:  # what the recorded config's model should reproduce
-            seen = [
-                f"{label} {s['mean_concurrency']:.2f}, {s['mean_wait_s']:.3f} s"
-                for label, r in runs
-                if key in r.deployments
-                and (s := summary(r.deployments[key], r.options.interval_s))["mean_concurrency"]
-                is not None
-            ]
+        if cal.mean_concurrency is not None:  # what the recorded config's model should match
+            seen = []
+            for label, r in runs:
+                m = at_admission(r.deployments[key]) if key in r.deployments else {}
+                if m.get("mean_concurrency") is not None:
+                    seen.append(f"{label} {m['mean_concurrency']:.2f}, {m['mean_wait_s']:.3f} s")
             out.write(
-                f"{key}: at admission, as recorded: {cal.concurrency_sum / cal.completed:.2f}"
-                f" requests on the replica, mean wait {cal.wait_s / cal.completed:.3f} s;"
-                f" modelled: {'; '.join(seen) or '-'} (the recorded config's should match)\n"
+                f"{key}: at admission, as recorded: {cal.mean_concurrency:.2f} requests on the"
+                f" replica, mean wait {cal.mean_wait_s:.3f} s; modelled: {'; '.join(seen) or '-'}"
+                " (the recorded config's should match)\n"
             )
 
 

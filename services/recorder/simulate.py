@@ -242,11 +242,11 @@ class _Reports:
         # the step nearest the due time: a cadence a little over a whole number of steps (a
         # recorded 1.001 s) must not wait a whole extra step each time
         due = now - self.last >= self.report_s - dt / 2
-        early = (cold and self.value < queued) or self.rise_ticks >= 2
-        if early and not due and now - self.last_early < self.early_s - dt / 2:
-            early = False
+        early = ((cold and self.value < queued) or self.rise_ticks >= 2) and (
+            now - self.last_early >= self.early_s - dt / 2
+        )
         if due or early:
-            span = min(now - self.last, now)
+            span = now - max(self.last, 0.0)  # the first report covers the run from its start
             self.value = load if self.rise_ticks >= 2 else self.acc / span if span > 0 else load
             if cold:
                 self.value = max(self.value, queued)
