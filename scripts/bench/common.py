@@ -97,12 +97,21 @@ def stop_services(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 3
 
 def cli_deploy(path: Path, nats_url: str) -> None:
     """`fleetpulse deploy PATH`; RuntimeError with its output if it fails."""
+    _cli(["deploy", str(path)], nats_url)
+
+
+def cli_delete(app: str, nats_url: str) -> None:
+    """`fleetpulse delete APP`; RuntimeError with its output if it fails."""
+    _cli(["delete", app], nats_url)
+
+
+def _cli(args: list[str], nats_url: str) -> None:
     import os
 
     res = subprocess.run(
-        [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", nats_url],
+        [sys.executable, "-m", "services.cli", *args, "--nats", nats_url],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
     if res.returncode != 0:
-        raise RuntimeError(f"deploy failed: {res.stdout}{res.stderr}")
+        raise RuntimeError(f"{args[0]} failed: {res.stdout}{res.stderr}")

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scripts.bench.common import ROOT, print_table, result_line, write_json
+from scripts.bench.common import ROOT, cli_delete, cli_deploy, print_table, result_line, write_json
 from scripts.bench.step_response import POLL_S, Stack, until
 from services.recorder import closedloop
 from services.recorder.replay import load_app_configs, load_report_rows
@@ -158,13 +158,7 @@ async def live_run(
     assert stack.bus is not None
     path = stack.log_dir / f"{app}.yaml"
     path.write_text(app_yaml(app, CONFIGS[config]))
-    res = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "services.cli", "deploy", str(path), "--nats", stack.server.url],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    if res.returncode != 0:
-        raise RuntimeError(f"deploy failed: {res.stderr}")
+    await asyncio.to_thread(cli_deploy, path, stack.server.url)
 
     async def at_min() -> bool:
         target, running = await stack.model(app)
@@ -208,6 +202,14 @@ async def live_run(
     stop.set()
     await poller
     await handle.close()
+    # the next run has the agent to itself: an app left at its minimum would hold slots the
+    # next config may need (with the agent's 12, four idle apps capped later runs at 6 or 7)
+    await asyncio.to_thread(cli_delete, app, stack.server.url)
+
+    async def stopped() -> bool:
+        return (await stack.model(app))[1] <= 0
+
+    await until(stopped, 120, f"{app} stopped")
     return live
 
 
