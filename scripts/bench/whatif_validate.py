@@ -341,7 +341,8 @@ async def live_phase(args: argparse.Namespace, log_dir: Path) -> None:
     finally:
         await stack.stop()
     doc = {"names": names, "window": window, "settle_s": settle, "series": series,
-           "configs": {n: CONFIGS[n] for n in names}, "tune": args.tune}  # fmt: skip
+           "configs": {n: CONFIGS[n] for n in names}, "tune": args.tune,
+           "load_seed": args.seed}  # fmt: skip
     (log_dir / "live.json").write_text(json.dumps(doc))
 
 
@@ -402,6 +403,9 @@ def evaluate(log_dir: Path, seed: int) -> dict[str, Any]:
     for p in preds.values():
         p.pop("series")
     others = from_other_recordings(log_dir, doc, live, seed)
+    from scripts.bench.whatif_given import given_live  # it reads this module's load script
+
+    given = given_live(log_dir, doc)
     tuned = None
     if "T" in live and doc["tune"] is not None:
         q, bound = doc["tune"].split("=")
@@ -415,7 +419,7 @@ def evaluate(log_dir: Path, seed: int) -> dict[str, Any]:
               f"{'met' if tuned['met'] else 'NOT met'}")  # fmt: skip
         result_line("whatif_tune_live", measured_s=measured, met=int(tuned["met"]))
     return {"load_s": settle - 10.0, "live": live, "predicted": preds, "pairs": pairs,
-            "other_recordings": others, "tuned": tuned}  # fmt: skip
+            "other_recordings": others, "given_live": given, "tuned": tuned}  # fmt: skip
 
 
 def from_other_recordings(

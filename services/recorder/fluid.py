@@ -1,7 +1,8 @@
 """The routers' queue and the requests in service of one deployment, as a fluid (simulate.py
 steps 2-4): arrivals wait as cohorts, are admitted first come, first served (or in random order)
-while slots are free, take the calibrated service time at the concurrency they find,
-and leave in shares; every admitted share is a latency record, folded onto a fine grid when a
+while slots are free, take the calibrated service time at the concurrency they find (spread
+as the routers' choice spreads it, admission.py; a request that waited finds its replica at
+the limit), and leave in shares; every admitted share is a latency record, folded onto a fine grid when a
 long saturation makes many."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import numpy.typing as npt
 
+from .admission import admission_table
 from .calibrate import Calibration
 
 if TYPE_CHECKING:
@@ -33,25 +35,12 @@ FOLD_RES: Final = 0.002
 1 ms as 1 ms)."""
 
 
-def joined(m: float, replicas: int) -> float:
-    """The requests a new request finds on its replica, itself included, when m others are in
-    flight per replica: balanced to within one (b = f x replicas of them serve floor(m) + 1,
-    the rest floor(m)), and the router's power of two choices, two distinct replicas, takes the
-    busier only when both picks are (probability b(b - 1) / (R(R - 1)); one replica: f)."""
-    lo = math.floor(m)
-    f = m - lo
-    if replicas <= 1:
-        return m + 1.0
-    b = f * replicas
-    return lo + max(b * (b - 1.0), 0.0) / (replicas * (replicas - 1.0)) + 1.0
-
-
 class FluidQueue:
     """The routers' queue and the requests in service of one deployment (see the header)."""
 
     def __init__(self, cal: Calibration, max_ongoing: int, nodes: F64, opts: ModelOptions) -> None:
         self.service = cal.service_s
-        self.max_ongoing = max_ongoing
+        self.max_ongoing = max(1, max_ongoing)
         self.max_queued = opts.max_queued
         self.dt = opts.interval_s
         self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
@@ -133,21 +122,38 @@ class FluidQueue:
         # admit a saturated queue at a concurrency it never sees. A request finds the others
         # admitted before it, half of the rest of the step's on average, not itself
         others = self.n_flight - self.draining + done / 2 + max(admitted - 1.0, 0.0) / 2
-        c = joined(others / max(running, 1), running)
-        c = min(c, float(self.max_ongoing))
-        s_now = self.service(c)
+        table = admission_table(self.max_ongoing, max(running, 1))
+        found, chances, c_new = table.spread(others / max(running, 1))
+        services = [self.service(x) for x in found]
+        # a request that waited takes a slot the moment it frees: its replica serves max - 1
+        # others; one that came this step finds what the routers' choice finds
+        limit = float(self.max_ongoing)
+        s_limit = self.service(limit)
+        c_sum = 0.0
+        for w, n in waits:
+            self.admitted_wait += w * n
+            self.lat_wait.append(w)  # the first record: at the limit, or the first found
+            if w > 0:
+                self.lat_s.append(s_limit)
+                self.lat_w.append(n)
+                c_sum += limit * n
+                continue
+            self.lat_s.append(services[0])
+            self.lat_w.append(n * chances[0])
+            for s_c, p in zip(services[1:], chances[1:], strict=True):
+                self.lat_wait.append(w)
+                self.lat_s.append(s_c)
+                self.lat_w.append(n * p)
+            c_sum += c_new * n
+        c = c_sum / admitted if admitted > 0 else c_new
+        s_now = self.service(c)  # the mean: S is linear in c
         self.n_flight += admitted
         self.admitted += admitted
-        self.admitted_c += c * admitted
+        self.admitted_c += c_sum
         share = admitted / PIPE
         for q in self.pipe:  # each share leaves after its service time
             at = k + max(1, round(s_now * q / self.dt))
             self.done_at[at] = self.done_at.get(at, 0.0) + share
-        for w, n in waits:
-            self.admitted_wait += w * n
-            self.lat_wait.append(w)
-            self.lat_s.append(s_now)
-            self.lat_w.append(n)
 
     def window_done(self, nodes: F64) -> None:
         """Close the current p99 window: its p99 from its own records, which then join the

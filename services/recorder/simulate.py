@@ -158,17 +158,23 @@ class ClosedRun:
     counts above are already pooled over them."""
 
     def percentile(self, q: float) -> float | None:
-        if self.weight.size == 0:
-            return None
-        cum = np.cumsum(self.weight)
-        i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
-        return float(self.latency[min(i, self.latency.size - 1)])
+        return weighted_percentile(self.latency, self.weight, q)
 
     def completed(self) -> float:
         return float(self.weight.sum())
 
     def replica_seconds(self, interval_s: float) -> float:
         return float(self.running.sum()) * interval_s
+
+
+def weighted_percentile(values: F64, weights: F64, q: float) -> float | None:
+    """The q-th percentile of sorted `values` each standing for `weights` requests (None:
+    no request)."""
+    if weights.size == 0:
+        return None
+    cum = np.cumsum(weights)
+    i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
+    return float(values[min(i, values.size - 1)])
 
 
 def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) -> F64:
@@ -376,6 +382,22 @@ def _run_once(
         mean_wait_s=q.admitted_wait / q.admitted if q.admitted > 0 else None,
         p99_series=p99,
     )
+
+
+def queue_given(
+    cal: Calibration, max_ongoing: int, arrivals: F64, running: I64, opts: ModelOptions
+) -> tuple[F64, F64]:
+    """The queue alone (steps 2-4), with the replicas running each step given instead of
+    decided: sorted latencies and the requests each stands for. Given a live run's replicas
+    and its arrivals per step, this is the model's answer with the policy's feedback taken
+    out, so its error against the live latencies is the queueing model's own."""
+    if arrivals.shape != running.shape:
+        raise UsageError("arrivals and running need one value per step each")
+    nodes = _nodes(cal.cv, cal.key, opts.seed)
+    q = FluidQueue(cal, max_ongoing, nodes, opts)
+    for k, (a, r) in enumerate(zip(arrivals.tolist(), running.tolist(), strict=True)):
+        q.step(k, a, r)
+    return latencies(q.records(), nodes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
