@@ -12,10 +12,11 @@ models, per step:
 2. Service: a request admitted when its replica serves c requests (itself included) takes
    S(c), the calibrated service time, spread by its variation: each admitted cohort leaves in
    `PIPE` shares at quantiles of that spread. With N others in flight on R running replicas, c
-   is what a power-of-two choice of two distinct replicas finds on replicas balanced to within
-   one request (`fluid.joined`), N the step's mean (its completions and admissions interleave,
-   as a freed slot is taken at once: a request admitted from a queue finds its replica at the
-   limit) and, of the step's own admissions, the half admitted before it, not itself.
+   is spread as the routers' power-of-two choice spreads it in equilibrium at N / R
+   (admission.py), each share of a cohort served at its own c; N is the step's mean (its
+   completions and admissions interleave) and, of the step's own admissions, the half
+   admitted before it, not itself. A request that waited takes a slot the moment it frees:
+   its replica serves max_ongoing_requests - 1 others.
 3. Routers' queue: arrivals wait as cohorts by arrival step and are admitted, oldest first as
    routers serve their waiters, while R x max_ongoing_requests exceeds N. While requests wait,
    only the calibrated share of the slots is busy (`saturated_use`, near 1: a router knows each
