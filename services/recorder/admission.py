@@ -98,10 +98,19 @@ def joined(m: float, replicas: int, max_ongoing: int) -> float:
 
 @functools.cache
 def admission_table(max_ongoing: int, replicas: int) -> AdmissionTable:
-    """The equilibrium over loads from idle to three slots' worth per replica (the header)."""
+    """The equilibrium over loads from idle to three slots' worth per replica (the header);
+    past `EXACT_STATES` one mean-field table serves every replica count of a limit."""
+    if math.comb(max_ongoing + replicas, replicas) <= EXACT_STATES:
+        return _table(max_ongoing, replicas)
+    return _table(max_ongoing, 0)
+
+
+@functools.cache
+def _table(max_ongoing: int, replicas: int) -> AdmissionTable:
+    """The exact chain for `replicas`, or (0) the mean field."""
     # denser at light load, where what is found changes most
     rho = 3.0 * max_ongoing * np.linspace(0.0, 1.0, LOADS + 1)[1:] ** 2
-    if math.comb(max_ongoing + replicas, replicas) <= EXACT_STATES:
+    if replicas:
         m, found = _exact(rho, max_ongoing, replicas)
     else:
         m, found = _mean_field(rho, max_ongoing)

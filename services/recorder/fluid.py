@@ -1,9 +1,9 @@
 """The routers' queue and the requests in service of one deployment, as a fluid (simulate.py
 steps 2-4): arrivals wait as cohorts, are admitted first come, first served (or in random order)
-while slots are free, take the calibrated service time at the concurrency they find (spread
-as the routers' choice spreads it, admission.py; a request that waited finds its replica at
-the limit), and leave in shares; every admitted share is a latency record, folded onto a fine grid when a
-long saturation makes many."""
+while slots are free, take the calibrated service time at the concurrency they find (spread as
+the routers' choice spreads it, admission.py; a request that waited finds its replica at the
+limit), and leave in shares; every admitted share is a latency record, folded onto a fine grid
+when a long saturation makes many."""
 
 from __future__ import annotations
 
@@ -124,27 +124,19 @@ class FluidQueue:
         others = self.n_flight - self.draining + done / 2 + max(admitted - 1.0, 0.0) / 2
         table = admission_table(self.max_ongoing, max(running, 1))
         found, chances, c_new = table.spread(others / max(running, 1))
-        services = [self.service(x) for x in found]
-        # a request that waited takes a slot the moment it frees: its replica serves max - 1
+        mix = list(zip([self.service(x) for x in found], chances, strict=True))
+        # a request that waited takes a slot the moment it frees, on a replica serving max - 1
         # others; one that came this step finds what the routers' choice finds
         limit = float(self.max_ongoing)
-        s_limit = self.service(limit)
+        at_limit = [(self.service(limit), 1.0)]
         c_sum = 0.0
         for w, n in waits:
             self.admitted_wait += w * n
-            self.lat_wait.append(w)  # the first record: at the limit, or the first found
-            if w > 0:
-                self.lat_s.append(s_limit)
-                self.lat_w.append(n)
-                c_sum += limit * n
-                continue
-            self.lat_s.append(services[0])
-            self.lat_w.append(n * chances[0])
-            for s_c, p in zip(services[1:], chances[1:], strict=True):
+            for s_c, p in at_limit if w > 0 else mix:
                 self.lat_wait.append(w)
                 self.lat_s.append(s_c)
                 self.lat_w.append(n * p)
-            c_sum += c_new * n
+            c_sum += (limit if w > 0 else c_new) * n
         c = c_sum / admitted if admitted > 0 else c_new
         s_now = self.service(c)  # the mean: S is linear in c
         self.n_flight += admitted
