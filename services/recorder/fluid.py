@@ -41,6 +41,8 @@ class FluidQueue:
     def __init__(self, cal: Calibration, max_ongoing: int, nodes: F64, opts: ModelOptions) -> None:
         self.service = cal.service_s
         self.max_ongoing = max(1, max_ongoing)
+        self.at_limit = [(self.service(float(self.max_ongoing)), 1.0)]
+        self.mixes: dict[tuple[tuple[float, ...], ...], list[tuple[float, float]]] = {}
         self.max_queued = opts.max_queued
         self.dt = opts.interval_s
         self.timeout_steps = math.inf if opts.timeout_s is None else opts.timeout_s / self.dt
@@ -124,11 +126,14 @@ class FluidQueue:
         others = self.n_flight - self.draining + done / 2 + max(admitted - 1.0, 0.0) / 2
         table = admission_table(self.max_ongoing, max(running, 1))
         found, chances, c_new = table.spread(others / max(running, 1))
-        mix = list(zip([self.service(x) for x in found], chances, strict=True))
+        mix = self.mixes.get((found, chances))
+        if mix is None:  # (service time, chance) per concurrency found; few distinct per run
+            mix = self.mixes[found, chances] = [
+                (self.service(x), p) for x, p in zip(found, chances, strict=True)
+            ]
         # a request that waited takes a slot the moment it frees, on a replica serving max - 1
         # others; one that came this step finds what the routers' choice finds
-        limit = float(self.max_ongoing)
-        at_limit = [(self.service(limit), 1.0)]
+        limit, at_limit = float(self.max_ongoing), self.at_limit
         c_sum = 0.0
         for w, n in waits:
             self.admitted_wait += w * n
