@@ -24,8 +24,9 @@ import numpy as np
 from scripts.bench import whatif_validate as wv
 from scripts.bench.common import print_table, result_line
 from services.recorder.closedloop import calibrate_for
+from services.recorder.fluid import weighted_percentile
 from services.recorder.replay import load_app_configs, load_report_rows
-from services.recorder.simulate import ModelOptions, queue_given, weighted_percentile
+from services.recorder.simulate import ModelOptions, queue_given
 from shared.subjects import DEFAULT_NAMESPACE
 
 

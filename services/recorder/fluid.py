@@ -192,10 +192,18 @@ class FluidQueue:
 def p99_of(rec: tuple[F64, F64, F64], nodes: F64) -> float:
     """The p99 latency of some records (NaN: no request)."""
     x, y = latencies(rec, nodes)
-    cum = np.cumsum(y)
-    if not cum.size or cum[-1] <= 0:
-        return math.nan
-    return float(x[min(int(np.searchsorted(cum, 0.99 * cum[-1])), x.size - 1)])
+    p99 = weighted_percentile(x, y, 99.0) if y.sum() > 0 else None
+    return math.nan if p99 is None else p99
+
+
+def weighted_percentile(values: F64, weights: F64, q: float) -> float | None:
+    """The q-th percentile of sorted `values` each standing for `weights` requests (None:
+    no request)."""
+    if weights.size == 0:
+        return None
+    cum = np.cumsum(weights)
+    i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
+    return float(values[min(i, values.size - 1)])
 
 
 def fold(rec: tuple[F64, F64, F64]) -> tuple[F64, F64, F64]:

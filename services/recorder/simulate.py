@@ -68,7 +68,7 @@ from shared.errors import UsageError
 from shared.subjects import DEFAULT_NAMESPACE, deployment_key
 
 from .calibrate import Calibration
-from .fluid import FluidQueue, latencies
+from .fluid import FluidQueue, latencies, weighted_percentile
 from .whatif import TimelineEntry
 
 F64 = npt.NDArray[np.float64]
@@ -166,16 +166,6 @@ class ClosedRun:
 
     def replica_seconds(self, interval_s: float) -> float:
         return float(self.running.sum()) * interval_s
-
-
-def weighted_percentile(values: F64, weights: F64, q: float) -> float | None:
-    """The q-th percentile of sorted `values` each standing for `weights` requests (None:
-    no request)."""
-    if weights.size == 0:
-        return None
-    cum = np.cumsum(weights)
-    i = int(np.searchsorted(cum, cum[-1] * q / 100.0, side="left"))
-    return float(values[min(i, values.size - 1)])
 
 
 def _arrival_draw(cal: Calibration, n: int, dt: float, block: int, seed: int) -> F64:

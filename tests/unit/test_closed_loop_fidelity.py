@@ -9,6 +9,7 @@ import pytest
 from services.recorder.admission import admission_table, joined
 from services.recorder.fluid import FluidQueue
 from services.recorder.simulate import EARLY_REPORT_S, ModelOptions, _Reports
+from shared.errors import UsageError
 from tests.unit.test_closed_loop_effects import BURST, cal
 
 
@@ -168,3 +169,18 @@ def test_the_admission_table_is_bounded_and_rises_with_load() -> None:
     assert joined(0.5, 1, 100) == pytest.approx(1.5, abs=0.01)
     # the exact chain and the mean field meet where one hands over to the other
     assert joined(1.7, 7, 4) == pytest.approx(joined(1.7, 8, 4), abs=0.03)
+
+
+def test_the_queue_given_the_replicas_queues_only_where_they_are_too_few() -> None:
+    """`queue_given` (the bench's check without the policy): 20 requests/s for 10 s on one
+    replica of 4 slots (at most 8/s) queue; on four they are served at once."""
+    from services.recorder.simulate import queue_given, weighted_percentile
+
+    arrivals = np.full(100, 2.0)
+    one = queue_given(cal(BURST), 4, arrivals, np.full(100, 1, dtype=np.int64), ModelOptions())
+    four = queue_given(cal(BURST), 4, arrivals, np.full(100, 4, dtype=np.int64), ModelOptions())
+    slow, fast = weighted_percentile(*one, 99.0), weighted_percentile(*four, 99.0)
+    assert slow is not None and fast is not None
+    assert fast < 0.6 < 3.0 < slow
+    with pytest.raises(UsageError):
+        queue_given(cal(BURST), 4, arrivals, np.ones(99, dtype=np.int64), ModelOptions())
