@@ -1,8 +1,20 @@
-"""Helpers every benchmark uses: percentiles, a table, JSON output and the RESULT line."""
+"""Helpers every benchmark uses: percentiles, a table, JSON output and the RESULT line.
+
+Where output goes: `results_dir()` (bench-results/) for the JSON, `plot_path(NAME)`
+(docs/img/NAME) for a plot. With FLEETPULSE_BENCH_OUT set, both go under that directory instead
+(plots in its img/): the smoke runner sets it, so a smoke run never overwrites a real result or a
+plot the docs show.
+
+Smoke runs: every benchmark with a `main` takes `--smoke` (seconds, tiny sizes, the real servers
+and processes), and `python -m scripts.bench.smoke` runs them all, each in its own process; it
+fails when one exits non-zero or prints no `RESULT bench=` line (CI runs it, see .ci/run).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -14,6 +26,38 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "bench-results"
+PLOTS_DIR = ROOT / "docs" / "img"
+OUT_ENV = "FLEETPULSE_BENCH_OUT"
+"""When set, the directory every result and plot goes to instead of bench-results/ and docs/img/."""
+
+
+def add_smoke(ap: argparse.ArgumentParser, what: str) -> None:
+    """The `--smoke` flag of a benchmark; `what` says what the smoke run shrinks to."""
+    ap.add_argument(
+        "--smoke", action="store_true",
+        help=f"a run of seconds through the same code path: {what} (scripts/bench/smoke.py)",
+    )  # fmt: skip
+
+
+def results_dir() -> Path:
+    """bench-results/, or $FLEETPULSE_BENCH_OUT when set."""
+    out = os.environ.get(OUT_ENV)
+    return Path(out) if out else RESULTS_DIR
+
+
+def plot_path(name: str) -> Path:
+    """docs/img/NAME, or $FLEETPULSE_BENCH_OUT/img/NAME when set (a smoke run's plot must not
+    replace the one the docs show)."""
+    out = os.environ.get(OUT_ENV)
+    return (Path(out) / "img" if out else PLOTS_DIR) / name
+
+
+def shown(path: Path) -> str:
+    """A path to print: relative to the repository when inside it, else as it is."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
@@ -40,7 +84,7 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 
 
 def write_json(name: str, payload: Mapping[str, Any], out_dir: Path | None = None) -> Path:
-    out = out_dir or RESULTS_DIR
+    out = out_dir or results_dir()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     doc = {"bench": name, "machine": machine_facts(), **payload}
@@ -58,8 +102,6 @@ def result_line(bench: str, **fields: float | int | str) -> str:
 
 
 def machine_facts() -> dict[str, Any]:
-    import os
-
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -73,8 +115,6 @@ def machine_facts() -> dict[str, Any]:
 
 def start_service(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     """A service process (`python ARGS`) of the tree, its output in `log`."""
-    import os
-
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
@@ -106,8 +146,6 @@ def cli_delete(app: str, nats_url: str) -> None:
 
 
 def _cli(args: list[str], nats_url: str) -> None:
-    import os
-
     res = subprocess.run(
         [sys.executable, "-m", "services.cli", *args, "--nats", nats_url],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
