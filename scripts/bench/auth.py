@@ -10,7 +10,7 @@ The storm then opens N connections at once, as N replicas would after a NATS res
 with its own credential file and inboxes, through `NatsBus.connect`), to each server in turn,
 and measures the time until all are connected and the CPU the auth service and the server used.
 
-    .venv/bin/python -m scripts.bench.auth [--requests 3000] [--connections 1000]
+    .venv/bin/python -m scripts.bench.auth [--requests 3000] [--connections 1000] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.bench.common import (
     ROOT,
+    add_smoke,
     percentiles,
     print_table,
     result_line,
@@ -50,6 +52,8 @@ from shared.subjects import KV_APPS, KV_MEMBERSHIP, KV_STATUS
 
 READY_TIMEOUT_S = 60.0
 ROLES = ("router", "controller")
+WARMUP = 200
+SMOKE = {"requests": 40, "rounds": 2, "connections": 20, "storms": 1, "warmup": 10}
 
 
 @dataclass
@@ -126,7 +130,9 @@ async def start_side(name: str, callout: bool) -> Side:
     return side
 
 
-async def request_path(sides: list[Side], requests: int, payload_size: int, rounds: int) -> dict:
+async def request_path(
+    sides: list[Side], requests: int, payload_size: int, rounds: int, warmup: int = WARMUP
+) -> dict:
     payload = os.urandom(payload_size)
     calls = {}
     closers = []
@@ -164,7 +170,7 @@ async def request_path(sides: list[Side], requests: int, payload_size: int, roun
         return time.perf_counter() - t0
 
     for name in calls:
-        for _ in range(200):
+        for _ in range(warmup):
             await once(name)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     per_round = max(1, requests // rounds)
@@ -228,7 +234,10 @@ async def run(args: argparse.Namespace) -> dict:
     try:
         res: dict = {"payload_bytes": args.payload}
         if args.requests:
-            res["request"] = await request_path(sides, args.requests, args.payload, args.rounds)
+            warmup = SMOKE["warmup"] if args.smoke else WARMUP
+            res["request"] = await request_path(
+                sides, args.requests, args.payload, args.rounds, warmup
+            )
         if args.connections:
             res["storm"] = {}
             for rep in range(args.storms):
@@ -249,12 +258,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds (default 10)")
     p.add_argument("--connections", type=int, default=1000, help="storm size (0: skip)")
     p.add_argument("--storms", type=int, default=2, help="storms per side, alternating (default 2)")
+    add_smoke(p, "40 requests per side in 2 rounds, one storm of 20 connections per side")
     return p
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        for k in ("requests", "rounds", "connections", "storms"):
+            setattr(args, k, SMOKE[k])
     logging.basicConfig(level=logging.ERROR)
-    args = parser().parse_args()
     res = asyncio.run(run(args))
     fields: dict[str, float | int | str] = {}
     if "request" in res:

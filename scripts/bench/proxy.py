@@ -14,7 +14,7 @@ the same rounds: `handle.remote()` to `Echo.echo` (msgpack arguments instead of 
 and a bare aiohttp echo server process (the floor of one extra HTTP hop on this machine, with
 the same client).
 
-    .venv/bin/python -m scripts.bench.proxy [--requests 3000] [--payload 256] [--rounds 10]
+    .venv/bin/python -m scripts.bench.proxy [--requests 3000] [--payload 256] [--rounds 10] [--smoke]
 
 Output: a table, bench-results/proxy.json, docs/img/proxy.png, and the summary line
 `RESULT bench=proxy added_p50_ms=X added_p99_ms=Y`.
@@ -36,7 +36,16 @@ from typing import Any
 
 import aiohttp
 
-from scripts.bench.common import ROOT, percentiles, print_table, result_line, write_json
+from scripts.bench.common import (
+    ROOT,
+    add_smoke,
+    percentiles,
+    plot_path,
+    print_table,
+    result_line,
+    shown,
+    write_json,
+)
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle, release_router, shared_router
 from services.router.http import read_head, send_http
@@ -49,7 +58,7 @@ from shared.subjects import KV_STATUS
 from shared.wire.messages import HttpRequest
 
 APP, DEPLOYMENT, REPLICA, PREFIX = "bench", "Echo", "b1", "/bench"
-PLOT_PATH = ROOT / "docs" / "img" / "proxy.png"
+PLOT_NAME = "proxy.png"
 LISTENING_RE = re.compile(r"proxy: listening on (http://\S+)")
 BARE_RE = re.compile(r"bare: listening on (http://\S+)")
 BARE_SERVER = """
@@ -73,6 +82,7 @@ async def main():
 asyncio.run(main())
 """
 WARMUP = 300
+SMOKE = {"requests": 40, "rounds": 2, "warmup": 10}
 START_TIMEOUT_S = 30.0
 
 
@@ -119,7 +129,9 @@ async def wait_until_served(http: aiohttp.ClientSession, payload: bytes) -> None
     raise TimeoutError("the proxy never served the benchmark app")
 
 
-async def run(requests: int, payload_size: int, rounds: int) -> dict[str, Any]:
+async def run(
+    requests: int, payload_size: int, rounds: int, warmup: int = WARMUP
+) -> dict[str, Any]:
     payload = os.urandom(payload_size)
     server = NatsServer().start()
     tmp = Path(tempfile.mkdtemp(prefix="fleetpulse-bench-proxy-"))
@@ -146,7 +158,7 @@ async def run(requests: int, payload_size: int, rounds: int) -> dict[str, Any]:
             url = await wait_for_proxy(tmp / "proxy.log")
             bare = await wait_for_proxy(tmp / "bare.log", BARE_RE)
             cpu = {"proxy": procs[1].pid, "bare_http": procs[2].pid}
-            return await measure(bus, url, bare, payload, requests, rounds, cpu)
+            return await measure(bus, url, bare, payload, requests, rounds, cpu, warmup)
         finally:
             await bus.close()
     finally:
@@ -165,6 +177,7 @@ async def measure(
     requests: int,
     rounds: int,
     cpu_pids: dict[str, int],
+    warmup: int = WARMUP,
 ) -> dict[str, Any]:
     router = shared_router(bus, APP, DEPLOYMENT, config=RouterConfig())
     handle = await connect_handle(APP, DEPLOYMENT, bus=bus, config=RouterConfig())
@@ -221,7 +234,7 @@ async def measure(
             "bare_http": bare,
         }
         for fn in targets.values():  # warm up every path
-            for _ in range(WARMUP):
+            for _ in range(warmup):
                 await fn()
         samples: dict[str, list[float]] = {name: [] for name in targets}
         cpu_before = {name: cpu_seconds(pid) for name, pid in cpu_pids.items()}
@@ -291,10 +304,11 @@ def plot(samples_ms: dict[str, Sequence[float]]) -> str | None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT_PATH, dpi=110)
+    path = plot_path(PLOT_NAME)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return str(PLOT_PATH.relative_to(ROOT))
+    return shown(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -303,8 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--payload", type=int, default=256, help="payload bytes (default 256)")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds (default 10)")
     p.add_argument("--no-plot", action="store_true", help="skip docs/img/proxy.png")
+    add_smoke(p, "40 requests per target in 2 rounds, 10 to warm up")
     args = p.parse_args(argv)
-    res = asyncio.run(run(args.requests, args.payload, args.rounds))
+    if args.smoke:
+        args.requests, args.rounds = SMOKE["requests"], SMOKE["rounds"]
+    warmup = SMOKE["warmup"] if args.smoke else WARMUP
+    res = asyncio.run(run(args.requests, args.payload, args.rounds, warmup))
     samples = res.pop("samples_ms")
     rows = [
         [label, res[name]["n"], res[name]["p50_ms"], res[name]["p90_ms"], res[name]["p99_ms"]]

@@ -4,7 +4,7 @@ Both targets run in their own process on one embedded nats-server: a raw echo re
 replies with the payload) and a fleetpulse replica hosting `Echo.echo`. The client alternates
 rounds between the two so drift in machine load hits both alike, and reports ratios.
 
-    .venv/bin/python -m scripts.bench.request [--requests 3000] [--payload 256]
+    .venv/bin/python -m scripts.bench.request [--requests 3000] [--payload 256] [--smoke]
 """
 
 from __future__ import annotations
@@ -15,10 +15,18 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import nats
 
-from scripts.bench.common import ROOT, percentiles, print_table, result_line, write_json
+from scripts.bench.common import (
+    ROOT,
+    add_smoke,
+    percentiles,
+    print_table,
+    result_line,
+    write_json,
+)
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle
 from services.router.testing import Seat, put_membership
@@ -27,6 +35,8 @@ from shared.natsserver import NatsServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 
 RAW_SUBJECT = "bench.raw.echo"
+WARMUP = 200
+SMOKE = {"requests": 40, "rounds": 2, "warmup": 10}
 RAW_RESPONDER = f"""
 import asyncio, nats, sys
 async def main():
@@ -45,7 +55,9 @@ def spawn(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE)
 
 
-async def run(requests: int, payload_size: int, rounds: int) -> dict[str, object]:
+async def run(
+    requests: int, payload_size: int, rounds: int, warmup: int = WARMUP
+) -> dict[str, object]:
     payload = os.urandom(payload_size)
     server = NatsServer().start()
     procs = [
@@ -79,7 +91,7 @@ async def run(requests: int, payload_size: int, rounds: int) -> dict[str, object
             return time.perf_counter() - t0
 
         for fn in (raw_once, handle_once):  # warm up both paths
-            for _ in range(200):
+            for _ in range(warmup):
                 await fn()
         raw: list[float] = []
         fp: list[float] = []
@@ -115,13 +127,17 @@ async def _wait_ready(nc: nats.NATS, bus: NatsBus) -> None:
     raise TimeoutError("benchmark targets did not start")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--requests", type=int, default=3000, help="per target (default 3000)")
     p.add_argument("--payload", type=int, default=256, help="payload bytes (default 256)")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds (default 10)")
-    args = p.parse_args()
-    res = asyncio.run(run(args.requests, args.payload, args.rounds))
+    add_smoke(p, "40 requests per target in 2 rounds, 10 to warm up")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.requests, args.rounds = SMOKE["requests"], SMOKE["rounds"]
+    warmup = SMOKE["warmup"] if args.smoke else WARMUP
+    res = asyncio.run(run(args.requests, args.payload, args.rounds, warmup))
     raw, fp = res["raw"], res["fleetpulse"]
     assert isinstance(raw, dict) and isinstance(fp, dict)
     rows = [
