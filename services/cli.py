@@ -134,6 +134,12 @@ def _cmd_auth_init(args: argparse.Namespace) -> int:
     return run_init(args)
 
 
+def _cmd_auth_credentials(args: argparse.Namespace) -> int:
+    from services.auth.keys import run_credentials
+
+    return run_credentials(args)
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from services.ops.deploy import run_deploy
 
@@ -211,7 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=_cmd_agent)
 
     from services.auth.config import add_auth_arguments
-    from services.auth.keys import add_init_arguments, add_keygen_arguments
+    from services.auth.keys import (
+        add_credentials_arguments,
+        add_init_arguments,
+        add_keygen_arguments,
+    )
 
     auth = sub.add_parser("auth", help="run the NATS auth callout: per-connection permissions")
     add_nats_flag(auth)
@@ -225,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_init_arguments(init)
     init.set_defaults(func=_cmd_auth_init)
+    creds = sub.add_parser(
+        "auth-credentials", help="print a role's NATS login as shell exports (for `eval`)"
+    )
+    add_credentials_arguments(creds)
+    creds.set_defaults(func=_cmd_auth_credentials)
 
     from services.ops.deploy import add_delete_arguments, add_deploy_arguments
     from services.ops.status import add_status_arguments

@@ -16,12 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from shared.errors import UsageError
+from shared.errors import ConfigError, UsageError
+from shared.passwords import checked_password, read_password
 
 ENV_PREFIX = "FLEETPULSE_NATS_"
 REPLICA_ENV_PREFIX = "FLEETPULSE_REPLICA_NATS_"
 SECRET_FIELDS = frozenset({"password", "token"})
-FILE_FIELDS = ("creds", "token_file", "tls_ca", "tls_cert", "tls_key")
+FILE_FIELDS = ("creds", "token_file", "password_file", "tls_ca", "tls_cert", "tls_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,9 @@ class NatsAuth:
     inbox_prefix: str | None = None
     """Where this connection's inboxes live (default `_INBOX`): a replica under the auth
     callout may subscribe only to its own."""
+    password_file: str | None = None
+    """The password read from this file instead of `password`: compose hands each service the
+    secret its first start made (docs/operations.md, "Secrets"), never a value in .env."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, prefix: str = ENV_PREFIX) -> NatsAuth:
@@ -74,9 +78,12 @@ class NatsAuth:
         ]
         if len(methods) > 1:
             raise UsageError(f"NATS credentials: give one of {' or '.join(methods)}, not several")
-        if self.user is not None and self.password is None:
+        has_password = self.password is not None or self.password_file is not None
+        if self.password is not None and self.password_file is not None:
+            raise UsageError("NATS credentials: give a password or a password file, not both")
+        if self.user is not None and not has_password:
             raise UsageError(f"NATS credentials: user {self.user!r} has no password")
-        if self.password is not None and self.user is None:
+        if has_password and self.user is None:
             raise UsageError("NATS credentials: a password needs a user")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise UsageError("NATS TLS: a client certificate and its key go together")
@@ -84,7 +91,21 @@ class NatsAuth:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise UsageError(f"NATS {name.replace('_', ' ')} file not found: {path}")
+        if has_password:
+            try:
+                self.secret_password()
+            except ConfigError as exc:
+                raise UsageError(f"NATS credentials: {exc}") from exc
         return self
+
+    def secret_password(self) -> str | None:
+        """The password to send, from the file when one is given; a ConfigError naming its
+        source when it is empty or a placeholder (shared.passwords)."""
+        if self.password_file is not None:
+            return read_password(Path(self.password_file), ENV_PREFIX + "PASSWORD_FILE")
+        if self.password is None:
+            return None
+        return checked_password(self.password, ENV_PREFIX + "PASSWORD (or --nats-password)")
 
     def to_env(self, prefix: str = ENV_PREFIX) -> dict[str, str]:
         return {

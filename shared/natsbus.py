@@ -185,7 +185,7 @@ class NatsBus:
                 servers,
                 name=name,
                 user=auth.user,
-                password=auth.password,
+                password=auth.secret_password(),
                 token=token_source(auth),
                 user_credentials=auth.creds,
                 inbox_prefix=auth.inbox_prefix or DEFAULT_INBOX_PREFIX,

@@ -241,7 +241,7 @@ def replica_auth(own: NatsAuth, agent: NatsAuth, *, minted: bool = False) -> Nat
             agent.describe(),
         )
         own = replace(own, user=agent.user, password=agent.password, token=agent.token,
-                      creds=agent.creds)  # fmt: skip
+                      creds=agent.creds, password_file=agent.password_file)  # fmt: skip
     return replace(
         own,
         tls_ca=own.tls_ca or agent.tls_ca,

@@ -1,7 +1,9 @@
 """AuthConfig: one frozen config for the auth callout, built once from flags and env.
 
 Each setting is declared once here (flag, environment variable, default); the role passwords
-are the `FP_{ROLE}_PASSWORD` variables that compose/nats/accounts.conf reads too.
+are the `FP_{ROLE}_PASSWORD` variables that compose/nats/accounts.conf reads too, or one file
+per role in `--role-passwords-dir` (what `fleetpulse auth-init` makes on first start). Either is
+refused at start when empty or a placeholder (shared.passwords).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from shared.natsjwt import (
     decode_public,
     read_seed,
 )
+from shared.passwords import checked_password, read_password
 
 from .callout import GLOBAL_ACCOUNT
 from .core import PASSWORD_ROLES, AuthPolicy
@@ -30,6 +33,7 @@ ISSUER_SEED_ENV = "FLEETPULSE_AUTH_ISSUER_SEED_FILE"
 TRUSTED_KEYS_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS"
 TRUSTED_KEYS_FILE_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS_FILE"
 ACCOUNT_ENV = "FLEETPULSE_AUTH_ACCOUNT"
+ROLE_PASSWORDS_DIR_ENV = "FLEETPULSE_AUTH_ROLE_PASSWORDS_DIR"
 
 
 def role_password_env(role: str) -> str:
@@ -65,8 +69,17 @@ def parse_keys(text: str, source: str) -> frozenset[str]:
     return keys
 
 
-def role_passwords(env: Mapping[str, str]) -> dict[str, str]:
-    return {r: pw for r in PASSWORD_ROLES if (pw := env.get(role_password_env(r)))}
+def role_passwords(env: Mapping[str, str], directory: str | None = None) -> dict[str, str]:
+    """Role -> password: the file `directory/ROLE` where it exists, else `FP_{ROLE}_PASSWORD`
+    where set; a ConfigError for an empty or placeholder one."""
+    found: dict[str, str] = {}
+    for role in PASSWORD_ROLES:
+        path = Path(directory) / role if directory else None
+        if path is not None and path.exists():
+            found[role] = read_password(path, "--role-passwords-dir")
+        elif (variable := role_password_env(role)) in env:
+            found[role] = checked_password(env[variable], variable)
+    return found
 
 
 def add_auth_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,6 +104,14 @@ def add_auth_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"agent replica keys to trust, one per line (what `fleetpulse auth-init` writes; "
         f"${TRUSTED_KEYS_FILE_ENV}); read at start, added to --replica-key",
+    )
+    p.add_argument(
+        "--role-passwords-dir",
+        default=os.environ.get(ROLE_PASSWORDS_DIR_ENV) or None,
+        metavar="DIR",
+        help=f"one file per role (DIR/operator, ...) holding its password, as "
+        f"`fleetpulse auth-init --role-password` writes them (${ROLE_PASSWORDS_DIR_ENV}); a "
+        f"role without a file takes FP_{{ROLE}}_PASSWORD",
     )
     p.add_argument(
         "--account",
@@ -118,7 +139,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
     return AuthConfig(
         nats_url=args.nats,
         issuer=read_seed(args.issuer_seed, "--issuer-seed"),
-        policy=AuthPolicy(trusted_replica_keys=keys, role_passwords=role_passwords(env)),
+        policy=AuthPolicy(
+            trusted_replica_keys=keys, role_passwords=role_passwords(env, args.role_passwords_dir)
+        ),
         account=args.account,
         metrics_port=args.metrics_port,
     )

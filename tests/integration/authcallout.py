@@ -10,7 +10,6 @@ user in AUTH, connections landing in FLEETPULSE, the issuer from an included fil
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from services.auth.callout import GLOBAL_ACCOUNT
 from services.auth.config import AuthConfig
 from services.auth.core import PASSWORD_ROLES, AuthPolicy
-from services.auth.keys import ISSUER_CONF
+from services.auth.keys import AUTH_USER_CONF, ISSUER_CONF, auth_user_conf
 from services.auth.serverconf import callout_config
 from services.auth.service import AuthService
 from shared.natsauth import NatsAuth
@@ -35,7 +34,6 @@ AUTH_USER = "fleetpulse-auth"
 COMPOSE_CALLOUT = Path(__file__).resolve().parents[2] / "compose" / "nats" / "callout.conf"
 MODES = ("global", "accounts")
 COMPOSE_ACCOUNT = "FLEETPULSE"
-AUTH_PASSWORD_ENV = "FP_AUTH_PASSWORD"
 
 
 @dataclass
@@ -124,6 +122,7 @@ def _server_config(tmp: Path, mode: str, issuer: KeyPair, auth_password: str) ->
     public = tmp / "nats-auth"
     public.mkdir()
     (public / ISSUER_CONF).write_text(f'issuer: "{issuer.public_key}"\n')
+    (public / AUTH_USER_CONF).write_text(auth_user_conf(auth_password))  # as auth-init does
     conf = tmp / "nats" / "server.conf"
     conf.write_text("include callout.conf\n")
     return conf
@@ -143,9 +142,6 @@ async def callout_server(tmp: Path, mode: str = "global") -> AsyncIterator[Callo
         tmp=tmp,
         account=GLOBAL_ACCOUNT if mode == "global" else COMPOSE_ACCOUNT,
     )
-    before = os.environ.get(AUTH_PASSWORD_ENV)
-    # the accounts file reads it ($FP_AUTH_PASSWORD) at every start, restarts included
-    os.environ[AUTH_PASSWORD_ENV] = auth_password
     try:
         server.start()
         await c.start_service()
@@ -155,7 +151,3 @@ async def callout_server(tmp: Path, mode: str = "global") -> AsyncIterator[Callo
             await bus.close()
         await c.stop_service()
         server.stop()
-        if before is None:
-            os.environ.pop(AUTH_PASSWORD_ENV, None)
-        else:
-            os.environ[AUTH_PASSWORD_ENV] = before
