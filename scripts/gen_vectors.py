@@ -4,10 +4,14 @@
     .venv/bin/python scripts/gen_vectors.py --check  # exit 1 if the committed files differ
 
 Layout: <name>.msgpack + <name>.json for msgpack messages, <name>.fpc1 + <name>.json for columnar
-handle report parts, invalid/<name>.bin for inputs every decoder must reject, and index.json /
-invalid/index.json describing them. Each invalid vector's reason is checked against the Python
-decoder while generating, so the index cannot drift from the implementation. `kv/` holds the
-control-state documents' vectors (scripts/gen_kv_vectors.py makes them).
+handle report parts, invalid/<name>.bin for inputs every decoder must reject, and `kv/` for the
+control-state documents' vectors (scripts/gen_kv_vectors.py makes them). index.json lists every
+file of them all; invalid/index.json and kv/index.json repeat their folder's entries.
+
+A msgpack vector's JSON view is the map its bytes hold, unpacked by plain msgpack (`JSON_VIEW`
+says how each type is shown), never the decoder's reading of it: a non-canonical vector's index
+entry carries that reading apart, as `decoded`. Each invalid vector's reason is checked against
+the Python decoder while generating, so the index cannot drift from the implementation.
 """
 
 from __future__ import annotations
@@ -188,6 +192,7 @@ def _pack(obj: Any) -> bytes:
 def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
     """Encodings other writers may produce; decoding must accept them."""
     health = codec.to_wire_map(GOOD)
+    request = Request("req-0003", "__call__", False, False, None, codec.encode(ARGS), "args")
     return [
         (
             "health_unknown_fields",
@@ -215,6 +220,41 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "lifecycle_no_exit_code",
             {k: v for k, v in codec.to_wire_map(READY).items() if k != "exit_code"},
             "optional field omitted instead of nil",
+        ),
+        # every optional field appears both absent and nil across the vectors (docs/wire.md):
+        # the fields added after v1 are left out by the Python encoder, so here they are nil
+        (
+            "request_no_deadline",
+            {k: v for k, v in codec.to_wire_map(request).items() if k != "deadline"},
+            "optional deadline omitted instead of nil",
+        ),
+        (
+            "replica_report_nil_custom",
+            {
+                **codec.to_wire_map(ReplicaReport("replica-0003", T0, 44, 0.5, {}, None)),
+                "custom": None,
+            },
+            "custom nil: empty",
+        ),
+        (
+            "handle_report_nil_optionals",
+            {**codec.to_wire_map(HANDLE_STATS), "custom": None, "stats": None},
+            "custom and stats nil: no custom metrics, no counters",
+        ),
+        (
+            "handle_report_no_custom",
+            {k: v for k, v in codec.to_wire_map(HANDLE_STATS).items() if k != "custom"},
+            "custom omitted: no custom metrics",
+        ),
+        (
+            "lifecycle_nil_max_ongoing",
+            {**codec.to_wire_map(READY), "max_ongoing_requests": None},
+            "optional max_ongoing_requests nil instead of omitted",
+        ),
+        (
+            "probe_nil_request_id",
+            {**codec.to_wire_map(ProbeRequest(T0)), "request_id": None},
+            "request_id nil: a plain probe",
         ),
     ]
 
@@ -442,20 +482,48 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode()
 
 
+JSON_VIEW = (
+    "<name>.json of a msgpack vector is exactly the msgpack map its bytes hold, unpacked by any "
+    "msgpack library: every key in the bytes' order, nil as null, str as string, bool as "
+    "true/false, int as a JSON number without '.' or exponent, float (either width) as one with, "
+    'array as array, map as object, bin as {"$bytes_b64": "<standard base64>"}. For a '
+    "canonical vector that is also the message as the Python encoder writes it; a non-canonical "
+    "entry's `decoded` is the message a reader must decode it to, in that same form (unknown "
+    "fields gone, a stats map of an unknown version dropped, ints in float fields as floats)."
+)
+
+
+def msgpack_json_view(data: bytes) -> Any:
+    """The JSON view of a msgpack vector: the plain unpacked map (nothing dropped or added)."""
+    return jsonview.to_json_value(msgpack.unpackb(data, raw=False))
+
+
+def _msgpack_entry(name: str, data: bytes, kind: str, canonical: bool, note: str) -> Any:
+    decoded = jsonview.message_to_json(codec.decode(data))
+    view = msgpack_json_view(data)
+    entry: dict[str, Any] = {"name": name, "kind": kind, "canonical": canonical, "note": note}
+    if canonical:
+        if decoded != view:
+            raise SystemExit(f"{name}: the encoder's map and its bytes disagree")
+    else:
+        entry["decoded"] = decoded
+    return entry
+
+
 def build() -> dict[str, bytes]:
     files: dict[str, bytes] = {}
-    index: dict[str, Any] = {"version": 1, "bytes_in_json": {"$bytes_b64": "<base64>"}}
+    index: dict[str, Any] = {
+        "version": 1,
+        "json_view": JSON_VIEW,
+        "bytes_in_json": {"$bytes_b64": "<base64>"},
+    }
     entries = []
-    for name, msg, note in canonical_messages():
-        data = codec.encode(msg)
+    messages = [(n, codec.encode(m), m.KIND, True, note) for n, m, note in canonical_messages()]
+    messages += [(n, _pack(w), w["kind"], False, note) for n, w, note in lenient_maps()]
+    for name, data, kind, canonical, note in messages:
         files[f"{name}.msgpack"] = data
-        files[f"{name}.json"] = _json_bytes(jsonview.message_to_json(codec.decode(data)))
-        entries.append({"name": name, "kind": msg.KIND, "canonical": True, "note": note})
-    for name, wire, note in lenient_maps():
-        data = _pack(wire)
-        files[f"{name}.msgpack"] = data
-        files[f"{name}.json"] = _json_bytes(jsonview.message_to_json(codec.decode(data)))
-        entries.append({"name": name, "kind": wire["kind"], "canonical": False, "note": note})
+        files[f"{name}.json"] = _json_bytes(msgpack_json_view(data))
+        entries.append(_msgpack_entry(name, data, kind, canonical, note))
     index["msgpack"] = entries
     index["columnar"] = []
     for name, data, note in columnar_vectors():
@@ -464,14 +532,25 @@ def build() -> dict[str, bytes]:
         files[f"{name}.fpc1"] = data
         files[f"{name}.json"] = _json_bytes(jsonview.columnar_to_json(part, raw))
         index["columnar"].append({"name": name, "note": note})
-    files["index.json"] = _json_bytes(index)
     invalid = []
     for name, data, decoder, reason, note in invalid_vectors():
         _expect_reason(data, decoder, reason, name)
         files[f"invalid/{name}.bin"] = data
         invalid.append({"file": f"{name}.bin", "decoder": decoder, "reason": reason, "note": note})
     files["invalid/index.json"] = _json_bytes(invalid)
-    files.update({f"kv/{k}": v for k, v in _sibling("gen_kv_vectors").build().items()})
+    kv = _sibling("gen_kv_vectors").build()
+    files.update({f"kv/{k}": v for k, v in kv.items()})
+    # this index lists every file under schemas/vectors; the two folders keep their own index
+    # too (the same entries), for readers that start there
+    index["invalid"] = {"dir": "invalid", "index": "invalid/index.json", "vectors": invalid}
+    kv_index = json.loads(kv["index.json"])
+    index["kv"] = {
+        "dir": "kv",
+        "index": "kv/index.json",
+        "documents": kv_index["documents"],
+        "invalid": kv_index["invalid"],
+    }
+    files["index.json"] = _json_bytes(index)
     return files
 
 

@@ -3,12 +3,15 @@ the code does. Each test pins one place where they disagreed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
 from pathlib import Path
+from typing import Any, cast
 
 import msgpack
+import pytest
 
 from services.controller.metrics_types import (
     ACCEPTED,
@@ -19,7 +22,7 @@ from services.controller.metrics_types import (
 )
 from shared.errors import WireError
 from shared.wire import codec
-from shared.wire.messages import HealthStatus
+from shared.wire.messages import KINDS, HealthStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -118,3 +121,69 @@ def test_every_what_if_count_label_is_documented() -> None:
     }
     for label in sorted(labels):
         assert any(p.match(label) for p in patterns), label
+
+
+SHARED = ("health", "bytes")
+
+
+def _schema_tables() -> list[tuple[str, str, dict[str, object]]]:
+    """(schema file, section, fields) for every object of fields in schemas/v1: the top level,
+    each nested object in $defs, and a versioned map's fields (handle_report.stats)."""
+    out = []
+    for path in sorted((ROOT / "schemas" / "v1").rglob("*.schema.json")):
+        if path.name.endswith(".vector.schema.json"):
+            continue
+        doc = json.loads(path.read_text())
+        rel = str(path.relative_to(ROOT))
+        out.append(
+            (rel, "", {k: v for k, v in doc["properties"].items() if k not in ("v", "kind")})
+        )
+        for name, node in doc.get("$defs", {}).items():
+            # a HealthStatus has its own table (health); bytes is how JSON renderings show bin
+            if node.get("type") == "object" and node.get("properties") and name not in SHARED:
+                out.append((rel, f"#/$defs/{name}", node["properties"]))
+        for name, node in doc["properties"].items():
+            if "then" in node:
+                out.append((rel, f"#/properties/{name}", node["then"]["properties"]))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("schema", "section", "fields"), _schema_tables(), ids=[s + n for s, n, _ in _schema_tables()]
+)
+def test_every_schema_field_is_a_row_of_its_table_in_wire_md(
+    schema: str, section: str, fields: dict[str, object]
+) -> None:
+    """Checked without the generator (scripts/gen_wire_docs.py): the table that names this
+    schema as its source has one row per field, in the schema's order."""
+    wire = _doc("wire.md")
+    marker = f"from {schema}{section} -->\n"
+    assert marker in wire, f"docs/wire.md has no table for {schema}{section}"
+    table = wire.split(marker, 1)[1].split("<!-- END GENERATED -->", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    assert rows == list(fields)
+
+
+def test_the_docs_name_the_optional_fields_the_encoder_writes_as_nil() -> None:
+    """docs/wire.md says which optional fields the Python encoder writes as nil and which it
+    leaves out; the encoder agrees (a field that moved from one to the other would change the
+    canonical bytes, which the vectors pin)."""
+    vectors = json.loads((VECTORS / "index.json").read_text())["msgpack"]
+    as_nil: set[str] = set()
+    left_out: set[str] = set()
+    for kind in sorted(KINDS):
+        schema = json.loads((ROOT / "schemas" / "v1" / f"{kind}.schema.json").read_text())
+        entry = next(e for e in vectors if e["kind"] == kind and e["canonical"])
+        msg = codec.decode((VECTORS / f"{entry['name']}.msgpack").read_bytes())
+        for name in schema["properties"]:
+            if name in schema["required"] or name == "custom":
+                continue
+            unset: Any = dataclasses.replace(cast(Any, msg), **{name: None})
+            wire = codec.to_wire_map(unset)
+            (as_nil if name in wire else left_out).add(f"{kind}.{name}")
+            assert wire.get(name) is None
+    rule = " ".join(_doc("wire.md").split("What the\n  Python encoder writes", 1)[1].split())
+    nil_part, omitted_part = rule.split("; nothing", 1)
+    omitted_part = omitted_part.split("; `custom`", 1)[0]
+    assert set(re.findall(r"`([a-z_]+\.[a-z_]+)`", nil_part)) == as_nil
+    assert set(re.findall(r"`([a-z_]+\.[a-z_]+)`", omitted_part)) == left_out

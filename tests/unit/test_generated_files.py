@@ -21,7 +21,7 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("name", ["gen_nats_accounts", "gen_grafana_dashboard"])
+@pytest.mark.parametrize("name", ["gen_nats_accounts", "gen_grafana_dashboard", "gen_wire_docs"])
 def test_generated_file_is_current(name: str) -> None:
     script = _script(name)
     assert script.OUT.read_text() == script.render(), f"run: python -m scripts.{name}"

@@ -82,6 +82,32 @@ def test_schema_matches_the_document_and_its_decoder(kind: str) -> None:
     assert set(doc["required"]) == required | {"v", "kind"}
 
 
+def _optional_fields() -> list[tuple[str, str]]:
+    out = []
+    for kind in sorted(BY_KIND):
+        doc = json.loads((SCHEMAS / f"{kind}.schema.json").read_text())
+        out += [(kind, f) for f in doc["properties"] if f not in doc["required"]]
+    return out
+
+
+@pytest.mark.parametrize(("kind", "field"), _optional_fields(), ids=str)
+def test_an_optional_field_is_null_exactly_where_its_schema_says(kind: str, field: str) -> None:
+    """Absent is always fine; null is accepted by the reader exactly when the schema allows it
+    (docs/wire.md: "a field may be null only where its type says so")."""
+    value = json.loads(canonical(kind)["value"])
+    absent = {k: v for k, v in value.items() if k != field}
+    decode_any(kind, json.dumps(absent).encode())
+    schema(kind).validate(absent)
+    null = {**absent, field: None}
+    schema_allows = schema(kind).is_valid(null)
+    try:
+        decode_any(kind, json.dumps(null).encode())
+    except WireError as exc:
+        assert not schema_allows, f"the schema allows {field}: null, the reader says {exc.reason}"
+    else:
+        assert schema_allows, f"the reader takes {field}: null, the schema does not say so"
+
+
 # --- golden vectors ------------------------------------------------------------------------------
 
 

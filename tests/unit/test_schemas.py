@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import importlib.util
 import json
@@ -107,32 +108,114 @@ def test_schemas_reject_what_the_decoder_rejects() -> None:
 # --- golden msgpack vectors --------------------------------------------------------------------
 
 
-def test_index_lists_every_file() -> None:
+def test_the_top_index_lists_every_file_under_schemas_vectors() -> None:
+    """An implementer starts at index.json: every folder (invalid/, kv/, kv/invalid/) is in it."""
     listed = {f"{e['name']}.{ext}" for e in INDEX["msgpack"] for ext in ("msgpack", "json")}
     listed |= {f"{e['name']}.{ext}" for e in INDEX["columnar"] for ext in ("fpc1", "json")}
-    listed |= {"index.json"} | {f"invalid/{e['file']}" for e in INVALID} | {"invalid/index.json"}
+    bad, kv = INDEX["invalid"], INDEX["kv"]
+    listed |= {"index.json", bad["index"], kv["index"]}
+    listed |= {f"{bad['dir']}/{e['file']}" for e in bad["vectors"]}
+    listed |= {f"{kv['dir']}/{e['name']}.json" for e in kv["documents"]}
+    listed |= {f"{kv['dir']}/invalid/{e['file']}" for e in kv["invalid"]}
     on_disk = {str(p.relative_to(VECTORS)) for p in VECTORS.rglob("*") if p.is_file()}
-    on_disk = {p for p in on_disk if not p.startswith("kv/")}  # test_kv_contract.py checks kv/
     assert on_disk == listed
+    # the folders' own indexes hold the same entries
+    assert load(VECTORS / bad["index"]) == bad["vectors"] == INVALID
+    kv_index = load(VECTORS / kv["index"])
+    assert (kv_index["documents"], kv_index["invalid"]) == (kv["documents"], kv["invalid"])
     assert {e["kind"] for e in INDEX["msgpack"] if e["canonical"]} == set(KINDS)
     assert len(INDEX["columnar"]) >= 2
+
+
+def _plain(v: Any) -> Any:
+    """msgpack data -> JSON data as index.json's `json_view` says: written here, independently
+    of shared.wire, so a JSON view that hides or adds anything fails."""
+    if isinstance(v, bytes):
+        return {"$bytes_b64": base64.b64encode(v).decode("ascii")}
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    assert v is None or type(v) in (bool, int, float, str), type(v)
+    return v
+
+
+def _same(a: Any, b: Any, path: str = "$") -> None:
+    """Equal, and of the same JSON type (1 is not 1.0, 1 is not true), keys in the same order."""
+    assert type(a) is type(b), f"{path}: {a!r} vs {b!r}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} vs {list(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), f"{path}: {len(a)} items vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} vs {b!r}"
+
+
+@pytest.mark.parametrize("path", sorted(VECTORS.glob("*.msgpack")), ids=lambda p: p.stem)
+def test_a_json_view_is_exactly_what_its_msgpack_bytes_hold(path: Path) -> None:
+    """Decoded with plain msgpack (not the project's decoder), every vector's bytes are its
+    JSON view: every key, nil as null, ints as ints, floats as floats, bin as $bytes_b64."""
+    raw = msgpack.unpackb(path.read_bytes(), raw=False)
+    _same(_plain(raw), load(path.with_suffix(".json")))
+    # and the view alone packs back to the very bytes: a client built from the JSON sees it all
+    assert msgpack.packb(jsonview.from_json_value(load(path.with_suffix(".json")))) == (
+        path.read_bytes()
+    )
 
 
 @pytest.mark.parametrize("entry", INDEX["msgpack"], ids=lambda e: e["name"])
 def test_msgpack_vector(entry: dict[str, Any]) -> None:
     data = (VECTORS / f"{entry['name']}.msgpack").read_bytes()
-    expected = load(VECTORS / f"{entry['name']}.json")
+    view = load(VECTORS / f"{entry['name']}.json")
     msg = codec.decode(data)
-    assert msg.KIND == entry["kind"] == expected["kind"]
-    assert jsonview.message_to_json(msg) == expected
-    assert jsonview.message_from_json(expected) == msg
+    assert msg.KIND == entry["kind"] == view["kind"]
+    assert jsonview.message_from_json(view) == msg
     if entry["canonical"]:
+        assert "decoded" not in entry
         assert codec.encode(msg) == data
+        _same(jsonview.message_to_json(msg), view)
     else:
         assert codec.encode(msg) != data
+        _same(jsonview.message_to_json(msg), entry["decoded"])
+        assert jsonview.message_from_json(entry["decoded"]) == msg
     schema = message_schema(entry["kind"])
-    schema.validate(expected)
-    schema.validate(jsonview.to_json_value(msgpack.unpackb(data)))
+    schema.validate(view)  # the schema admits exactly what the bytes hold
+    if not entry["canonical"]:
+        schema.validate(entry["decoded"])
+
+
+def _optional_fields() -> list[tuple[str, str]]:
+    out = []
+    for kind in sorted(KINDS):
+        schema = load(V1 / f"{kind}.schema.json")
+        out += [(kind, f) for f in schema["properties"] if f not in schema["required"]]
+    return out
+
+
+@pytest.mark.parametrize(("kind", "field"), _optional_fields(), ids=str)
+def test_an_optional_field_may_be_absent_or_nil_and_the_vectors_hold_both(
+    kind: str, field: str
+) -> None:
+    """docs/wire.md: absent and nil mean the same, every reader accepts both (older senders
+    write nil where newer ones omit, and the other way round), the schema admits both."""
+    entry = next(e for e in INDEX["msgpack"] if e["kind"] == kind and e["canonical"])
+    wire = msgpack.unpackb((VECTORS / f"{entry['name']}.msgpack").read_bytes())
+    absent = {k: v for k, v in wire.items() if k != field}
+    nil = {**absent, field: None}
+    assert codec.decode(msgpack.packb(absent)) == codec.decode(msgpack.packb(nil))
+    schema = message_schema(kind)
+    schema.validate(jsonview.to_json_value(absent))
+    schema.validate(jsonview.to_json_value(nil))
+    forms = set()
+    for e in INDEX["msgpack"]:
+        if e["kind"] == kind:
+            view = load(VECTORS / f"{e['name']}.json")
+            forms.add("absent" if field not in view else "nil" if view[field] is None else "set")
+    assert forms >= {"absent", "nil"}, f"the vectors of {kind} hold {field} only as {forms}"
 
 
 @pytest.mark.parametrize("entry", INDEX["columnar"], ids=lambda e: e["name"])
@@ -143,6 +226,12 @@ def test_columnar_vector(entry: dict[str, Any]) -> None:
     part = decode_handle_report_columnar(data)
     raw = dict(pa.ipc.open_stream(data[4:]).schema.metadata)
     assert jsonview.columnar_to_json(part, raw) == expected
+    # and read with plain pyarrow (not the project's decoder): the view shows what the bytes hold
+    plain = pa.ipc.open_stream(data[4:]).read_all()
+    assert expected["columns"] == plain.schema.names
+    assert expected["rows"] == plain.to_pylist()
+    meta = {k.decode(): v.decode() for k, v in (plain.schema.metadata or {}).items()}
+    assert expected["metadata_raw"] == meta
     validator("handle_report_columnar.vector.schema.json").validate(expected)
     assert len(expected["rows"]) == part.num_rows
 
