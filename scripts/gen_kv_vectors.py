@@ -24,6 +24,7 @@ from shared.errors import WireError
 from shared.kv import envelope
 from shared.kv.agents import AgentInfo
 from shared.kv.apps import AppDoc
+from shared.kv.audit import AuditRecord
 from shared.kv.documents import BUCKET_OF, decode_any
 from shared.kv.group import ControllerMember, PartitionLease, lease_key
 from shared.kv.membership import Member
@@ -138,6 +139,9 @@ ROUTE = RouteDoc(
         "ranker": DeploymentRouteDoc("UPSCALING", 2, "serving", "2 replica(s) running"),
     },
 )
+AUDIT = AuditRecord(
+    "deploy", "shop", "operator", T0, 17, {"api": "v2", "ranker": "3f9a2c41d0e8"}, "ops@bastion"
+)
 
 
 def _value(doc: dict[str, Any]) -> bytes:
@@ -166,6 +170,7 @@ def canonical() -> list[tuple[str, str, envelope.Document, str]]:
             "",
         ),
         ("route", "shop", ROUTE, "registered while one deployment idles at zero"),
+        ("audit", AUDIT.key, AUDIT, "a deploy by the operator role"),
     ]
 
 
@@ -248,6 +253,23 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
             "only the member id",
         ),
         ("route_lenient", "route", "shop", {**route, **extra}, "serviceable left out (derived)"),
+        (
+            "audit_delete_no_client",
+            "audit",
+            "operator.shop",
+            {
+                "v": 1,
+                "kind": "audit",
+                "action": "delete",
+                "app": "shop",
+                "user": "operator",
+                "at": 1767225600,
+                "revision": 18,
+                "versions": {},
+                **extra,
+            },
+            "a delete; client left out, an integer time",
+        ),
     ]
 
 
@@ -418,6 +440,13 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
             envelope.encode(ROUTE).replace(
                 b'"serviceability":"idle"', b'"serviceability":"asleep"'
             ),
+            "bad_value",
+            "",
+        ),
+        (
+            "audit_bad_action",
+            "audit",
+            envelope.encode(AUDIT).replace(b'"action":"deploy"', b'"action":"rollback"'),
             "bad_value",
             "",
         ),

@@ -19,7 +19,7 @@ from shared.natsauth import ENV_PREFIX, NatsAuth, set_process_auth
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 Command = Callable[[argparse.Namespace], int]
-QUIET_COMMANDS = frozenset({"deploy", "delete", "status"})
+QUIET_COMMANDS = frozenset({"deploy", "delete", "status", "audit"})
 """One-shot tools: their output is the answer, connection chatter stays out of it."""
 
 
@@ -152,6 +152,12 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     return run_delete(args)
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from services.ops.audit import run_audit
+
+    return run_audit(args)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from services.ops.status import run_status
 
@@ -256,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_nats_flag(st)
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)
+    from services.ops.audit import add_audit_arguments
+
+    au = sub.add_parser("audit", help="who deployed or deleted which app, when, what version")
+    add_nats_flag(au)
+    add_audit_arguments(au)
+    au.set_defaults(func=_cmd_audit)
 
     from services.proxy.config import add_proxy_arguments
 

@@ -127,9 +127,14 @@ ROLES = [
     ),
     Role(
         "operator",
-        "fleetpulse deploy/delete/status, calls through the gateway, replay into a fleet",
+        "fleetpulse deploy/delete/status, calls through the gateway, replay into a fleet; the only "
+        "role that may write apps (deploying runs code on every agent host)",
         publish=[
             *kv_write("fp_apps"),
+            # its deploy and delete records, under its own name only (shared/kv/audit.py)
+            *kv_read("fp_audit"),
+            "$JS.API.STREAM.CREATE.KV_fp_audit",
+            "$KV.fp_audit.operator.>",
             *(s for b in OPERATOR_READS for s in kv_read(b)),
             *stream_read("FP_REPORTS"),
             "fp.v1.report.>",

@@ -12,6 +12,7 @@ max_payload) before it writes anything; then it writes one key per app, value
 `AppConfig.to_json()`. Each write is revision-checked (create a new key, update the revision just
 read), so two operators deploying at once cannot silently overwrite each other. The controller
 watches fp_apps and does the rest; delete removes the key and the controller drains the app.
+Each change leaves a record in fp_audit under the NATS user that made it (services/ops/audit.py).
 
 NATS KV has no multi-key transaction: if the connection drops between two apps of one file, the
 earlier ones are written. Deploying is idempotent, so running it again finishes the job (an
@@ -29,6 +30,7 @@ from services.ops import (
     EXIT_INVALID,
     EXIT_OK,
     add_connect_timeout,
+    audit,
     connect,
     existing_kv,
     fail,
@@ -87,8 +89,11 @@ def run_deploy(args: argparse.Namespace) -> int:
             current = await read_apps(kv)
             plan = plan_deploy(apps, current, bus.max_payload, str(args.file))
             for step in plan:
-                await write(kv, step)
+                revision = await write(kv, step)
                 print(f"deployed {describe(step.app)}{'' if step.changed else ', unchanged'}")
+                if revision is not None:
+                    versions = {d.name: step.app.version_of(d) for d in step.app.deployments}
+                    await audit.record(bus, "deploy", step.app.name, revision, versions)
         finally:
             await bus.close()
         return EXIT_OK
@@ -113,6 +118,7 @@ def run_delete(args: argparse.Namespace) -> int:
                 raise KVConflict(
                     app, entry.revision, "redeployed meanwhile; run delete again"
                 ) from None
+            await audit.record(bus, "delete", app, entry.revision)
         finally:
             await bus.close()
         print(
@@ -245,14 +251,14 @@ def plan_deploy(
     return steps
 
 
-async def write(kv: KV, step: Step) -> None:
+async def write(kv: KV, step: Step) -> int | None:
+    """The revision written; None when the app is unchanged (nothing written)."""
     if not step.changed:
-        return
+        return None
     try:
         if step.revision is None:
-            await kv.create(step.app.name, step.value)
-        else:
-            await kv.update(step.app.name, step.value, step.revision)
+            return await kv.create(step.app.name, step.value)
+        return await kv.update(step.app.name, step.value, step.revision)
     except KVConflict:
         raise KVConflict(
             step.app.name, step.revision, "changed by someone else meanwhile; run deploy again"

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from shared.bus import KV, Bus
 
+AUDIT_HISTORY = 64
+"""Deploy/delete records kept per fp_audit key (the most NATS KV keeps)."""
 AGENT_TTL_S = 10.0
 """Lifetime of an fp_agents entry that is not refreshed: a live agent re-puts every TTL/3."""
 
@@ -47,8 +49,14 @@ CONTROLLERS = Bucket(
 )  # fmt: skip
 LEASES = Bucket("fp_leases", "p{partition}", ("lease",), "controllers", "controllers, status")
 ROUTES = Bucket("fp_routes", "{app}", ("route",), "proxy", "other proxies, status")
+AUDIT = Bucket(
+    "fp_audit", "{user}.{app}", ("audit",), "fleetpulse deploy/delete (under its own user)",
+    "audit, status", history=AUDIT_HISTORY,
+)  # fmt: skip
 
-ALL: tuple[Bucket, ...] = (APPS, TARGETS, MEMBERSHIP, STATUS, AGENTS, CONTROLLERS, LEASES, ROUTES)
+ALL: tuple[Bucket, ...] = (
+    APPS, TARGETS, MEMBERSHIP, STATUS, AGENTS, CONTROLLERS, LEASES, ROUTES, AUDIT,
+)  # fmt: skip
 BY_NAME = {b.name: b for b in ALL}
 
 

@@ -12,6 +12,7 @@ from typing import Final
 from shared.kv import buckets, envelope
 from shared.kv.agents import AgentInfo
 from shared.kv.apps import AppDoc
+from shared.kv.audit import AuditRecord
 from shared.kv.group import ControllerMember, PartitionLease
 from shared.kv.membership import Member
 from shared.kv.routes import RouteDoc
@@ -27,6 +28,7 @@ DocumentType = (
     | type[PartitionLease]
     | type[ControllerMember]
     | type[RouteDoc]
+    | type[AuditRecord]
 )
 
 BY_KIND: Final[Mapping[str, DocumentType]] = {
@@ -40,6 +42,7 @@ BY_KIND: Final[Mapping[str, DocumentType]] = {
         PartitionLease,
         ControllerMember,
         RouteDoc,
+        AuditRecord,
     )
 }
 

@@ -7,6 +7,7 @@ the environment, as compose runs it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -212,3 +213,49 @@ async def test_wrong_password_raises_typed_error_fast(server: NatsServer) -> Non
             server.url, name="t", auth=NatsAuth(user="replica", password="wrong"), connect_timeout=5
         )
     assert time.monotonic() - started < 3
+
+
+def test_only_the_operator_deploys_and_each_change_is_recorded_under_its_user(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    """Deploy rights are code-execution rights: every role but the operator is refused by the
+    server, and each deploy and delete leaves a record the server vouches for (its key starts
+    with the writer's user, the only one it may write under)."""
+    app = tmp_path / "app.yaml"
+    app.write_text(
+        (ROOT / "compose" / "apps" / "app.yaml")
+        .read_text()
+        .replace("name: greeter", "name: audited")
+        .replace("route_prefix: /greet", "route_prefix: /audited")
+    )
+    for role in ("controller", "agent", "replica", "router", "recorder"):
+        refused = _cli(["deploy", str(app), "--nats", server.url], role_env(role))
+        assert refused.returncode != 0, f"{role} could deploy: {refused.stdout}"
+    ok = _cli(["deploy", str(app), "--nats", server.url], role_env("operator"))
+    assert ok.returncode == 0, ok.stderr
+    gone = _cli(["delete", "audited", "--nats", server.url], role_env("operator"))
+    assert gone.returncode == 0, gone.stderr
+    shown = _cli(
+        ["audit", "--app", "audited", "--json", "--nats", server.url], role_env("operator")
+    )
+    assert shown.returncode == 0, shown.stderr
+    records = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["action"], r["user"], r["app"]) for r in records] == [
+        ("deploy", "operator", "audited"),
+        ("delete", "operator", "audited"),
+    ]
+    assert records[0]["versions"] and records[0]["revision"] == records[1]["revision"]
+    text = _cli(["audit", "--nats", server.url], role_env("operator"))
+    assert "operator" in text.stdout and "deploy" in text.stdout, text.stdout
+
+
+async def test_nobody_writes_a_record_in_another_users_name(connect) -> None:  # type: ignore[no-untyped-def]
+    operator = await connect("operator")
+    audit = await operator.kv("fp_audit", history=64)
+    await audit.put("operator.app", b"{}")
+    with pytest.raises(BusError):
+        await operator.request("$KV.fp_audit.controller.app", b"forged", timeout=REFUSED_WITHIN_S)
+    for role in ("controller", "agent", "router", "recorder"):
+        bus = await connect(role)
+        with pytest.raises(BusError):
+            await bus.request(f"$KV.fp_audit.{role}.app", b"forged", timeout=REFUSED_WITHIN_S)
