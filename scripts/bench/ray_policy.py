@@ -2,6 +2,7 @@
 
     .venv/bin/pip install -e '.[ray]'          # ray[serve]==2.60.0, only this benchmark needs it
     .venv/bin/python -m scripts.bench.ray_policy [--runs 3000] [--seed 1] [--policy-file PATH]
+    .venv/bin/python -m scripts.bench.ray_policy --smoke     # 200 runs, seconds
 
 Each run draws a random config (min 0 half the time, factors other than 1, delays from 0 to 5 s)
 and a random demand trace (idle stretches, plateaus, multiples of the target that land near
@@ -18,7 +19,9 @@ from Ray Serve") and fleetpulse is resynchronised to Ray's state, so every step 
 the same state. Output: agreement over all steps and runs, agreement outside the documented
 differences (the target is 100%), every class with its count and a minimal example,
 bench-results/ray_policy.json, and `RESULT bench=ray_policy ...`. `--policy-file` runs another
-policy.py (for example main's, to measure before and after).
+policy.py (for example main's, to measure before and after). `--smoke` runs 200 runs through
+the same code (Ray's real policy) and writes its JSON to $FLEETPULSE_BENCH_OUT (else a temporary
+directory), never over bench-results/; it exits 1 on an undocumented disagreement, as a full run.
 
 Ray runs in-process only (no cluster is started); RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set.
 """
@@ -31,6 +34,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 import types
 import warnings
@@ -38,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.bench.common import print_table, result_line, write_json
+from scripts.bench.common import OUT_ENV, add_smoke, print_table, result_line, shown, write_json
 from shared.appconfig import AutoscalingConfig
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -46,6 +50,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 TICK_S = 0.1
 T0 = 1000.0
 NEAR_INT = 1e-9
+SMOKE_RUNS = 200
 
 CLASSES = {
     "missing_data": "no data: Ray reads it as 0 requests, fleetpulse holds",
@@ -92,7 +97,7 @@ class RayPolicy:
         from ray.serve.config import AutoscalingContext
 
         # the delay logic reads time.time() of its own module: pin that module's view only
-        autoscaling_policy.time = types.SimpleNamespace(time=clock.time)  # type: ignore[attr-defined]
+        autoscaling_policy.time = types.SimpleNamespace(time=clock.time)  # type: ignore[attr-defined,assignment]
         self._wrap = autoscaling_policy._apply_autoscaling_config
         self._resolve = _resolve_policy_callable
         self._ctx = AutoscalingContext
@@ -364,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policy-file", help="a policy.py to compare instead of this tree's")
     ap.add_argument("--name", default="ray_policy", help="name of the JSON and RESULT line")
+    add_smoke(ap, f"{SMOKE_RUNS} runs")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.runs = SMOKE_RUNS
+        if not os.environ.get(OUT_ENV):
+            os.environ[OUT_ENV] = tempfile.mkdtemp(prefix="fleetpulse-smoke-")
     # Ray's config warns that look_back_period_s should exceed metrics_interval_s: not a policy input
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
@@ -437,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             "examples": {c: e for c, (_, e) in tally.examples.items()},
         },
     )
-    print(f"\nwrote {path}")
+    print(f"\nwrote {shown(path)}")
     result_line(
         args.name,
         step_agreement=step_agree,
