@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scripts.bench.common import (
     ROOT,
@@ -132,7 +133,7 @@ async def start_side(name: str, callout: bool) -> Side:
 
 async def request_path(
     sides: list[Side], requests: int, payload_size: int, rounds: int, warmup: int = WARMUP
-) -> dict:
+) -> dict[str, Any]:
     payload = os.urandom(payload_size)
     calls = {}
     closers = []
@@ -229,10 +230,10 @@ async def storm(side: Side, n: int) -> dict[str, float]:
     }
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     sides = [await start_side("off", False), await start_side("on", True)]
     try:
-        res: dict = {"payload_bytes": args.payload}
+        res: dict[str, Any] = {"payload_bytes": args.payload}
         if args.requests:
             warmup = SMOKE["warmup"] if args.smoke else WARMUP
             res["request"] = await request_path(

@@ -92,7 +92,7 @@ def write_json(name: str, payload: Mapping[str, Any], out_dir: Path | None = Non
     return path
 
 
-def result_line(bench: str, **fields: float | int | str) -> str:
+def result_line(bench: str, **fields: object) -> str:
     parts = [f"bench={bench}"]
     for k, v in fields.items():
         parts.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")

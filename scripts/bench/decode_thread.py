@@ -15,6 +15,9 @@ deployments x 4 routers, 1 s interval, parts of at most 256 KiB) decoded and mer
 metric stores, inline vs through the worker thread in alternating windows; the ticker's
 lateness (how long a due tick waited for the loop) is the number the thread should cut.
 
+`--smoke`: both of the above in seconds: 256 replicas, one round of each mode (2 s warm-up, 3 s
+window), then the mechanism alone for 3 s per mode (scripts/bench/smoke.py runs it).
+
 Output: a table, bench-results/decode_thread.json, one RESULT line per size.
 """
 
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from scripts.bench import fleet
-from scripts.bench.common import print_table, result_line, write_json
+from scripts.bench.common import add_smoke, print_table, result_line, write_json
 from services.controller.decode_pipeline import Decoded, DecodePipeline
 from services.controller.metrics_store import DeploymentMetrics
 from services.controller.replica_index import ReplicaIndex
@@ -43,6 +46,10 @@ from shared.wire.columnar import decode_handle_report_columnar, encode_handle_re
 from shared.wire.limits import REPORT_PART_MAX_BYTES
 
 MODES = {0: "inline", 1: "thread"}
+SMOKE: dict[str, Any] = {
+    "sizes": [256], "rounds": 1, "warm_s": 2.0, "measure_s": 3.0, "deployments": 4,
+    "startup_timeout_s": 120.0,
+}  # fmt: skip
 KEYS = ("loop_p50_ms", "loop_p99_ms", "controller_cpu", "misses_pct")
 
 
@@ -184,7 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--retention-s", type=float, default=120.0, help="the controller's")
     ap.add_argument("--micro", action="store_true", help="the mechanism alone (see above)")
     ap.add_argument("--tick-ms", type=float, default=1.5, help="--micro: work per tick")
+    add_smoke(ap, "256 replicas, one round of each mode, then --micro for 3 s per mode")
     a = ap.parse_args(argv)
+    if a.smoke:
+        for k, v in SMOKE.items():
+            setattr(a, k, v)
     if a.micro:
         return micro(a)
     rows: list[dict[str, Any]] = []
@@ -243,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out}")
     for r in results:
         result_line("decode_thread", replicas=r["replicas"], p99_ratio=r["p99_ratio_median"])
+    if a.smoke:  # and the mechanism alone, so that both paths keep working
+        return micro(a)
     return 0
 
 

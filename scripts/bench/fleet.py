@@ -31,6 +31,10 @@ own CPU and event lateness.
     .venv/bin/python -m scripts.bench.fleet --apps 1000 --routers 2 --retention-s 120 \
         [--members 3 --nodes 3 --member-ttl-s 10] [--put-rate 200]
 
+`--smoke`: one small point of each simulator (128 replicas; 4 apps of 4), metrics every 1 s,
+health checks every 2 s (timeout 6 s), 2 s warm-up, 3 s window, one fault of each kind: the
+same processes and code path in well under a minute (scripts/bench/smoke.py runs it).
+
 Output: a table, bench-results/fleet.json, docs/img/fleet_scale.png, one RESULT line per point.
 """
 
@@ -54,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from scripts.bench.common import RESULTS_DIR, ROOT, result_line, write_json
+from scripts.bench.common import ROOT, add_smoke, result_line, results_dir, shown, write_json
 from scripts.bench.fleet_apps import AppsFleetSim, late_summary
 from scripts.bench.fleet_report import (
     HEALTH_PERIOD_S,
@@ -99,6 +103,11 @@ APP = "bench"
 SIZES = (1024, 4096, 16384, 65536)
 QUICK_SIZES = (1024, 16384)
 INTERVALS = (10.0, 1.0)
+SMOKE: dict[str, Any] = {
+    "sizes": [128], "apps": [4], "replicas_per_app": 4, "intervals": [1.0], "deployments": 2,
+    "routers": 2, "warm_s": 2.0, "measure_s": 3.0, "faults": 1, "health_period_s": 2.0,
+    "health_timeout_s": 6.0,
+}  # fmt: skip
 
 
 # -- process and server probes -----------------------------------------------------------------
@@ -107,7 +116,13 @@ INTERVALS = (10.0, 1.0)
 # -- one point -------------------------------------------------------------------------------
 
 
-def app_config(n: int, deployments: int, interval: float) -> AppConfig:
+def app_config(
+    n: int,
+    deployments: int,
+    interval: float,
+    period: float = HEALTH_PERIOD_S,
+    timeout: float = HEALTH_TIMEOUT_S,
+) -> AppConfig:
     sizes = [n // deployments + (1 if i < n % deployments else 0) for i in range(deployments)]
     return AppConfig(
         APP,
@@ -115,8 +130,8 @@ def app_config(n: int, deployments: int, interval: float) -> AppConfig:
             DeploymentConfig(
                 name=f"d{i:02d}",
                 import_path="bench.fleet:Simulated",
-                health_check_period_s=HEALTH_PERIOD_S,
-                health_check_timeout_s=HEALTH_TIMEOUT_S,
+                health_check_period_s=period,
+                health_check_timeout_s=timeout,
                 autoscaling=AutoscalingConfig(
                     min_replicas=k, max_replicas=k, initial_replicas=k, metrics_interval_s=interval
                 ),
@@ -152,6 +167,10 @@ class Point:
         self.bus: NatsBus | None = None
 
     @property
+    def _health(self) -> tuple[float, float]:
+        return self.args.health_period_s, self.args.health_timeout_s
+
+    @property
     def servers(self) -> list[NatsServer]:
         c = self.cluster
         return c.servers if isinstance(c, NatsCluster) else [c]
@@ -166,7 +185,7 @@ class Point:
         try:
             self.bus = await NatsBus.connect(self.cluster.url, name="fleet-bench")
             cfg = SimConfig(
-                APP, HEALTH_PERIOD_S, a.intervals[0], a.routers, a.request_rate, a.idle_share,
+                APP, a.health_period_s, a.intervals[0], a.routers, a.request_rate, a.idle_share,
                 a.push_share,
             )  # fmt: skip
             if self.apps:
@@ -205,11 +224,13 @@ class Point:
         assert self.bus is not None
         kv = await self.bus.kv(KV_APPS)
         if not self.apps:
-            await kv.put(APP, app_config(self.n, self.deployments, interval).to_json())
+            doc = app_config(self.n, self.deployments, interval, *self._health)
+            await kv.put(APP, doc.to_json())
             return
         per = self.n // self.apps
         docs = [
-            (app_name(i), one_deployment_app(app_name(i), per, interval)) for i in range(self.apps)
+            (app_name(i), one_deployment_app(app_name(i), per, interval, *self._health))
+            for i in range(self.apps)
         ]
         batch = 500 if not rate else max(1, int(rate / 10))
         started = time.monotonic()
@@ -312,7 +333,7 @@ class Point:
         """With --py-spy: sample the controller over the window into collapsed stacks."""
         if not self.args.py_spy or not self.procs:
             return None
-        out = RESULTS_DIR / f"fleet-pyspy-{self.n}-{interval:g}s.txt"
+        out = results_dir() / f"fleet-pyspy-{self.n}-{interval:g}s.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             str(Path(sys.executable).parent / "py-spy"),
@@ -366,7 +387,7 @@ class Point:
         sb, se = b["sim"], e["sim"]
         assert isinstance(sb, SimCounters) and isinstance(se, SimCounters)
         probes_healthy = se.probes["healthy"] - sb.probes["healthy"]
-        replica_periods = self.n * span / HEALTH_PERIOD_S
+        replica_periods = self.n * span / self.args.health_period_s
         hb = {k: se.heartbeats[k] - sb.heartbeats[k] for k in se.heartbeats}
         sent = {k: (se.sent[k] - sb.sent[k]) / span for k in se.sent}
         ib, ie = bc["ingest_s"], ec["ingest_s"]
@@ -443,7 +464,7 @@ class Point:
         if k == 0:
             return {}  # no fault phase (decode_thread.py measures the steady window only)
         made = sim.inject(UNHEALTHY, k) + sim.inject(SILENT, k)
-        bound = HEALTH_PERIOD_S + HEALTH_TIMEOUT_S + 30.0
+        bound = self.args.health_period_s + self.args.health_timeout_s + 30.0
         deadline = time.monotonic() + bound
         while time.monotonic() < deadline and any(f.detected_after_s is None for f in made):
             self._check_controller()
@@ -478,9 +499,15 @@ def app_name(i: int) -> str:
     return f"a{i:05d}"
 
 
-def one_deployment_app(name: str, replicas: int, interval: float) -> bytes:
+def one_deployment_app(
+    name: str,
+    replicas: int,
+    interval: float,
+    period: float = HEALTH_PERIOD_S,
+    timeout: float = HEALTH_TIMEOUT_S,
+) -> bytes:
     """An app of one deployment `d` of `replicas` pinned replicas."""
-    app = app_config(replicas, 1, interval)
+    app = app_config(replicas, 1, interval, period, timeout)
     d = dataclasses.replace(app.deployments[0], name="d")
     return dataclasses.replace(app, name=name, deployments=(d,)).to_json()
 
@@ -531,6 +558,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--idle-share", type=float, default=0.05, help="replicas without traffic")
     ap.add_argument("--push-share", type=float, default=0.01, help="replicas pushing reports")
     ap.add_argument("--faults", type=int, default=8, help="replicas per fault kind")
+    ap.add_argument(
+        "--health-period-s", type=float, default=HEALTH_PERIOD_S,
+        help=f"the deployments' health_check_period_s (default {HEALTH_PERIOD_S:g})",
+    )  # fmt: skip
+    ap.add_argument(
+        "--health-timeout-s", type=float, default=HEALTH_TIMEOUT_S,
+        help=f"the deployments' health_check_timeout_s (default {HEALTH_TIMEOUT_S:g})",
+    )  # fmt: skip
     ap.add_argument("--warm-s", type=float)
     ap.add_argument("--measure-s", type=float)
     ap.add_argument("--startup-timeout-s", type=float, default=120.0)
@@ -552,10 +587,14 @@ def parser() -> argparse.ArgumentParser:
         "--retention-s", type=float, default=DEFAULT_RETENTION_S,
         help="the controller's --retention-s (FP_REPORTS in memory: shorten it for big fleets at 1 s)",
     )  # fmt: skip
+    add_smoke(ap, "128 replicas, then 4 apps of 4; 1 s interval, 2 s health period, 3 s window")
     return ap
 
 
 def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    if getattr(args, "smoke", False):
+        for k, v in SMOKE.items():
+            setattr(args, k, v)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     args.intervals = args.intervals or ([10.0] if args.apps else list(INTERVALS))
     args.warm_s = args.warm_s if args.warm_s is not None else (20.0 if args.quick else 30.0)
@@ -576,15 +615,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        if args.apps:
-            for apps in args.apps:
-                rows += asyncio.run(Point(apps * args.replicas_per_app, args, workdir, apps).run())
-        else:
+        # a smoke run plays both simulators: the sizes, then the apps
+        if args.smoke or not args.apps:
             for n in args.sizes:
                 rows += asyncio.run(Point(n, args, workdir).run())
+        for apps in args.apps or ():
+            rows += asyncio.run(Point(apps * args.replicas_per_app, args, workdir, apps).run())
     table(rows)
     if args.apps:
-        apps_table(rows)
+        apps_table([r for r in rows if r["apps"]])
     targets = check_targets(rows)
     for name, ok in targets.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
@@ -594,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {"quick": args.quick, "args": {k: v for k, v in vars(args).items()}, "rows": rows,
          "targets": targets, "plot": path},
     )  # fmt: skip
-    print(f"wrote {out.relative_to(ROOT)}" + (f" and {path}" if path else ""))
+    print(f"wrote {shown(out)}" + (f" and {path}" if path else ""))
     for r in rows:
         result_line(
             "fleet", replicas=r["replicas"], loop_p50_ms=r["loop_p50_ms"],

@@ -18,6 +18,10 @@ replicas against the floor (target - max_unavailable), the most new ones in flig
 at every tick and then only the due ones (the schedule), for a before/after in one run.
 
     .venv/bin/python -m scripts.bench.fleet_core [--replicas 16384] [--interval 1] [--profile]
+
+`--smoke`: 256 replicas in 4 deployments on 2 agents (placement on), 2 s warm-up, a 5 s window,
+then one replaced replica and one rolling update (replicas start in 1 s): the paths above in
+seconds (scripts/bench/smoke.py runs it).
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from scripts.bench.common import result_line, write_json
-from scripts.bench.fleet import HEALTH_PERIOD_S, app_config
+from scripts.bench.common import add_smoke, result_line, write_json
+from scripts.bench.fleet import app_config
+from scripts.bench.fleet_report import HEALTH_PERIOD_S
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
 from services.agent.info import AGENT_TTL_S, AgentInfo
 from services.controller.collector import Collector
@@ -54,6 +59,10 @@ from shared.wire.messages import Lifecycle
 TICK_S = 0.1
 SIM_TICK_S = 0.2
 WALL0 = 1_700_000_000.0
+SMOKE: dict[str, Any] = {
+    "replicas": 256, "deployments": 4, "agents": 2, "warm_s": 2.0, "measure_s": 5.0,
+    "replace": True, "roll": True, "start_s": 1.0,
+}  # fmt: skip
 
 
 class GcInTicks:
@@ -515,7 +524,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--replace", action="store_true",
         help="then crash one replica and measure the ticks until it is replaced",
     )  # fmt: skip
+    add_smoke(ap, "256 replicas, 2 agents, a 5 s window, a replacement and a rollout")
     args = ap.parse_args(argv)
+    if args.smoke:
+        for k, v in SMOKE.items():
+            setattr(args, k, v)
     if args.objects:
         result_line("fleet_core_objects", **objects_report(args.interval))
         return 0

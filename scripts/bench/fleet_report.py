@@ -6,12 +6,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench.common import ROOT, print_table
+from scripts.bench.common import plot_path, print_table, shown
 
 HEALTH_PERIOD_S = 10.0
 HEALTH_TIMEOUT_S = 30.0
 STALE_AFTER_S = 1.5 * HEALTH_PERIOD_S + 2.0  # health_registry: freshness window + slack
-PLOT_PATH = ROOT / "docs" / "img" / "fleet_scale.png"
+PLOT_NAME = "fleet_scale.png"
 
 
 def check_targets(rows: Sequence[dict[str, Any]]) -> dict[str, bool | None]:
@@ -80,10 +80,11 @@ def plot(rows: Sequence[dict[str, Any]]) -> str | None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT_PATH, dpi=100)
+    path = plot_path(PLOT_NAME)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return str(PLOT_PATH.relative_to(ROOT))
+    return shown(path)
 
 
 def table(rows: Sequence[dict[str, Any]]) -> None:

@@ -15,6 +15,9 @@ cost over the held requests' own liveness traffic.
 
     .venv/bin/python -m scripts.bench.frame_fanin [--sizes 1024 4096 16384] [--periods 10 1]
 
+`--smoke`: 32 replicas, a 1 s health period, 1 s warm-up and a 2 s window, frames off and on
+(scripts/bench/smoke.py runs it).
+
 Output: a table, bench-results/frame_fanin.json, one RESULT line per point.
 """
 
@@ -33,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.common import ROOT, print_table, result_line, write_json
+from scripts.bench.common import ROOT, add_smoke, print_table, result_line, write_json
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import DEFAULT_SUBJECTS as S
@@ -42,6 +45,7 @@ from shared.wire.messages import Admission, HealthFrame, HealthStatus, Request
 
 APP, DEP = "bench", "held"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+SMOKE: dict[str, Any] = {"sizes": [32], "periods": [1.0], "warm_s": 1.0, "measure_s": 2.0}
 
 
 def rid(i: int) -> str:
@@ -150,7 +154,7 @@ class Child:
         seen = self.lines
         while self.lines == seen:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args} exited with {self.proc.returncode}")
+                raise RuntimeError(f"{self.proc.args!r} exited with {self.proc.returncode}")
             await asyncio.sleep(0.05)
         return self.last
 
@@ -227,7 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--period", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--no-frames", action="store_true", help=argparse.SUPPRESS)
+    add_smoke(ap, "32 replicas, 1 s period, a 2 s window, frames off and on")
     a = ap.parse_args(argv)
+    if a.smoke:
+        for k, v in SMOKE.items():
+            setattr(a, k, v)
     if a.role == "farm":
         asyncio.run(farm(a.nats, a.n, a.period, not a.no_frames))
         return 0

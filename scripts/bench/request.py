@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 import nats
+from nats.aio.client import Client
 
 from scripts.bench.common import (
     ROOT,
@@ -115,7 +116,7 @@ async def run(
     return {"raw": percentiles(raw), "fleetpulse": percentiles(fp), "payload_bytes": payload_size}
 
 
-async def _wait_ready(nc: nats.NATS, bus: NatsBus) -> None:
+async def _wait_ready(nc: Client, bus: NatsBus) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

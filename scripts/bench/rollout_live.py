@@ -11,6 +11,9 @@ succeeded, failed (with the error). With several `--surge` values the same stack
 value, one after the other (a baseline in the same run).
 
     .venv/bin/python -m scripts.bench.rollout_live [--replicas 8] [--surge 1,50%] [--callers 4]
+
+`--smoke`: 2 replicas, one rollout (max_surge 1), 2 callers per path; the same processes
+(scripts/bench/smoke.py runs it).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
 from shared.subjects import KV_STATUS, KV_TARGETS
 
-from .common import cli_deploy, result_line, start_service, stop_services, write_json
+from .common import add_smoke, cli_deploy, result_line, start_service, stop_services, write_json
 
 APP, DEPLOYMENT = "roll", "Echo"
+SMOKE: dict[str, Any] = {"replicas": 2, "surge": "1", "max_unavailable": "0", "callers": 2}
 LISTENING_RE = re.compile(r"proxy: listening on (http://\S+)")
 APP_YAML = """
 applications:
@@ -306,7 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--callers", type=int, default=4, help="concurrent callers per path")
     ap.add_argument("--delay-s", type=float, default=0.05, help="each request's hold")
     ap.add_argument("--json", default="", help="also write the rows here (bench-results/NAME)")
+    add_smoke(ap, "2 replicas, one rollout, 2 callers per path")
     args = ap.parse_args(argv)
+    if args.smoke:
+        for k, v in SMOKE.items():
+            setattr(args, k, v)
     surges = args.surge.split(",")
     unavailable = args.max_unavailable.split(",")
     if len(unavailable) == 1:
