@@ -90,7 +90,8 @@ class NatsAuth:
         for name in FILE_FIELDS:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
-                raise UsageError(f"NATS {name.replace('_', ' ')} file not found: {path}")
+                what = name.replace("_", " ").removesuffix(" file")
+                raise UsageError(f"NATS {what} file not found: {path}")
         if has_password:
             try:
                 self.secret_password()

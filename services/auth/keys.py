@@ -87,7 +87,8 @@ def add_init_arguments(p: argparse.ArgumentParser) -> None:
         "--role-copy",
         action="append",
         default=[],
-        metavar="ROLE=FILE",
+        nargs=2,
+        metavar=("ROLE", "FILE"),
         help="write ROLE's password (from --role-passwords-dir) to FILE too, for that role's "
         "services only (repeatable)",
     )
@@ -167,11 +168,10 @@ def init_passwords(args: argparse.Namespace, env: Mapping[str, str]) -> list[str
             variable = role_password_env(role)
             passwords[role], how = ensure_password(folder / role, _given(env, variable), variable)
             lines.append(f"role {role}: password {how}")
-    for item in args.role_copy:
-        role, _, file = item.partition("=")
-        if role not in passwords or not file:
+    for role, file in args.role_copy:
+        if role not in passwords:
             raise ConfigError(
-                f"{item!r}: give ROLE=FILE for a role of {sorted(passwords) or 'none'} "
+                f"{role!r}: give ROLE FILE for a role of {sorted(passwords) or 'none'} "
                 "(and --role-passwords-dir)",
                 field="--role-copy",
             )

@@ -18,6 +18,8 @@ import asyncio
 import json
 import os
 import re
+import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -120,7 +122,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     names = ("FP_HTTP_PORT", "FP_NATS_PORT", "FP_PROMETHEUS_PORT", "FP_GRAFANA_PORT")
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     assert not {4222, 8000} & set(ports.values())
-    env = {k: f"127.0.0.1:{v}" for k, v in ports.items()}  # published on loopback only
+    # as compose/.env publishes them: the ingress on every interface, the rest on loopback
+    # (FP_PUBLISH_ADDRESS); this test sends traffic to 127.0.0.1 only
+    env = {k: str(v) for k, v in ports.items()}
     env["FLEETPULSE_IMAGE"] = "fleetpulse-compose-check:latest"  # not the user's fleetpulse:latest
     compose = Compose(f"fpcheck{os.getpid()}", env)
     report = Report(Path(os.environ.get("FP_ENGINE_REPORT", tmp / "report.txt")))
@@ -218,17 +222,91 @@ def test_each_replica_logs_in_with_its_own_credential(stack: Stack) -> None:
         )  # fmt: skip
         d["replica_logins"] = int(float(rows[0]["value"][1]))
         url = f"nats://127.0.0.1:{stack.ports['FP_NATS_PORT']}"
-        shared = NatsAuth(user="replica", password=_env_value("FP_REPLICA_PASSWORD"))
+        shared = NatsAuth(user="replica", password=secrets.token_urlsafe(16))
         with pytest.raises(BusAuthError):
             asyncio.run(NatsBus.connect(url, name="shared-replica", auth=shared))
         d["shared_replica_user"] = "refused"
 
 
-def _env_value(name: str) -> str:
-    for line in (COMPOSE_DIR / ".env").read_text().splitlines():
-        if line.startswith(f"{name}="):
-            return line.split("=", 1)[1].strip()
-    raise AssertionError(f"{name} not in compose/.env")
+# -- secure by default ------------------------------------------------------------------------
+
+
+def test_only_the_ingress_is_published_beyond_loopback(stack: Stack) -> None:
+    with stack.report.check(
+        "published: the ingress on every interface, the rest on 127.0.0.1"
+    ) as d:
+        bindings: dict[str, list[str]] = {}
+        for c in stack.compose.containers():
+            ports = json.loads(docker("inspect", "--format", "{{json .HostConfig.PortBindings}}",
+                                      c["Name"]))  # fmt: skip
+            for port, binds in (ports or {}).items():
+                for b in binds or []:
+                    bindings.setdefault(c["Service"], []).append(f"{b['HostIp'] or '*'}->{port}")
+        d["bindings"] = bindings
+        wide = {svc for svc, bs in bindings.items() for b in bs if not b.startswith("127.0.0.1")}
+        assert wide == {"proxy"}, bindings
+        assert set(bindings) == {"proxy", "nats-1", "prometheus", "grafana"}, bindings
+        assert "FP_ADMIN_PASSWORD" not in (COMPOSE_DIR / ".env").read_text()
+        assert "change-me" not in (COMPOSE_DIR / ".env").read_text()
+
+
+def _login(stack: Stack, role: str) -> dict[str, str]:
+    """The documented step: `eval "$(docker compose run --rm -T credentials [ROLE])"`."""
+    out = stack.compose("run", "--rm", "-T", "credentials", role, timeout=180)
+    env = dict(re.findall(r"^export (\w+)=(.*)$", out, re.M))
+    env = {k: shlex.split(v)[0] for k, v in env.items()}
+    assert env["FLEETPULSE_NATS_USER"] == role, out
+    assert env["FLEETPULSE_NATS_URL"] == f"nats://127.0.0.1:{stack.ports['FP_NATS_PORT']}"
+    return env
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_NATS_")}
+    return sh(sys.executable, "-m", "services.cli", *args, env={**full, **env,
+              "PYTHONPATH": str(ROOT)}, cwd=ROOT, check=False, timeout=120)  # fmt: skip
+
+
+def test_the_operator_deploys_with_its_made_credentials_and_other_roles_cannot(
+    stack: Stack,
+) -> None:
+    app = stack.tmp / "audited.yaml"
+    app.write_text((COMPOSE_DIR / "apps" / "app.yaml").read_text()
+                   .replace("name: greeter", "name: audited")
+                   .replace("route_prefix: /greet", "route_prefix: /audited"))  # fmt: skip
+    with stack.report.check("operator deploys from the host; other roles refused; recorded") as d:
+        operator = _login(stack, "operator")
+        ok = _cli(operator, "deploy", str(app))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        for role in ("recorder", "controller"):
+            refused = _cli(_login(stack, role), "deploy", str(app))
+            assert refused.returncode != 0, f"{role} could deploy: {refused.stdout}"
+        ok = _cli(operator, "delete", "audited")
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        shown = _cli(operator, "audit", "--app", "audited", "--json")
+        assert shown.returncode == 0, shown.stderr
+        records = [json.loads(line) for line in shown.stdout.splitlines()]
+        assert [(r["action"], r["user"]) for r in records] == [
+            ("deploy", "operator"), ("delete", "operator")], records  # fmt: skip
+        d["records"] = len(records)
+
+
+def test_fresh_stacks_make_their_own_secrets_and_a_placeholder_is_refused(stack: Stack) -> None:
+    with stack.report.check("two fresh stacks: different secrets; a placeholder refused") as d:
+        other = Compose(f"{stack.compose.project}b", stack.compose.env)
+        try:
+            theirs = other("run", "--rm", "-T", "credentials", timeout=300)
+            mine = stack.compose("run", "--rm", "-T", "credentials", timeout=180)
+            password = re.compile(r"FLEETPULSE_NATS_PASSWORD=(\S+)")
+            assert password.search(theirs) and password.search(mine), (theirs, mine)
+            assert password.search(theirs)[1] != password.search(mine)[1]  # type: ignore[index]
+            bad = sh("docker", "compose", "run", "--rm", "-T", "-e",
+                     "FP_OPERATOR_PASSWORD=operator-change-me", "auth-keys", check=False,
+                     env={**os.environ, **other.env, "COMPOSE_PROJECT_NAME": other.project})  # fmt: skip
+            assert bad.returncode != 0
+            assert "FP_OPERATOR_PASSWORD" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+            d["refused"] = (bad.stdout + bad.stderr).strip().splitlines()[-1][:200]
+        finally:
+            other("down", "-v", "--remove-orphans", timeout=180, check=False)
 
 
 # -- recordings -------------------------------------------------------------------------------

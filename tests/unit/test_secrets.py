@@ -38,8 +38,8 @@ def init_args(tmp: Path, *extra: str) -> argparse.Namespace:
             "--replica-seed", str(tmp / "agent" / "replica.seed"),
             "--public-dir", str(tmp / "public"),
             "--role-passwords-dir", str(tmp / "issuer" / "roles"),
-            "--role-copy", f"operator={tmp / 'operator' / 'password'}",
-            "--role-copy", f"controller={tmp / 'controller' / 'password'}",
+            "--role-copy", "operator", str(tmp / "operator" / "password"),
+            "--role-copy", "controller", str(tmp / "controller" / "password"),
             "--auth-password", str(tmp / "issuer" / "auth.password"),
             "--shared-secret", str(tmp / "grafana" / "admin-password"),
             *extra,
@@ -113,8 +113,8 @@ def test_a_placeholder_given_to_first_start_refuses_and_writes_nothing_for_it(
 
 
 def test_a_role_copy_for_an_unknown_role_is_a_clear_error(tmp_path: Path) -> None:
-    args = init_args(tmp_path, "--role-copy", f"nobody={tmp_path / 'x'}")
-    with pytest.raises(ConfigError, match=r"--role-copy.*ROLE=FILE"):
+    args = init_args(tmp_path, "--role-copy", "nobody", str(tmp_path / "x"))
+    with pytest.raises(ConfigError, match=r"--role-copy.*ROLE FILE"):
         run_init(args, env={})
 
 
