@@ -11,15 +11,20 @@ byte-identical. The target is 100x faster than real time.
 
     .venv/bin/python -m scripts.bench.whatif [--quick] [--replicas 1000] [--routers 10]
         [--duration-s 3600] [--plot docs/img/whatif.png]
+    .venv/bin/python -m scripts.bench.whatif --smoke    # seconds: 20 replicas, 2 routers, 5 min
 
 Output: a table, bench-results/whatif.json, the PNG if asked for, and
-`RESULT bench=whatif speedup_vs_realtime=X`.
+`RESULT bench=whatif speedup_vs_realtime=X`. With $FLEETPULSE_BENCH_OUT set, the JSON and the
+PNG go there instead (the PNG under its own file name); `--smoke` also draws the PNG, there or
+in a temporary directory, and never writes over bench-results or docs/img. A smoke run fails
+(exit 1) if the rerun is not byte-identical; the speed target is only reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 import time
@@ -94,6 +99,17 @@ def config(replicas: int) -> list[AppConfig]:
     return [AppConfig(APP, (dep,))]
 
 
+def bench_out(smoke: bool) -> Path | None:
+    """Where a bench writes: $FLEETPULSE_BENCH_OUT if set; else a temporary directory for a
+    smoke run (never bench-results or docs/img); else None (bench-results, paths as given)."""
+    env = os.environ.get("FLEETPULSE_BENCH_OUT")
+    if env:
+        out = Path(env)
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    return Path(tempfile.mkdtemp(prefix="fp-bench-smoke-")) if smoke else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--replicas", type=int, default=1000)
@@ -102,8 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=whatif.DEFAULT_INTERVAL_S)
     ap.add_argument("--quick", action="store_true", help="10 minutes instead of an hour")
     ap.add_argument("--plot", type=Path, default=None, help="write demand vs replicas here")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 20 replicas, 2 routers, 5 min")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.replicas, args.routers, args.duration_s, args.quick = 20, 2, 300.0, False
     duration = 600.0 if args.quick else args.duration_s
+    out_dir = bench_out(args.smoke)
+    if out_dir is not None and (args.plot is not None or args.smoke):
+        args.plot = out_dir / (args.plot.name if args.plot is not None else "whatif.png")
     apps = config(args.replicas)
     opts = whatif.WhatIfOptions(interval_s=args.interval_s)
     with tempfile.TemporaryDirectory(prefix="fp-whatif-") as tmp:
@@ -146,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_json(
         "whatif",
         {
+            "smoke": args.smoke,
             "params": {
                 "replicas": args.replicas,
                 "routers": args.routers,
@@ -165,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "deterministic": deterministic,
             "target_range": [int(run.target.min()), int(run.target.max())],
         },
+        out_dir,
     )
     print(f"wrote {path}")
     result_line("whatif", speedup_vs_realtime=float(speedup))

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m scripts.bench.whatif_model [--quick] [--replicas 1000] [--deployments 1]
         [--routers 10] [--duration-s 3600]
+    .venv/bin/python -m scripts.bench.whatif_model --smoke   # seconds: 20 replicas, 2 routers
 
 The recording: `--deployments` deployments sharing `--replicas` replicas, each behind
 `--routers` routers that send a columnar handle report every 10 s covering their share, with
@@ -10,7 +11,10 @@ request stats (seeded Poisson arrivals following whatif.py's compressed day, ser
 and the closed-loop simulation at the controller's 0.1 s step, twice to check the JSON is
 byte-identical. Target: >= 100x real time for load + calibrate + simulate.
 
-Output: a table, bench-results/whatif_model.json and `RESULT bench=whatif_model ...`.
+Output: a table, bench-results/whatif_model.json and `RESULT bench=whatif_model ...`. With
+$FLEETPULSE_BENCH_OUT set the JSON goes there; `--smoke` (20 replicas, 2 routers, 5 minutes)
+never writes over bench-results (a temporary directory if the variable is unset) and fails
+(exit 1) if the rerun is not byte-identical; the speed target is only reported.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from scripts.bench.common import print_table, result_line, write_json
-from scripts.bench.whatif import REPORT_INTERVAL_S, START_WALL, TARGET_SPEEDUP, load_per_replica
+from scripts.bench.whatif import (
+    REPORT_INTERVAL_S,
+    START_WALL,
+    TARGET_SPEEDUP,
+    bench_out,
+    load_per_replica,
+)
 from services.recorder import closedloop
 from services.recorder.files import RecordingWriter, WriterConfig, wall_to_us
 from services.recorder.replay import load_report_rows
@@ -106,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=3600.0)
     ap.add_argument("--interval-s", type=float, default=0.1)
     ap.add_argument("--quick", action="store_true", help="10 minutes instead of an hour")
+    ap.add_argument("--smoke", action="store_true", help="seconds: 20 replicas, 2 routers, 5 min")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.replicas, args.routers, args.duration_s, args.quick = 20, 2, 300.0, False
     duration = 600.0 if args.quick else args.duration_s
     apps = config(args.replicas, args.deployments)
     opts = ModelOptions(interval_s=args.interval_s)
@@ -156,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "deterministic": deterministic,
             "peak_running_summed": fleet_peak,
         },
+        bench_out(args.smoke),
     )
     print(f"wrote {path}")
     result_line("whatif_model", deployments=args.deployments, speedup_vs_realtime=float(speedup))
