@@ -340,8 +340,8 @@ def run_one(
 def summary(outcomes: Sequence[Outcome], total_s: float) -> str:
     rows = [("bench", "status", "seconds", "results", "note")]
     for o in outcomes:
-        secs = f"{o.seconds:.1f}" if o.status != "SKIPPED" else "-"
-        rows.append((o.name, o.status, secs, str(len(o.results)), "; ".join(o.notes)[:200]))
+        secs = f"{o.seconds:.1f}" if o.log is not None else "-"  # None: never started
+        rows.append((o.name, o.status, secs, str(len(o.results)), "; ".join(o.notes)[:300]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["", "smoke summary"]
     for r in rows:
