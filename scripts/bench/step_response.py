@@ -1,6 +1,6 @@
 """Step response of the autoscaler with real replica processes: a step, a ramp, a fall to zero.
 
-    .venv/bin/python -m scripts.bench.step_response [--runs 3] [--ray]
+    .venv/bin/python -m scripts.bench.step_response [--runs 3] [--ray] [--smoke]
 
 One embedded nats-server, `fleetpulse controller` and `fleetpulse agent` as processes, the app
 deployed with `fleetpulse deploy`, callers in this process through a DeploymentHandle (each
@@ -19,6 +19,11 @@ is polled every 50 ms for the target and the running count.
 With `--ray` the same step runs on Ray Serve 2.60 (in-process cluster on loopback, same
 autoscaling config, a `serve.run` deployment with the same latency) as the baseline; needs
 `pip install -e '.[ray]'`. Output: tables, bench-results/step_response.json and RESULT lines.
+The run exits 1 when a step never reaches a target of 4 or 4 running, or the fall never reaches 0.
+
+`--smoke`: the same stack and code path, shrunk to one step (2 s idle, 10 s held) and the fall
+(held 2 s at 4 running); no ramp. Its JSON goes to $FLEETPULSE_BENCH_OUT (else a temporary
+directory), never over bench-results/.
 """
 
 from __future__ import annotations
@@ -26,20 +31,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scripts.bench.common import (
+    OUT_ENV,
+    add_smoke,
     cli_deploy,
     print_table,
     result_line,
+    shown,
     start_service,
     stop_services,
     write_json,
@@ -55,6 +64,20 @@ LATENCY_S = 0.2
 CALLERS = 8
 NEED = 4  # 8 callers / target 2
 POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How long each phase lasts: the full run's, or the smoke run's."""
+
+    runs: int = 3
+    idle_s: float = 6.0  # idle before each step: more than the look-back window
+    hold_s: float = 20.0  # the step's callers run this long
+    ramp: bool = True
+    fall_hold_s: float = 8.0  # at 4 running before the callers stop
+
+
+SMOKE = Sizes(runs=1, idle_s=2.0, hold_s=10.0, ramp=False, fall_hold_s=2.0)
 
 APP_YAML = """
 applications:
@@ -219,7 +242,7 @@ def _changes(targets: list[int]) -> list[int]:
     return out
 
 
-async def fleetpulse_runs(runs: int, log_dir: Path) -> dict[str, Any]:
+async def fleetpulse_runs(sizes: Sizes, log_dir: Path) -> dict[str, Any]:
     stack = Stack(log_dir)
     await stack.start()
     handles: list[DeploymentHandle] = []
@@ -243,49 +266,50 @@ async def fleetpulse_runs(runs: int, log_dir: Path) -> dict[str, Any]:
 
         predict = step_h.options(method="predict", deadline_s=60)
         results: dict[str, Any] = {"step": [], "ramp": [], "fall": []}
-        for i in range(runs):
+        for i in range(sizes.runs):
             await until(at_one, 120, "back at 1 replica")
-            await asyncio.sleep(6.0)  # idle for more than the look-back window
+            await asyncio.sleep(sizes.idle_s)
             callers = Callers(lambda: predict.remote(1.0))
 
             async def drive_step(t0: list[float], callers: Callers = callers) -> None:
                 t0[0] = time.monotonic()
                 callers.add(CALLERS)
-                await asyncio.sleep(20.0)
+                await asyncio.sleep(sizes.hold_s)
                 await callers.stop()
 
             tl = await scenario(poll_step, drive_step)
-            m = step_metrics(tl, 20.0)
+            m = step_metrics(tl, sizes.hold_s)
             m["failed"] = callers.failed
             results["step"].append(m)
-            print(f"fleetpulse step {i + 1}/{runs}: {m}", flush=True)
+            print(f"fleetpulse step {i + 1}/{sizes.runs}: {m}", flush=True)
 
-        await until(at_one, 120, "back at 1 replica")
-        await asyncio.sleep(6.0)
-        callers = Callers(lambda: predict.remote(1.0))
+        if sizes.ramp:
+            await until(at_one, 120, "back at 1 replica")
+            await asyncio.sleep(sizes.idle_s)
+            callers = Callers(lambda: predict.remote(1.0))
 
-        async def drive_ramp(t0: list[float]) -> None:
-            t0[0] = time.monotonic()
-            for _ in range(CALLERS):
-                callers.add(1)
-                await asyncio.sleep(1.25)
-            await asyncio.sleep(15.0)
-            await callers.stop()
+            async def drive_ramp(t0: list[float]) -> None:
+                t0[0] = time.monotonic()
+                for _ in range(CALLERS):
+                    callers.add(1)
+                    await asyncio.sleep(1.25)
+                await asyncio.sleep(15.0)
+                await callers.stop()
 
-        tl = await scenario(poll_step, drive_ramp)
-        ramp_targets = tl.targets(0, 25.0)
-        peak = max(ramp_targets)
-        results["ramp"].append(
-            {
-                "max_target": peak,
-                "scaled_back": ramp_targets[-1] < peak,
-                "changes": _changes(ramp_targets),
-                "to_target_s": tl.first(lambda tg, r: tg >= NEED),
-                "replica_s": tl.replica_seconds(0, 25.0),
-                "failed": callers.failed,
-            }
-        )
-        print(f"fleetpulse ramp: {results['ramp'][-1]}", flush=True)
+            tl = await scenario(poll_step, drive_ramp)
+            ramp_targets = tl.targets(0, 25.0)
+            peak = max(ramp_targets)
+            results["ramp"].append(
+                {
+                    "max_target": peak,
+                    "scaled_back": ramp_targets[-1] < peak,
+                    "changes": _changes(ramp_targets),
+                    "to_target_s": tl.first(lambda tg, r: tg >= NEED),
+                    "replica_s": tl.replica_seconds(0, 25.0),
+                    "failed": callers.failed,
+                }
+            )
+            print(f"fleetpulse ramp: {results['ramp'][-1]}", flush=True)
 
         zpredict = zero_h.options(method="predict", deadline_s=60)
         callers = Callers(lambda: zpredict.remote(1.0))
@@ -295,7 +319,7 @@ async def fleetpulse_runs(runs: int, log_dir: Path) -> dict[str, Any]:
 
         callers.add(CALLERS)
         await until(four_running, 60, "4 replicas running")
-        await asyncio.sleep(8.0)
+        await asyncio.sleep(sizes.fall_hold_s)
 
         async def drive_fall(t0: list[float]) -> None:
             t0[0] = time.monotonic()
@@ -335,14 +359,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="step repetitions")
     ap.add_argument("--ray", action="store_true", help="also run the step on Ray Serve")
+    add_smoke(ap, "1 step of 10 s and the fall, no ramp")
     args = ap.parse_args(argv)
+    sizes = SMOKE if args.smoke else Sizes(runs=args.runs)
+    if args.smoke and not os.environ.get(OUT_ENV):
+        os.environ[OUT_ENV] = tempfile.mkdtemp(prefix="fleetpulse-smoke-")
     with tempfile.TemporaryDirectory(prefix="fp-step-") as tmp:
-        fp = asyncio.run(fleetpulse_runs(args.runs, Path(tmp)))
+        fp = asyncio.run(fleetpulse_runs(sizes, Path(tmp)))
     ray: dict[str, Any] | None = None
     if args.ray:
         from scripts.bench.step_response_ray import ray_step_runs
 
-        ray = ray_step_runs(args.runs, hold_s=20.0, latency_s=LATENCY_S, callers=CALLERS)
+        ray = ray_step_runs(
+            sizes.runs, hold_s=sizes.hold_s, latency_s=LATENCY_S, callers=CALLERS,
+            idle_s=sizes.idle_s,
+        )  # fmt: skip
 
     rows = []
     for name, res in (("fleetpulse", fp["step"]), ("ray serve", (ray or {}).get("step", []))):
@@ -359,46 +390,79 @@ def main(argv: list[str] | None = None) -> int:
                 " ".join("->".join(map(str, m["changes"])) for m in res),
             ]
         )
+    hold = f"{sizes.hold_s:g} s"
     print_table(
         "step 0 -> 8 callers (target 2, look-back 5 s, interval 1 s, upscale delay 2 s)",
-        ["system", "runs", "to target 4 s", "to 4 running s", "max target", "replica-s/20 s",
+        ["system", "runs", "to target 4 s", "to 4 running s", "max target", f"replica-s/{hold}",
          "targets"],
         rows,
     )  # fmt: skip
-    r = fp["ramp"][0]
     f = fp["fall"][0]
+    fall_row = ["fall", "", f["went_up"], "->".join(map(str, f["changes"])), f["to_one_s"],
+                f["to_zero_s"], round(f["replica_s"], 1)]  # fmt: skip
+    ramp_rows, ramp_fields = [], {}
+    if fp["ramp"]:
+        r = fp["ramp"][0]
+        ramp_rows = [
+            ["ramp", r["max_target"], r["scaled_back"], "->".join(map(str, r["changes"])),
+             "", "", round(r["replica_s"], 1)],
+        ]  # fmt: skip
+        ramp_fields = {
+            "ramp_max_target": r["max_target"],
+            "ramp_scaled_back": int(r["scaled_back"]),
+        }
     print_table(
         "ramp 0 -> 8 callers over 10 s, held 15 s; fall 8 -> 0 callers (min 0)",
         ["scenario", "max target", "scaled back / went up", "targets", "to 1 s", "to 0 s",
          "replica-s"],
-        [
-            ["ramp", r["max_target"], r["scaled_back"], "->".join(map(str, r["changes"])),
-             "", "", round(r["replica_s"], 1)],
-            ["fall", "", f["went_up"], "->".join(map(str, f["changes"])), f["to_one_s"],
-             f["to_zero_s"], round(f["replica_s"], 1)],
-        ],
+        [*ramp_rows, fall_row],
     )  # fmt: skip
-    path = write_json("step_response", {"fleetpulse": fp, "ray": ray, "runs": args.runs})
-    print(f"\nwrote {path}")
+    path = write_json(
+        "step_response",
+        {"fleetpulse": fp, "ray": ray, "runs": sizes.runs, "smoke": args.smoke,
+         "sizes": asdict(sizes)},
+    )  # fmt: skip
+    print(f"\nwrote {shown(path)}")
     step = fp["step"]
     result_line(
         "step_response",
         to_target_s_median=median([m["to_target_s"] for m in step]) or -1.0,
         to_running_s_median=median([m["to_running_s"] for m in step]) or -1.0,
         max_target=max(m["max_target"] for m in step),
-        ramp_max_target=r["max_target"],
-        ramp_scaled_back=int(r["scaled_back"]),
+        **ramp_fields,
         fall_to_zero_s=f["to_zero_s"] or -1.0,
         fall_went_up=int(f["went_up"]),
     )
     if ray and ray.get("step"):
-        result_line(
-            "step_response_ray",
-            to_target_s_median=median([m["to_target_s"] for m in ray["step"]]) or -1.0,
-            to_running_s_median=median([m["to_running_s"] for m in ray["step"]]) or -1.0,
-            max_target=max(m["max_target"] for m in ray["step"]),
-        )
-    return 0
+        ray_result_line(ray["step"])
+    problems = step_problems("fleetpulse", step) + step_problems(
+        "ray serve", (ray or {}).get("step", [])
+    )
+    if f["to_zero_s"] is None:
+        problems.append("fleetpulse: the fall never reached 0 replicas")
+    for p in problems:
+        print(f"FAILED: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def step_problems(system: str, steps: list[dict[str, Any]]) -> list[str]:
+    """A step that never reached the target or never ran 4 replicas is a failure, not a number."""
+    out = []
+    for i, m in enumerate(steps, 1):
+        if m["to_target_s"] is None:
+            out.append(f"{system} step {i}: never reached a target of {NEED}")
+        if m["to_running_s"] is None:
+            out.append(f"{system} step {i}: never ran {NEED} replicas")
+    return out
+
+
+def ray_result_line(steps: list[dict[str, Any]]) -> None:
+    result_line(
+        "step_response_ray",
+        to_target_s_median=median([m["to_target_s"] for m in steps]) or -1.0,
+        to_running_s_median=median([m["to_running_s"] for m in steps]) or -1.0,
+        max_target=max(m["max_target"] for m in steps),
+    )
 
 
 def _range(values: list[float | None]) -> str:
