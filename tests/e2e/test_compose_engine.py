@@ -277,8 +277,10 @@ def test_the_operator_deploys_with_its_made_credentials_and_other_roles_cannot(
         operator = _login(stack, "operator")
         ok = _cli(operator, "deploy", str(app))
         assert ok.returncode == 0, ok.stdout + ok.stderr
+        intruder = stack.tmp / "intruder.yaml"  # a new app: an unchanged one writes nothing
+        intruder.write_text(app.read_text().replace("audited", "intruder"))
         for role in ("recorder", "controller"):
-            refused = _cli(_login(stack, role), "deploy", str(app))
+            refused = _cli(_login(stack, role), "deploy", str(intruder))
             assert refused.returncode != 0, f"{role} could deploy: {refused.stdout}"
         ok = _cli(operator, "delete", "audited")
         assert ok.returncode == 0, ok.stdout + ok.stderr
