@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from shared.errors import BusAuthError
 from shared.natsauth import NatsAuth
@@ -608,3 +610,47 @@ def test_no_traceback_or_permission_violation_in_any_log(stack: Stack) -> None:
             ordered[j] for j in shown
         )
         d["lines"] = len(lines)
+
+
+# -- TLS for a published NATS port (compose/tls.yml), on the stack brought back up ---------------
+
+
+def test_the_tls_overlay_serves_nats_over_tls_only(stack: Stack) -> None:
+    """After `down` (volumes kept): `up -d` with tls.yml and a throwaway CA. The published NATS
+    port refuses plaintext and serves a client that verifies it; every service came back over
+    TLS (the README curl answers), with the secrets first start made."""
+    ca = trustme.CA()
+    tls_dir = stack.tmp / "tls"
+    tls_dir.mkdir()
+    ca.cert_pem.write_to_path(str(tls_dir / "ca.pem"))
+    cert = ca.issue_cert("nats-1", "nats-2", "nats-3", "localhost", "127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tls_dir / "server-key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tls_dir / "server.pem"))
+    for f in tls_dir.iterdir():
+        f.chmod(0o644)  # the node runs under its own uid
+    tls = Compose(stack.compose.project, {**stack.compose.env, "FP_TLS_DIR": str(tls_dir)})
+    files = ("-f", "docker-compose.yml", "-f", "tls.yml")
+    with stack.report.check("tls.yml: NATS over TLS only; the stack serves through it") as d:
+        tls(*files, "up", "-d", timeout=600)
+        port = stack.ports["FP_HTTP_PORT"]
+        curl = ("curl", "-sS", "--fail", "--max-time", "5", f"localhost:{port}/greet?name=tls")
+        proc = wait_for(lambda: (p := sh(*curl, check=False)).returncode == 0 and p, 180,
+                        "curl through the stack on TLS")  # fmt: skip
+        d["answer"] = proc.stdout.strip()
+        out = tls(*files, "run", "--rm", "-T", "credentials", timeout=180)
+        login = {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", out, re.M)}
+        nats_port = stack.ports["FP_NATS_PORT"]
+        assert login["FLEETPULSE_NATS_URL"] == f"tls://127.0.0.1:{nats_port}", out
+        status = _cli({**login, "FLEETPULSE_NATS_TLS_CA": str(tls_dir / "ca.pem")},
+                      "status", "--json")  # fmt: skip
+        assert status.returncode == 0, status.stdout + status.stderr
+        d["apps"] = sorted(json.loads(status.stdout)["applications"])
+        with socket.create_connection(("127.0.0.1", nats_port), timeout=10) as sock:
+            info = json.loads(sock.recv(65536).decode().split(" ", 1)[1])
+        assert info.get("tls_required") is True, info
+        plain = {**login, "FLEETPULSE_NATS_URL": f"nats://127.0.0.1:{nats_port}"}
+        refused = _cli(plain, "status", "--connect-timeout", "5")
+        assert refused.returncode != 0, refused.stdout
+        unverified = _cli(login, "status", "--connect-timeout", "5")  # no CA: not trusted
+        assert unverified.returncode != 0, unverified.stdout
+        d["plaintext"] = "refused"
