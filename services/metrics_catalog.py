@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Mapping
 from typing import Final
 
 from prometheus_client import Histogram
@@ -75,6 +76,9 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_controller_custom_policy_calls_total",
         "fleetpulse_controller_custom_policy_slow_total",
         "fleetpulse_controller_custom_policy_seconds",
+        "fleetpulse_controller_custom_policy_quarantines_total",
+        "fleetpulse_controller_custom_policy_worker_restarts_total",
+        "fleetpulse_controller_custom_policy_wait_seconds",
     ),
     "agent": (
         "fleetpulse_agent_replicas_running",
@@ -136,6 +140,12 @@ def _port(text: str) -> int:
     return port
 
 
+ENV_METRICS_HOST: Final = "FLEETPULSE_METRICS_HOST"
+DEFAULT_METRICS_HOST: Final = "127.0.0.1"
+"""Loopback unless asked: a monitoring port is not for the network (compose's image sets
+0.0.0.0, where Prometheus scrapes over the compose network and nothing is published)."""
+
+
 def add_metrics_port_argument(p: argparse.ArgumentParser) -> None:
     """`--metrics-port`, defaulting to $FLEETPULSE_METRICS_PORT (a bad value is a usage error of
     the command that reads it, not of every command)."""
@@ -144,15 +154,18 @@ def add_metrics_port_argument(p: argparse.ArgumentParser) -> None:
         type=_port,
         default=os.environ.get(ENV_METRICS_PORT) or "0",
         metavar="PORT",
-        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off)",
+        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off), "
+        f"on ${ENV_METRICS_HOST} (default {DEFAULT_METRICS_HOST})",
     )
 
 
-def serve_metrics(port: int, service: str) -> None:
-    """Serve the default registry on `port` (0: do nothing), from a daemon thread."""
+def serve_metrics(port: int, service: str, env: Mapping[str, str] | None = None) -> None:
+    """Serve the default registry on `port` (0: do nothing) at $FLEETPULSE_METRICS_HOST
+    (default 127.0.0.1), from a daemon thread."""
     if not port:
         return
     from prometheus_client import start_http_server
 
-    start_http_server(port)
-    log.info("%s: Prometheus metrics on :%d/metrics", service, port)
+    host = (os.environ if env is None else env).get(ENV_METRICS_HOST) or DEFAULT_METRICS_HOST
+    start_http_server(port, addr=host)
+    log.info("%s: Prometheus metrics on %s:%d/metrics", service, host, port)
