@@ -16,8 +16,9 @@ them by one simulator tick and returns the messages the real fleet would publish
   dropped 30 s after receipt, like `CarriedHealthMap`) and counts as "carried" for the replica's
   suppression state. Idle replicas (`idle_share`) get no traffic.
 - Routers cover the deployment's membership (fp_membership, in its order) and send a handle report
-  every `metrics_interval_s` at a random phase: columnar (FPC1, split under max_payload) from 64
-  rows, msgpack below, with running requests and the carried health of every member.
+  every `metrics_interval_s` at a random phase: columnar (FPC1, split under max_payload) from
+  `DEFAULT_COLUMNAR_MIN_REPLICAS` (128) rows, msgpack below, with running requests and the
+  carried health of every member.
 - Replicas that push their own reports (`push_share`) send a ReplicaReport with their health
   every `metrics_interval_s`.
 - Heartbeats follow `services/replica/suppression.py`: one goes out when nothing carried the

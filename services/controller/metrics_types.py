@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
 from services.controller.staleness import Verdict
-from services.controller.tiny import all_set
+from services.controller.tiny import all_set, any_set
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
 
@@ -129,22 +129,22 @@ def columnar_foreign(c: ColumnarHandleReport, known: Mask) -> tuple[HealthStatus
 
 def columnar_health(c: ColumnarHandleReport, slots: I64, known: Mask) -> HealthBatch | None:
     """Health rows of one FPC1 part; `slots`/`known` are per row. Vectorised."""
-    batch = c.batch
-    nulls = batch.column(2).null_count
+    columns = c.columns
+    nulls = columns[2].null_count
     if nulls == c.num_rows:
         return None
     if nulls == 0:
         # No nulls to fill: read the buffers directly (the accessors' fill_null costs more
         # than the conversion itself on narrow reports).
         keep = known
-        healthy = np.asarray(batch.column(2).to_numpy(zero_copy_only=False))
-        checked_at = np.asarray(batch.column(3).to_numpy(zero_copy_only=False))
-        failures = np.asarray(batch.column(4).to_numpy(zero_copy_only=False))
+        healthy = np.asarray(columns[2].to_numpy(zero_copy_only=False))
+        checked_at = np.asarray(columns[3].to_numpy(zero_copy_only=False))
+        failures = np.asarray(columns[4].to_numpy(zero_copy_only=False))
     else:
         keep = known & c.health_valid
         healthy, checked_at, failures = c.health_healthy, c.health_checked_at, c.health_failures
-    if keep.all():
+    if all_set(keep):
         return HealthBatch(slots, healthy, checked_at, failures)
-    if not keep.any():
+    if not any_set(keep):
         return None
     return HealthBatch(slots[keep], healthy[keep], checked_at[keep], failures[keep])

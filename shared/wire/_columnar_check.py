@@ -7,6 +7,7 @@ a `WireError` into a `UsageError`, so what one side writes the other side accept
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -164,6 +165,9 @@ def check_schema(schema: pa.Schema) -> tuple[list[int], tuple[str, ...]]:
     if len(schema) > MAX_COLUMNS:
         raise _bad(reasons.BAD_SCHEMA, f"{len(schema)} columns > MAX_COLUMNS={MAX_COLUMNS}")
     names = schema.names
+    held = SCHEMA_MEMO.get(names, schema)
+    if held is not None:
+        return held
     dup = [n for n, c in Counter(names).items() if c > 1]
     if dup:
         raise _bad(reasons.BAD_SCHEMA, f"duplicate column {dup[0][:80]!r}")
@@ -185,11 +189,71 @@ def check_schema(schema: pa.Schema) -> tuple[list[int], tuple[str, ...]]:
             raise _bad(reasons.WRONG_TYPE, f"column {name[:80]!r} is {schema.field(i).type}")
         keep.append(i)
         custom.append(metric)
+    SCHEMA_MEMO.add(names, schema, keep, tuple(custom))
     return keep, tuple(custom)
 
 
+class SchemaMemo:
+    """Schemas (metadata aside) that passed `check_schema`, with its verdict.
+
+    Why: a router sends the same schema report after report (only the metadata, which holds
+    the report-level fields, changes), and walking the fields is a fixed cost that dominates a
+    narrow report's decode. An entry is reused only if the new schema `.equals` it with
+    metadata ignored, which compares every field's name, type and nullability, everything
+    `check_schema` reads, so a hit gives exactly the verdict the full check would. Only
+    schemas without unknown columns are held (their names are bounded: fixed names plus custom
+    names of at most MAX_CUSTOM_NAME_LEN bytes), bounded in entries and (roughly) bytes,
+    least recently used out; a miss just costs the full check."""
+
+    MAX_ENTRIES = 256
+    MAX_BYTES = 4 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, ...], tuple[pa.Schema, list[int], tuple[str, ...]]]
+        self._entries = OrderedDict()
+        self._bytes = 0
+
+    def get(self, names: list[str], schema: pa.Schema) -> tuple[list[int], tuple[str, ...]] | None:
+        key = tuple(names)
+        held = self._entries.get(key)
+        if held is None or not held[0].equals(schema, check_metadata=False):
+            return None
+        self._entries.move_to_end(key)
+        return list(held[1]), held[2]
+
+    def add(
+        self, names: list[str], schema: pa.Schema, keep: list[int], custom: tuple[str, ...]
+    ) -> None:
+        if len(keep) != len(names):
+            return  # unknown columns: names of any length, not worth holding
+        key = tuple(names)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+        else:
+            self._bytes += self._size(key)
+        self._entries[key] = (schema.remove_metadata(), list(keep), custom)
+        while self._entries and (
+            len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES
+        ):
+            self._bytes -= self._size(self._entries.popitem(last=False)[0])
+
+    @staticmethod
+    def _size(names: tuple[str, ...]) -> int:
+        return sum(64 + len(n) for n in names)
+
+
+SCHEMA_MEMO = SchemaMemo()
+
+
 def _all_finite(values: np.ndarray) -> bool:
-    return bool(np.isfinite(values).all())
+    """No NaN, no inf (min and max propagate NaN, so two reductions decide it exactly)."""
+    if values.size == 0:
+        return True
+    return bool(-np.inf < _MIN(values) and _MAX(values) < np.inf)
+
+
+_MIN = np.minimum.reduce
+_MAX = np.maximum.reduce
 
 
 def _valid_mask(col: pa.Array) -> np.ndarray:
@@ -204,7 +268,7 @@ class DistinctMemo:
     dictionary `.equals` it (a memcmp), so a hit proves distinctness exactly. Bounded in entries
     and bytes; a miss just costs the full check."""
 
-    MIN_ROWS = 256  # below this the full check is as cheap as the memo
+    MIN_ROWS = 32  # below this the full check (a Python set) is as cheap as the memo
     MAX_ENTRIES = 4096
     MAX_BYTES = 64 << 20
 
@@ -237,24 +301,51 @@ class DistinctMemo:
 DISTINCT_MEMO = DistinctMemo()
 
 
+_IDENTITY_MAX_ROWS = 1 << 16
+"""Widest identity held (256 KiB; at most 32 of them): wider parts take the bincount path."""
+
+
+@functools.lru_cache(maxsize=32)
+def _identity(n: int) -> pa.Array:
+    """int32 0..n-1: the indices of a part whose rows are its dictionary in order (every
+    writer's layout). Read-only Arrow memory, so sharing one per width is safe."""
+    return pa.array(np.arange(n, dtype=np.int32))
+
+
+_SET_ROWS = 256
+"""Below this many entries a Python set decides distinctness faster than `count_distinct`."""
+
+
+def _distinct(d: pa.Array) -> bool:
+    """Every string of a (null-free, UTF-8-validated) dictionary differs from the others."""
+    n = len(d)
+    if n < _SET_ROWS:
+        return len(set(d.to_pylist())) == n
+    return bool(pc.count_distinct(d).as_py() == n)
+
+
 def _check_replica_ids(col: pa.DictionaryArray, memo_key: tuple[str, int] | None) -> None:
     n = len(col)
-    if col.null_count or col.dictionary.null_count:
+    d = col.dictionary
+    if col.null_count or d.null_count:
         raise _bad(reasons.BAD_VALUE, "replica_id has nulls")
     if n == 0:
         return
     # Index bounds are checked by the caller's full validation (RecordBatch.validate).
-    idx = col.indices.to_numpy(zero_copy_only=False)
+    indices = col.indices
     # Fast path: distinct dictionary and each index used once. Otherwise compare the strings.
-    if np.bincount(idx).max() <= 1:
-        d = col.dictionary
+    if len(d) == n and n <= _IDENTITY_MAX_ROWS and _identity(n).equals(indices):
+        once = True  # the usual layout, proven by a memcmp
+    else:
+        once = bool(np.bincount(indices.to_numpy(zero_copy_only=False)).max() <= 1)
+    if once:
         if memo_key is not None and DISTINCT_MEMO.known(memo_key, d):
             return
-        if pc.count_distinct(d).as_py() == len(d):
+        if _distinct(d):
             if memo_key is not None:
                 DISTINCT_MEMO.add(memo_key, d)
             return
-    if pc.count_distinct(col.dictionary.take(col.indices)).as_py() != n:
+    if pc.count_distinct(d.take(indices)).as_py() != n:
         raise _bad(reasons.DUPLICATE_REPLICA, "a replica_id appears on more than one row")
 
 
@@ -264,32 +355,43 @@ def _numpy(col: pa.Array, fill: float | int) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False))
 
 
-def check_values(batch: pa.RecordBatch, memo_key: tuple[str, int] | None = None) -> None:
+def check_values(
+    batch: pa.RecordBatch,
+    memo_key: tuple[str, int] | None = None,
+    columns: list[pa.Array] | None = None,
+) -> None:
     """Value rules of a projected batch (fixed columns first, then custom.*) that has passed
     full Arrow validation, so every buffer read here is in bounds. `memo_key` (handle_id, part)
-    lets a repeated replica-id dictionary skip its distinctness check (see `DistinctMemo`)."""
-    _check_replica_ids(batch.column(0), memo_key)
-    running = batch.column(1)
+    lets a repeated replica-id dictionary skip its distinctness check (see `DistinctMemo`);
+    `columns` is `batch.columns` if the caller has it already (each access makes a wrapper)."""
+    cols = batch.columns if columns is None else columns
+    _check_replica_ids(cols[0], memo_key)
+    n = batch.num_rows
+    running = cols[1]
     if running.null_count:
         raise _bad(reasons.BAD_VALUE, "running_requests has nulls")
-    r = running.to_numpy(zero_copy_only=False)
-    if not ((r >= 0.0) & (r < np.inf)).all():
-        raise _bad(reasons.BAD_VALUE, "running_requests must be finite and >= 0")
-    healthy, checked, failures = batch.column(2), batch.column(3), batch.column(4)
+    if n:
+        r = running.to_numpy(zero_copy_only=False)
+        # min and max propagate NaN, so this is exactly "every value finite and >= 0"
+        if not (_MIN(r) >= 0.0 and _MAX(r) < np.inf):
+            raise _bad(reasons.BAD_VALUE, "running_requests must be finite and >= 0")
+    healthy, checked, failures = cols[2], cols[3], cols[4]
     nulls = healthy.null_count
     if checked.null_count != nulls or failures.null_count != nulls:
         raise _bad(reasons.BAD_VALUE, "health columns disagree on which rows are null")
-    if 0 < nulls < len(healthy):
+    if 0 < nulls < n:
         mask = _valid_mask(healthy)
         if not (
             np.array_equal(mask, _valid_mask(checked))
             and np.array_equal(mask, _valid_mask(failures))
         ):
             raise _bad(reasons.BAD_VALUE, "health columns disagree on which rows are null")
-    if not _all_finite(_numpy(checked, 0.0)):
-        raise _bad(reasons.BAD_VALUE, "health_checked_at must be finite")
-    if (_numpy(failures, 0) < 0).any():
-        raise _bad(reasons.BAD_VALUE, "health_failures must be >= 0")
-    for i in range(len(FIXED_NAMES), batch.num_columns):
-        if not _all_finite(_numpy(batch.column(i), 0.0)):
+    if nulls < n:  # all-null health columns hold no value to check
+        if not _all_finite(_numpy(checked, 0.0)):
+            raise _bad(reasons.BAD_VALUE, "health_checked_at must be finite")
+        if _MIN(_numpy(failures, 0)) < 0:
+            raise _bad(reasons.BAD_VALUE, "health_failures must be >= 0")
+    for i in range(len(FIXED_NAMES), len(cols)):
+        col = cols[i]
+        if col.null_count < n and not _all_finite(_numpy(col, 0.0)):
             raise _bad(reasons.BAD_VALUE, f"column {batch.schema.field(i).name!r} not finite")

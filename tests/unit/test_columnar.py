@@ -115,6 +115,18 @@ def test_round_trip_and_accessors() -> None:
     assert c.batch.schema.metadata is None
 
 
+def test_columns_held_from_the_decoder_never_outlive_their_batch() -> None:
+    """The decoder hands its column wrappers over with the report; a report made from another's
+    fields with a different batch (dataclasses.replace) reads its own batch's columns."""
+    import dataclasses
+
+    c = decode_handle_report_columnar(one())
+    assert c.columns[1].equals(c.batch.column(1))
+    d = dataclasses.replace(c, batch=c.batch.slice(1))
+    assert d.num_rows == 4 and d.running.tolist() == c.running.tolist()[1:]
+    assert d.replica_id_list() == c.replica_id_list()[1:]
+
+
 def test_empty_report_without_health_or_custom() -> None:
     parts = encode_handle_report_columnar(**META, replica_ids=[], running=np.zeros(0))
     assert len(parts) == 1
@@ -224,7 +236,7 @@ def test_detect_format() -> None:
     assert detect_format(one()) == "columnar"
     assert detect_format(codec.encode(HealthStatus("r", True, 1.0, 0))) == "msgpack"
     assert detect_format(b"") == "msgpack"
-    assert DEFAULT_COLUMNAR_MIN_REPLICAS == 64
+    assert DEFAULT_COLUMNAR_MIN_REPLICAS == 128  # the ingest benchmark's crossover, rounded up
 
 
 # --- decoder rules -----------------------------------------------------------------------------
@@ -247,6 +259,82 @@ def test_stream_shape_rules() -> None:
     assert reason_of(fpc1(batch, meta, batches=0)) == reasons.BAD_SCHEMA
     assert reason_of(fpc1(batch, meta, compression="zstd")) == reasons.BAD_SCHEMA
     assert reason_of(fpc1(batch, meta, compression="lz4")) == reasons.BAD_SCHEMA
+
+
+def _ipc(batch: pa.RecordBatch, meta: dict[bytes, bytes], **opt: Any) -> bytes:
+    return fpc1(batch, meta, **opt)[len(COLUMNAR_MAGIC) :]
+
+
+def _guard_verdict(walk: Any, body: bytes) -> str:
+    try:
+        walk(pa.py_buffer(body))
+    except WireError as exc:
+        return exc.reason
+    except Exception:  # pyarrow, struct and ValueError: the decoder reports these as malformed
+        return reasons.MALFORMED
+    return "ok"
+
+
+def test_the_stream_guard_frames_messages_like_arrow() -> None:
+    """The shape guard frames the IPC messages itself, without verifying their flatbuffers (a
+    walk over pyarrow's MessageReader cost twice as much). On mutated streams (plain,
+    compressed, legacy framing): it never rejects what the verifying walk accepts, it rejects
+    with the same reason, and what it passes that the verifying walk refuses (a flatbuffer it
+    read without verifying) pyarrow cannot read either, so nothing compressed is ever read."""
+    import random
+
+    from shared.wire._ipc_guard import _walk_verified, check_stream_shape
+
+    batch, meta = good_batch()
+    seeds = [
+        _ipc(batch, meta),
+        _ipc(batch, meta, compression="lz4"),
+        _ipc(batch, meta, compression="zstd"),
+        _ipc(batch, meta, use_legacy_format=True),
+        _ipc(batch, meta, batches=2),
+    ]
+    tokens = [b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x08\x00\x00\x00", b"\xf0\xff\xff\xff"]
+    rng = random.Random(34)
+    passed_unverified = 0
+    for i in range(3000):
+        b = bytearray(rng.choice(seeds))
+        op = rng.randrange(4)
+        if op == 0:
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op == 1:
+            del b[rng.randrange(len(b) + 1) :]
+        elif op == 2:
+            at = rng.randrange(len(b))
+            b[at : at + 4] = rng.choice(tokens)
+        else:
+            b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 12)))
+        body = bytes(b)
+        fast, verified = (_guard_verdict(w, body) for w in (check_stream_shape, _walk_verified))
+        if fast == "ok" and verified != "ok":
+            passed_unverified += 1
+            with pytest.raises(Exception):  # noqa: B017  (pyarrow's error types vary)
+                pa.ipc.open_stream(body).read_next_batch()
+        else:
+            assert fast == verified, (i, body.hex())
+    assert passed_unverified  # the mutations did reach flatbuffers the fast walk cannot verify
+
+
+def test_a_remembered_schema_is_only_reused_for_the_same_fields() -> None:
+    from shared.wire._columnar_check import SCHEMA_MEMO
+
+    batch, meta = good_batch()  # decoded: its schema is remembered
+    names = tuple(batch.schema.names)
+    assert SCHEMA_MEMO.get(list(names), batch.schema) is not None
+    f32 = with_column(batch, "running_requests", batch.column(1).cast(pa.float32()))
+    assert tuple(f32.schema.names) == names
+    assert reason_of(fpc1(f32, meta)) == reasons.WRONG_TYPE
+    # a schema with unknown columns is checked every time, not held
+    extra = pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array([1, 2, 3, 4, 5])], names=[*batch.schema.names, "future"]
+    )
+    decode_handle_report_columnar(fpc1(extra, meta))
+    assert SCHEMA_MEMO.get([*names, "future"], extra.schema) is None
 
 
 def test_schema_rules() -> None:
@@ -432,8 +520,10 @@ def test_fixed_fields_are_the_first_columns() -> None:
     assert c.batch.schema.names[:5] == [f.name for f in HANDLE_REPORT_FIXED_FIELDS]
 
 
-def test_remembered_dictionary_does_not_let_duplicates_through() -> None:
-    """The distinctness memo may only skip the check for an exactly equal dictionary."""
+@pytest.mark.parametrize("n", [64, 512])
+def test_remembered_dictionary_does_not_let_duplicates_through(n: int) -> None:
+    """The distinctness memo may only skip the check for an exactly equal dictionary (narrow
+    parts are remembered too, and their check on a miss is a Python set)."""
     import numpy as np
     import pyarrow as pa
 
@@ -444,10 +534,9 @@ def test_remembered_dictionary_does_not_let_duplicates_through() -> None:
         encode_handle_report_columnar,
     )
 
-    n = 512
     ids = [f"r{i}" for i in range(n)]
     (good,) = encode_handle_report_columnar(
-        handle_id="memo-h",
+        handle_id=f"memo-h-{n}",
         app="a",
         deployment="d",
         sent_at=1.0,
