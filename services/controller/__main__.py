@@ -16,6 +16,7 @@ from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S
+from .policy_host import DEFAULT_TIMEOUT_S as DEFAULT_POLICY_TIMEOUT_S
 from .stream import DEFAULT_PARTITIONS, DEFAULT_RETENTION_S
 
 if TYPE_CHECKING:  # the service (and its metric families) load only to run: the `fleetpulse`
@@ -77,10 +78,28 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
         " $FLEETPULSE_DECODE_THREADS or 0, on the event loop; see docs/benchmarks.md)",
     )
     p.add_argument(
+        "--custom-policy-timeout-s",
+        type=_positive,
+        default=float(
+            os.environ.get("FLEETPULSE_CUSTOM_POLICY_TIMEOUT_S", str(DEFAULT_POLICY_TIMEOUT_S))
+        ),
+        help="deadline of one custom autoscaling policy call; past it the default policy decides"
+        " that tick, the policy worker process is restarted, and a policy that misses it 3 times"
+        f" in a row is quarantined (default: $FLEETPULSE_CUSTOM_POLICY_TIMEOUT_S or"
+        f" {DEFAULT_POLICY_TIMEOUT_S:g}; docs/deploy.md)",
+    )
+    p.add_argument(
         "--stats-file",
         default="",
         help="append per-tick loop stats as JSON lines (benchmarks; see controller/stats.py)",
     )
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
@@ -103,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         heartbeat_s=args.heartbeat_s,
         stats_file=args.stats_file,
         decode_threads=args.decode_threads,
+        policy_timeout_s=args.custom_policy_timeout_s,
     )
 
 

@@ -35,13 +35,15 @@ from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
 
 from .actions import Action, CoreStats, DeleteKey, Event, Probe, PutStatus
+from .custom_policy import PolicyCall, PolicyRunner
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
 from .landing import land
 from .layout import DepKey, Layout
-from .managed import ManagedDeployment
+from .managed import ManagedDeployment, StepResult
 from .placement import Placed, Placement
 from .policy import PolicyState
+from .policy_runner import InlineRunner
 from .replica_index import NO_SLOT
 from .schedule import Schedule, TickLog
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
@@ -71,8 +73,17 @@ class ControllerConfig:
 
 
 class ControllerCore:
-    def __init__(self, cfg: ControllerConfig | None = None, *, visit_all: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: ControllerConfig | None = None,
+        *,
+        visit_all: bool = False,
+        policies: PolicyRunner | None = None,
+    ) -> None:
         self.cfg = cfg or ControllerConfig()
+        self.policies: PolicyRunner = policies or InlineRunner()
+        """Runs the custom policies (the service's runs them in a worker process under a
+        deadline, policy_host.py; in this process by default, for tests and tools)."""
         self.subjects = Subjects(self.cfg.namespace)
         self.apps: dict[str, AppConfig] = {}
         self.deployments: dict[DepKey, ManagedDeployment] = {}
@@ -313,11 +324,18 @@ class ControllerCore:
             for _, m in managed:
                 actions.extend(_events(m, m.lose_agent(agent_id, now)))
         results = []
+        asked: list[tuple[ManagedDeployment, StepResult, PolicyCall | None]] = []
         for key, m in managed:
             m.catch_up(self._ticks)
-            results.append(
-                (key, m, m.step(now, hold_verdicts=hold, decide_scale=key in self.deployments))
-            )
+            decides = key in self.deployments
+            if decides and m.custom_policy:
+                res = m.begin_step(now, hold_verdicts=hold)
+                asked.append((m, res, m.policy_call(now, res)))
+            else:
+                res = m.step(now, hold_verdicts=hold, decide_scale=decides)
+            results.append((key, m, res))
+        if asked:
+            self._settle(asked, now)
         if self.placement.ever_seen:
             self._place(managed, now)
         stale_slots: list[tuple[ManagedDeployment, Int64Array]] = []
@@ -360,6 +378,17 @@ class ControllerCore:
             actions.append(PutStatus(app, self.app_status(app, wall)))
         self._ticks.add(now)
         return actions
+
+    def _settle(
+        self, asked: list[tuple[ManagedDeployment, StepResult, PolicyCall | None]], now: float
+    ) -> None:
+        """The custom policies of this tick's visits, asked in one batch (one round trip to a
+        worker process): each answer decides its deployment, whose visit then finishes. The
+        deployments are independent, so finishing these after the others changes nothing."""
+        calls = [c for _, _, c in asked if c is not None]
+        answers = iter(self.policies.run(calls) if calls else ())
+        for m, res, call in asked:
+            m.settle(now, res, None if call is None else next(answers))
 
     # -- which deployments a tick visits -------------------------------------------------------
 

@@ -22,17 +22,20 @@ and a status change, so a steady deployment costs no KV writes and one replaced 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
+from shared.errors import UsageError
 from shared.kv.membership import Member
 from shared.kv.status import DeploymentStatusView
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 
-from .custom_policy import CustomPolicy, read_metrics
+from .custom_policy import Answer, CustomMetric, CustomPolicy, PolicyCall
 from .demand_window import DemandWindow
 from .deployment_state import UNHEALTHY_HOLD_S, DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
@@ -95,7 +98,9 @@ class ManagedDeployment:
         """The next follow looks at every record (first time, or a new registry)."""
         self._last_rule = ""
         self._custom: CustomPolicy | None = None
-        """The custom policy of `policy_cfg.policy`, loaded at its first decision."""
+        """The custom policy of `policy_cfg.policy`, made at its first decision."""
+        self._asked: PolicyInputs | None = None
+        """The inputs of the custom policy's call this tick (settled with its answer)."""
         self.sampled_until = -math.inf
         """The last tick whose demand sample the window holds (or was caught up with)."""
         self._run_start: float | None = None
@@ -125,6 +130,8 @@ class ManagedDeployment:
             self.window = DemandWindow.for_policy(new_policy)
             self._run_start = None
         self.policy_cfg = new_policy
+        if self._custom is not None:
+            self._custom.pardon()  # a redeploy lifts a quarantine
         if not read_before and self._decision_reads_demand():
             # a fixed size kept no demand window (`sample`): autoscaling starts from an empty
             # one, as a new deployment's does (no scale-down before the look-back is covered)
@@ -236,6 +243,16 @@ class ManagedDeployment:
         self.sampled_until = max(self.sampled_until, t)
 
     def step(self, now: float, *, hold_verdicts: bool, decide_scale: bool = True) -> StepResult:
+        """One visit with the default policy (a custom one is asked between `begin_step` and
+        `settle`, so that the core can ask all of a tick's custom policies at once)."""
+        out = self.begin_step(now, hold_verdicts=hold_verdicts)
+        if decide_scale:
+            self._decide(now, out)
+        self.end_step(now, out)
+        return out
+
+    def begin_step(self, now: float, *, hold_verdicts: bool) -> StepResult:
+        """A visit up to the decision: the demand sample and the health verdicts."""
         out = StepResult()
         self.sample(now)
         evaluation = self.health.evaluate(now, hold_verdicts=hold_verdicts)
@@ -249,13 +266,16 @@ class ManagedDeployment:
                 out.events += self.state.verdict(rid, label, now)
                 if reason in (VerdictReason.EXITED, VerdictReason.GONE):
                     self.state.forget(rid)  # its process is gone: nothing left to drain
-        if decide_scale:
-            self._decide(now, out)
+        return out
+
+    def end_step(self, now: float, out: StepResult) -> None:
+        """The rest of a visit after the decision: replicas follow the target."""
         out.events += self.state.reconcile(now)
         self.follow_records(now)
         self.window.trim(now, self.window_keep_s())
-        self.counts = (evaluation.stale, evaluation.candidates)
-        return out
+        ev = out.evaluation
+        assert ev is not None  # begin_step set it
+        self.counts = (ev.stale, ev.candidates)
 
     def next_visit(self, now: float, out: StepResult, *, decided: bool) -> float:
         """After a visit (`step` and `finish`): when the next visit could come out differently
@@ -386,27 +406,52 @@ class ManagedDeployment:
             events += self.state.lost_with_agent(rid, f"agent {agent_id} lost")
         return events
 
-    def _decide(self, now: float, out: StepResult) -> None:
+    def _inputs(self, now: float, out: StepResult) -> PolicyInputs:
         pc = self.policy_cfg
         running = len(self.state.view().running)
         mean, short, full = self.window.policy_demand(pc, self.state.target, now)
-        inputs = PolicyInputs(
+        out.previous_target = self.state.target
+        return PolicyInputs(
             demand_mean=mean,
             demand_short=short,
             window_full=full,
             cold_start=self.state.target == 0 and self.metrics.cold_start_signal(),
             running_replicas=running,
         )
-        out.previous_target = self.state.target
-        if pc.policy is None:
-            self.policy, decision = decide(pc, self.policy, inputs, now)
-        else:
-            custom = self._custom
-            if custom is None or custom.path != pc.policy:
-                custom = self._custom = CustomPolicy(self.app, self.name, pc.policy)
-            metrics = read_metrics(self.metrics)
-            self.policy, decision, events = custom.decide(pc, self.policy, inputs, metrics, now)
-            out.events += events
+
+    def _decide(self, now: float, out: StepResult) -> None:
+        if self.policy_cfg.policy is not None:
+            raise UsageError(f"{self.app}.{self.name} has a custom policy: policy_call, settle")
+        self.policy, decision = decide(self.policy_cfg, self.policy, self._inputs(now, out), now)
+        self._take(decision, out)
+
+    @property
+    def custom_policy(self) -> bool:
+        """Whether a custom policy decides (the core asks it between begin_step and settle)."""
+        return self.policy_cfg.policy is not None
+
+    def policy_call(self, now: float, out: StepResult) -> PolicyCall | None:
+        """After `begin_step`: this tick's call of the custom policy (None: not called)."""
+        path = self.policy_cfg.policy
+        assert path is not None
+        custom = self._custom
+        if custom is None or custom.path != path:
+            custom = self._custom = CustomPolicy(self.app, self.name, path)
+        self._asked = inputs = self._inputs(now, out)
+        return custom.call(self.policy_cfg, self.policy, inputs, read_metrics(self.metrics), now)
+
+    def settle(self, now: float, out: StepResult, answer: Answer | None) -> None:
+        """The custom policy's answer to `policy_call` decides; then the rest of the visit."""
+        custom, inputs = self._custom, self._asked
+        assert custom is not None and inputs is not None
+        self.policy, decision, events = custom.settle(
+            self.policy_cfg, self.policy, inputs, answer, now
+        )
+        out.events += events
+        self._take(decision, out)
+        self.end_step(now, out)
+
+    def _take(self, decision: Decision, out: StepResult) -> None:
         out.decision_changed = decision.changed or decision.rule != self._last_rule
         self._last_rule = decision.rule
         self.decision = decision
@@ -473,6 +518,17 @@ class ManagedDeployment:
         """Member keys found on takeover that name no replica we run (deleted once)."""
         stray, self._stray = self._stray, []
         return stray
+
+
+def read_metrics(store: DeploymentMetrics) -> tuple[Mapping[str, CustomMetric], float]:
+    """The custom metrics and the queued requests of one deployment, as a policy sees them."""
+    out: dict[str, CustomMetric] = {}
+    for name in store.custom_names():
+        summary = store.custom_summary(name)
+        if summary is not None:
+            total, n = summary
+            out[name] = CustomMetric(total, total / n, n)
+    return MappingProxyType(out), store.queued()
 
 
 def _queue_bound(cfg: DeploymentConfig) -> int | None:

@@ -106,8 +106,9 @@ ACTION_ERRORS = Counter(
 )
 CUSTOM_POLICY_CALLS = Counter(
     "fleetpulse_controller_custom_policy_calls_total",
-    "Calls of a deployment's custom autoscaling policy, by outcome: ok, clipped (into [min, max]),"
-    " and the fallbacks to the default policy: raised, bad_value, not_loaded",
+    "Ticks of a deployment with a custom autoscaling policy, by outcome: ok, clipped (into"
+    " [min, max]), and the fallbacks to the default policy: raised, bad_value, not_loaded,"
+    " timeout, crashed, unavailable, quarantined",
     ["app", "deployment", "outcome"],
 )
 CUSTOM_POLICY_SLOW = Counter(
@@ -119,6 +120,23 @@ CUSTOM_POLICY_SECONDS = Histogram(
     "fleetpulse_controller_custom_policy_seconds",
     "Duration of one custom autoscaling policy call",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0),
+)
+CUSTOM_POLICY_QUARANTINES = Counter(
+    "fleetpulse_controller_custom_policy_quarantines_total",
+    "Custom policies quarantined (not called for a while) after timing out or crashing their"
+    " worker process several times in a row",
+    ["app", "deployment"],
+)
+CUSTOM_POLICY_RESTARTS = Counter(
+    "fleetpulse_controller_custom_policy_worker_restarts_total",
+    "Restarts of the member's custom policy worker process, by reason: timeout, crashed,"
+    " import_timeout, start_timeout, start_failed",
+    ["reason"],
+)
+CUSTOM_POLICY_WAIT = Histogram(
+    "fleetpulse_controller_custom_policy_wait_seconds",
+    "How long one control tick waited for its custom policies' answers from the worker process",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0, 2.5),
 )
 
 REPLICA_STATES: Final = ("target", "running", "healthy", "unhealthy")
@@ -191,13 +209,19 @@ class Exporter:
 
     @staticmethod
     def _custom_policies() -> None:
-        calls, slow, durations = custom_policy.TELEMETRY.drain()
-        for (app, deployment, outcome), n in calls.items():
+        t = custom_policy.TELEMETRY.drain()
+        for (app, deployment, outcome), n in t.calls.items():
             CUSTOM_POLICY_CALLS.labels(app, deployment, outcome).inc(n)
-        for (app, deployment), n in slow.items():
+        for (app, deployment), n in t.slow.items():
             CUSTOM_POLICY_SLOW.labels(app, deployment).inc(n)
-        for seconds in durations:
+        for seconds in t.durations:
             CUSTOM_POLICY_SECONDS.observe(seconds)
+        for (app, deployment), n in t.quarantines.items():
+            CUSTOM_POLICY_QUARANTINES.labels(app, deployment).inc(n)
+        for reason, n in t.restarts.items():
+            CUSTOM_POLICY_RESTARTS.labels(reason).inc(n)
+        for seconds in t.batches:
+            CUSTOM_POLICY_WAIT.observe(seconds)
 
     @staticmethod
     def event(a: Event) -> None:

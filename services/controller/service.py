@@ -69,6 +69,8 @@ from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
 from .kv_delta import DeleteDoc, PutDoc
 from .kv_writer import KVWriter
+from .policy_host import DEFAULT_TIMEOUT_S as DEFAULT_POLICY_TIMEOUT_S
+from .policy_host import ProcessRunner
 from .source_check import SOURCE_MISMATCH
 from .stats import StatsDump, ingest_kind
 from .stream import (
@@ -117,13 +119,17 @@ class ServiceConfig:
     """Append per-tick loop stats as JSON lines here (see stats.py); empty: off."""
     decode_threads: int = 0
     """1: decode columnar parts on a worker thread (decode_pipeline.py); 0: on the loop."""
+    policy_timeout_s: float = DEFAULT_POLICY_TIMEOUT_S
+    """A custom policy call's deadline (policy_host.py): past it the default policy decides."""
 
 
 class ControllerService:
     def __init__(self, cfg: ServiceConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.cfg = cfg
         self.clock = clock
-        self.core = ControllerCore(cfg.core)
+        self.policies = ProcessRunner(cfg.policy_timeout_s)
+        """Custom policies run in a worker process, started at the first one's first call."""
+        self.core = ControllerCore(cfg.core, policies=self.policies)
         self.bus: NatsBus | None = None
         self._pending: dict[int, int | None] = {}
         self._epochs: dict[int, int] = {}
@@ -550,6 +556,7 @@ class ControllerService:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._decode.close()
+        self.policies.close()
         if self.bus is not None:
             await self.bus.close()
         if self.stats is not None:

@@ -77,6 +77,69 @@ async def test_a_custom_metric_alone_scales_replicas_up_and_down(
     await until(lambda: settled(bus, 1), 30, "back to one replica")
 
 
+STUCK = "tests.integration.misbehaving_policies:spins"
+
+
+def policy_workers(controller_pid: int) -> set[int]:
+    """The controller's children running the policy worker."""
+    found = set()
+    for task in Path(f"/proc/{controller_pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for pid in map(int, children):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if b"services.controller.policy_worker" in cmdline:
+                found.add(pid)
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_a_policy_that_never_returns_is_quarantined_and_others_keep_scaling(
+    fleet: Fleet, server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    """One app's policy spins forever: the controller process keeps scaling the other app on
+    its custom metric, quarantines the stuck one (the status says so), and leaves no policy
+    worker behind when it stops."""
+    kv_file = tmp_path / "kv_use"
+    kv_file.write_text("0.1")
+    llm, stuck = tmp_path / "llm.yaml", tmp_path / "stuck.yaml"
+    llm.write_text(APP_YAML.format(kv_file=kv_file, policy=KV_POLICY))
+    stuck.write_text(
+        APP_YAML.format(kv_file=tmp_path / "unused", policy=STUCK)
+        .replace("name: llm", "name: stuck")
+        .replace("/llm", "/stuck")
+    )
+    controller = fleet.controller()
+    fleet.agent("a1", capacity=6)
+    for app in (stuck, llm):
+        res = cli("deploy", str(app), "--nats", server.url)
+        assert res.returncode == 0, res.stderr
+    await until(lambda: settled(bus, 1), 60, "one llm replica running")
+    kv_file.write_text("0.9")
+    await until(lambda: settled(bus, 3), 60, "llm scaled to max 3 while the other policy spins")
+
+    async def quarantined() -> bool:
+        entry = await (await bus.kv(KV_STATUS)).get("stuck")
+        d = AppStatusView.decode(entry.value).deployments.get("Model") if entry else None
+        return d is not None and f"custom policy {STUCK} quarantined" in d.last_decision
+
+    await until(quarantined, 60, "the stuck policy quarantined, said in the status")
+    workers = policy_workers(controller.pid)
+    assert len(workers) == 1  # the killed ones are gone, one runs
+    fleet.stop()
+    assert controller.returncode == 0
+    assert not any(running(pid) for pid in workers), "a policy worker outlived the controller"
+
+
 async def test_a_policy_that_does_not_import_is_refused_at_deploy(
     server: NatsServer, bus: Bus, tmp_path: Path
 ) -> None:

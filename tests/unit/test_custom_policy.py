@@ -20,8 +20,10 @@ from services.controller.custom_policy import (
     load_policy,
     policy_problem,
 )
+from services.controller.deployment_state import StateEvent
 from services.controller.metrics import Exporter
-from services.controller.policy import PolicyInputs, PolicyState, decide
+from services.controller.policy import Decision, PolicyInputs, PolicyState, decide
+from services.controller.policy_runner import InlineRunner
 from shared.appconfig import AutoscalingConfig
 
 CFG = AutoscalingConfig(
@@ -55,25 +57,33 @@ def inputs(**change: Any) -> PolicyInputs:
     return PolicyInputs(**values)
 
 
+class Wrapped:
+    """A CustomPolicy with the in-process runner that calls its function."""
+
+    def __init__(self, policy: CustomPolicy, runner: InlineRunner) -> None:
+        self.policy, self.runner = policy, runner
+
+    def decide(
+        self, cfg: AutoscalingConfig, state: PolicyState, inputs: PolicyInputs, metrics: Any,
+        now: float,
+    ) -> tuple[PolicyState, Decision, list[StateEvent]]:  # fmt: skip
+        return self.policy.decide(cfg, state, inputs, metrics, now, self.runner)
+
+
 def wrapper(
     fn: Callable[[AutoscalingContext], Any] | None,
     *,
     timer: Timer | None = None,
     telemetry: PolicyTelemetry | None = None,
-) -> CustomPolicy:
+) -> Wrapped:
     def loader(path: str) -> Callable[[AutoscalingContext], Any]:
         if fn is None:
             raise PolicyLoadError("cannot import 'nowhere': ModuleNotFoundError")
         return fn
 
-    return CustomPolicy(
-        "shop",
-        "Model",
-        "pkg.mod:fn",
-        timer=timer or Timer(),
-        telemetry=telemetry if telemetry is not None else PolicyTelemetry(),
-        loader=loader,
-    )
+    tel = telemetry if telemetry is not None else PolicyTelemetry()
+    policy = CustomPolicy("shop", "Model", "pkg.mod:fn", telemetry=tel)
+    return Wrapped(policy, InlineRunner(loader=loader, timer=timer or Timer()))
 
 
 STATE = PolicyState(target=2, watch_start=0.0)
@@ -82,7 +92,7 @@ STATE = PolicyState(target=2, watch_start=0.0)
 def test_the_policy_sees_documented_inputs_and_its_count_is_the_target() -> None:
     SEEN.clear()
     tel = PolicyTelemetry()
-    p = CustomPolicy("shop", "Model", CFG.policy or "", telemetry=tel, timer=Timer())
+    p = Wrapped(CustomPolicy("shop", "Model", CFG.policy or "", telemetry=tel), InlineRunner())
     state, d, events = p.decide(CFG, STATE, inputs(), KV, 100.0)
     assert (d.target, d.rule, d.changed, state.target) == (5, "custom", True, 5)
     assert "policy tests.unit.test_custom_policy:seen says 5" in d.reason and events == []
@@ -93,6 +103,7 @@ def test_the_policy_sees_documented_inputs_and_its_count_is_the_target() -> None
     assert ctx.custom_metrics["kv_cache_use"] == CustomMetric(1.8, 0.9, 2)
     assert (ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas) == (1, 8)
     assert ctx.current_time == 100.0 and ctx.config is CFG and ctx.window_full
+    assert ctx.policy_state == {}
     with pytest.raises(AttributeError):
         ctx.target_num_replicas = 3  # type: ignore[misc]
     assert tel.calls[("shop", "Model", cp.OK)] == 1
@@ -239,16 +250,23 @@ def test_the_exporter_moves_telemetry_into_prometheus() -> None:
     def value(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
+    cp.TELEMETRY.drain()  # what other tests left there is not this test's
     labels = {"app": "xp", "deployment": "D"}
     before = value("fleetpulse_controller_custom_policy_calls_total", **labels, outcome="raised")
     count = value("fleetpulse_controller_custom_policy_seconds_count")
-    p = CustomPolicy("xp", "D", "pkg.mod:fn", timer=Timer(0.02), loader=lambda path: raises)
-    p.decide(CFG, STATE, inputs(), KV, 0.0)
+    restarts = value("fleetpulse_controller_custom_policy_worker_restarts_total", reason="timeout")
+    p = CustomPolicy("xp", "D", "pkg.mod:fn")
+    p.decide(
+        CFG, STATE, inputs(), KV, 0.0, InlineRunner(loader=lambda path: raises, timer=Timer(0.02))
+    )
+    cp.TELEMETRY.restarts["timeout"] += 1
     Exporter()._custom_policies()
     after = value("fleetpulse_controller_custom_policy_calls_total", **labels, outcome="raised")
     assert after == before + 1
     assert value("fleetpulse_controller_custom_policy_slow_total", **labels) >= 1
     assert value("fleetpulse_controller_custom_policy_seconds_count") == count + 1
+    now = value("fleetpulse_controller_custom_policy_worker_restarts_total", reason="timeout")
+    assert now == restarts + 1
 
 
 def not_callable() -> None:
@@ -275,9 +293,9 @@ def test_load_errors_say_what_is_wrong(path: str, words: str) -> None:
 
 
 def test_the_example_policy_loads_and_scales_on_kv_cache_use() -> None:
-    fn = load_policy("services.examples.kv_policy:scale_on_kv_cache")
-    p = CustomPolicy("shop", "Model", "services.examples.kv_policy:scale_on_kv_cache")
-    assert p.fn is fn and policy_problem("services.examples.kv_policy:scale_on_kv_cache") is None
+    path = "services.examples.kv_policy:scale_on_kv_cache"
+    p = Wrapped(CustomPolicy("shop", "Model", path), InlineRunner())
+    assert policy_problem(path) is None
     high = (MappingProxyType({"kv_cache_use": CustomMetric(1.8, 0.9, 2)}), 0.0)
     low = (MappingProxyType({"kv_cache_use": CustomMetric(0.2, 0.1, 2)}), 0.0)
     _, d, _ = p.decide(CFG, STATE, inputs(demand_mean=0.0), high, 0.0)
@@ -292,6 +310,7 @@ def test_the_example_policy_loads_and_scales_on_kv_cache_use() -> None:
 def test_a_policy_that_did_not_import_is_tried_again_later() -> None:
     attempts: list[str] = []
     available = False
+    clock = [0.0]
 
     def loader(path: str) -> Callable[[AutoscalingContext], Any]:
         attempts.append(path)
@@ -299,11 +318,14 @@ def test_a_policy_that_did_not_import_is_tried_again_later() -> None:
             raise PolicyLoadError("cannot import 'late': ModuleNotFoundError")
         return lambda ctx: 3
 
-    p = CustomPolicy("shop", "Model", "late.pkg:fn", timer=Timer(), loader=loader)
+    runner = InlineRunner(loader=loader, timer=Timer(), clock=lambda: clock[0])
+    p = Wrapped(CustomPolicy("shop", "Model", "late.pkg:fn"), runner)
     _, d, _ = p.decide(CFG, STATE, inputs(), KV, 0.0)
     assert d.rule == "custom_fallback" and len(attempts) == 1
     available = True  # installed meanwhile
-    _, d, _ = p.decide(CFG, STATE, inputs(), KV, cp.RELOAD_AFTER_S - 1)
+    clock[0] = cp.RELOAD_AFTER_S - 1
+    _, d, _ = p.decide(CFG, STATE, inputs(), KV, 1.0)
     assert d.rule == "custom_fallback" and len(attempts) == 1  # not every tick
-    _, d, _ = p.decide(CFG, STATE, inputs(), KV, cp.RELOAD_AFTER_S)
+    clock[0] = cp.RELOAD_AFTER_S
+    _, d, _ = p.decide(CFG, STATE, inputs(), KV, 2.0)
     assert (d.rule, d.target, len(attempts)) == ("custom", 3, 2)
