@@ -1,0 +1,142 @@
+"""Count where each user- or operator-set setting is declared by hand (issue 35).
+
+A declaration is a place in `shared/` or `services/` (tests excluded) that writes one of the
+setting's facts itself instead of taking it from a table: a default on a config field, a row of a
+settings table, a validation naming it, a key table entry, a command-line flag, or its
+environment variable's name. A field whose default comes from a table (`= _D[...]`,
+`= settings.X.default`, ...) is not counted. The goal is 1 per setting: its row in a table.
+
+    python -m scripts.settings_census            # the working tree
+    python -m scripts.settings_census --rev HEAD~5   # a commit, for the "before" numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (setting, its flags, its environment variable)
+SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+    ("metrics_interval_s", ("--metrics-interval", "--metrics-interval-s"), "FLEETPULSE_METRICS_INTERVAL_S"),
+    ("push_metrics", ("--push-metrics",), None),
+    ("namespace", ("--namespace",), "FLEETPULSE_NAMESPACE"),
+    ("columnar_min_replicas", ("--columnar-min-replicas",), "FLEETPULSE_COLUMNAR_MIN_REPLICAS"),
+    ("min_replicas", (), None),
+    ("max_replicas", (), None),
+    ("initial_replicas", (), None),
+    ("target_ongoing_requests", (), None),
+    ("upscale_delay_s", (), None),
+    ("downscale_delay_s", (), None),
+    ("downscale_to_zero_delay_s", (), None),
+    ("look_back_period_s", (), None),
+    ("upscaling_factor", (), None),
+    ("downscaling_factor", (), None),
+    ("panic_mode", (), None),
+    ("panic_window_s", (), None),
+    ("panic_threshold", (), None),
+    ("max_ongoing_requests", ("--max-ongoing-requests",), None),
+    ("graceful_shutdown_timeout_s", ("--graceful-shutdown-timeout-s",), None),
+)  # fmt: skip
+
+_DERIVED = r"(?:_D\[|_DEFAULT\[|settings\.|[A-Z][A-Z0-9_]*\b)"
+"""Defaults taken from a table or a named constant (declared once, where it is defined)."""
+EXCLUDED = ("shared/wire/", "shared/kv/")
+"""Wire and KV document fields share some names but are not settings."""
+
+
+def _patterns(name: str, flags: tuple[str, ...], env: str | None) -> dict[str, re.Pattern[str]]:
+    n = re.escape(name)
+    out = {
+        # a config field with a default written out (not taken from a table)
+        "default": re.compile(rf"^\s*{n}\s*:\s*[^=\n]+=\s*(?![\s]|{_DERIVED})", re.M),
+        # a table row: replicaspec.Param(...), settings.Setting(...)
+        "row": re.compile(rf"(?:Param|Setting)\(\s*\"{n}\"", re.M),
+        # a YAML key table entry ("name": conversion) or a name listed for validation
+        "key": re.compile(rf"^\s*\"{n}\"\s*(?::\s*\S|,\s*$)", re.M),
+        # a validation message naming it
+        "check": re.compile(rf"field=\"{n}\""),
+    }
+    if flags:
+        alts = "|".join(re.escape(f) for f in flags)
+        out["flag"] = re.compile(rf"add_argument\(\s*\"(?:{alts})\"", re.M)
+    if env:
+        out["env"] = re.compile(rf"\"{re.escape(env)}\"")
+    return out
+
+
+def _files(rev: str | None) -> Iterator[tuple[str, str]]:
+    if rev is None:
+        for top in ("shared", "services"):
+            for path in sorted((ROOT / top).rglob("*.py")):
+                if str(path.relative_to(ROOT)).startswith(EXCLUDED):
+                    continue
+                yield str(path.relative_to(ROOT)), path.read_text()
+        return
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", rev, "shared", "services"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    for name in names:
+        if name.endswith(".py") and not name.startswith(EXCLUDED):
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{name}"], cwd=ROOT, check=True, capture_output=True,
+                text=True,
+            ).stdout  # fmt: skip
+            yield name, text
+
+
+def census(rev: str | None = None) -> dict[str, dict[str, list[str]]]:
+    """setting -> kind of declaration -> the places (file:line)."""
+    files = list(_files(rev))
+    out: dict[str, dict[str, list[str]]] = {}
+    for name, flags, env in SETTINGS:
+        found: dict[str, list[str]] = {}
+        for kind, pattern in _patterns(name, flags, env).items():
+            for path, text in files:
+                for m in pattern.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    found.setdefault(kind, []).append(f"{path}:{line}")
+        out[name] = found
+    return out
+
+
+def totals(rev: str | None = None) -> dict[str, int]:
+    flags = envs = 0
+    for _, text in _files(rev):
+        flags += len(re.findall(r"add_argument\(\s*(?:f?\"--)", text))
+        envs += len(re.findall(r"environ(?:\.get\(|\[)|\bgetenv\(", text))
+    return {"add_argument sites": flags, "os.environ read sites": envs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default=None, help="count in this commit (default: the work tree)")
+    ap.add_argument("--before", default=None, help="also count in this commit, side by side")
+    ap.add_argument("-v", "--verbose", action="store_true", help="list every place")
+    args = ap.parse_args()
+    now = census(args.rev)
+    then = census(args.before) if args.before else None
+    for name, found in now.items():
+        count = sum(len(v) for v in found.values())
+        kinds = ", ".join(f"{k} {len(v)}" for k, v in found.items() if v)
+        was = ""
+        if then is not None:
+            was = f"{sum(len(v) for v in then[name].values())} -> "
+        print(f"{name:30} {was}{count:3}   ({kinds})")
+        if args.verbose:
+            for places in found.values():
+                for place in places:
+                    print(f"    {place}")
+    for what, n in totals(args.rev).items():
+        was = f"{totals(args.before)[what]} -> " if args.before else ""
+        print(f"{what:30} {was}{n}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
