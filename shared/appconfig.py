@@ -8,74 +8,56 @@ Values in KV are JSON (human-inspectable with `nats kv get`), one key per applic
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from shared import replicaspec
+from shared import replicaspec, settings
 from shared.errors import ConfigError, UsageError
 from shared.replicaspec import ReplicaSpec
 from shared.rollout import RolloutConfig
 from shared.subjects import validate_name
 
-IMPORT_PATH_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-"""`package.module:Attribute` (the attribute may be dotted, `module:Class.method`)."""
+IMPORT_PATH_RE = settings.IMPORT_PATH_RE
+_AUTO: Mapping[str, Any] = settings.defaults(settings.AUTOSCALING)
+_CROSS = frozenset({"max_replicas", "initial_replicas"})
+"""Checked against min_replicas (and each other) by AutoscalingConfig itself."""
 
 
 @dataclass(frozen=True, slots=True)
 class AutoscalingConfig:
-    """Ray Serve compatible autoscaling policy knobs (same names, same defaults)."""
+    """Ray Serve compatible autoscaling policy knobs (same names, same defaults), declared in
+    shared.settings.AUTOSCALING: defaults and checks come from there."""
 
-    min_replicas: int = 1
-    max_replicas: int = 1
-    initial_replicas: int | None = None
-    target_ongoing_requests: float = 2.0
-    upscale_delay_s: float = 30.0
-    downscale_delay_s: float = 600.0
-    downscale_to_zero_delay_s: float | None = None
-    look_back_period_s: float = 30.0
-    metrics_interval_s: float = 10.0
-    upscaling_factor: float = 1.0
-    downscaling_factor: float = 1.0
-    panic_mode: bool = False
-    panic_window_s: float = 6.0
-    panic_threshold: float = 2.0
-    policy: str | None = None
+    min_replicas: int = _AUTO["min_replicas"]
+    max_replicas: int = _AUTO["max_replicas"]
+    initial_replicas: int | None = _AUTO["initial_replicas"]
+    target_ongoing_requests: float = _AUTO["target_ongoing_requests"]
+    upscale_delay_s: float = _AUTO["upscale_delay_s"]
+    downscale_delay_s: float = _AUTO["downscale_delay_s"]
+    downscale_to_zero_delay_s: float | None = _AUTO["downscale_to_zero_delay_s"]
+    look_back_period_s: float = _AUTO["look_back_period_s"]
+    metrics_interval_s: float = _AUTO["metrics_interval_s"]
+    upscaling_factor: float = _AUTO["upscaling_factor"]
+    downscaling_factor: float = _AUTO["downscaling_factor"]
+    panic_mode: bool = _AUTO["panic_mode"]
+    panic_window_s: float = _AUTO["panic_window_s"]
+    panic_threshold: float = _AUTO["panic_threshold"]
+    policy: str | None = _AUTO["policy"]
     """A custom policy's import path, 'package.module:function' (YAML: Ray Serve's
     `policy: {policy_function: ...}`); None: the default policy (services/controller/policy.py)."""
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 0:
-            raise ConfigError("must be >= 0", field="min_replicas")
+        settings.AUTOSCALING_BY_NAME["min_replicas"].check(self.min_replicas)
         if self.max_replicas < max(1, self.min_replicas):
             raise ConfigError("must be >= min_replicas and >= 1", field="max_replicas")
         if self.initial_replicas is not None and not (
             self.min_replicas <= self.initial_replicas <= self.max_replicas
         ):
             raise ConfigError("must lie in [min_replicas, max_replicas]", field="initial_replicas")
-        for name in (
-            "target_ongoing_requests",
-            "look_back_period_s",
-            "metrics_interval_s",
-            "upscaling_factor",
-            "downscaling_factor",
-            "panic_window_s",
-            "panic_threshold",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError("must be a positive number", field=name)
-        for name in ("upscale_delay_s", "downscale_delay_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError("must be >= 0", field=name)
-        zero = self.downscale_to_zero_delay_s
-        if zero is not None and not (math.isfinite(zero) and zero >= 0):
-            raise ConfigError("must be >= 0", field="downscale_to_zero_delay_s")
-        if self.policy is not None and not IMPORT_PATH_RE.fullmatch(self.policy):
-            raise ConfigError("must look like 'package.module:function'", field="policy")
+        for s in settings.AUTOSCALING[1:]:
+            if s.name not in _CROSS:
+                s.check(getattr(self, s.name))
 
     @property
     def initial(self) -> int:
@@ -86,6 +68,10 @@ class AutoscalingConfig:
         z = self.downscale_to_zero_delay_s
         return self.downscale_delay_s if z is None else z
 
+
+assert [f.name for f in fields(AutoscalingConfig)] == [s.name for s in settings.AUTOSCALING], (
+    "AutoscalingConfig's fields and settings.AUTOSCALING must list the same settings"
+)
 
 REPLICA_FIELDS = (
     "import_path",

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import logconfig, replicaspec, resources, rollout
+from shared import logconfig, replicaspec, resources, rollout, settings
 from shared.appconfig import (
     IMPORT_PATH_RE,
     REPLICA_FIELDS,
@@ -68,7 +68,9 @@ _RENAMED = {
 }
 # Keys whose null is a value of its own; any other optional key given as null takes its default
 # (Ray Serve writes `key: null` for "not set", e.g. in `serve build` output).
-_NULL_IS_A_VALUE = frozenset({"route_prefix", "initial_replicas", "downscale_to_zero_delay_s"})
+_NULL_IS_A_VALUE = frozenset(
+    {"route_prefix", *(s.name for s in settings.AUTOSCALING if s.nullable)}
+)
 AUTO_SCALING_DEFAULTS: Mapping[str, Any] = {
     "min_replicas": 1,
     "max_replicas": 100,
@@ -214,7 +216,6 @@ class _Number:
 
 
 _COUNT = _Number(integer=True)
-_POSITIVE = _Number(strict=True)
 _DELAY = _Number()
 
 
@@ -312,6 +313,14 @@ def _is_null(node: Node) -> bool:
     return isinstance(node, ScalarNode) and node.tag.endswith(":null")
 
 
+def _setting_conv(s: settings.Setting) -> Conv:
+    """The YAML conversion of a setting declared in shared.settings."""
+    if s.kind == "bool":
+        return _boolean
+    low = 0.0 if s.low is None else s.low
+    return _Number(integer=s.kind == "int", low=low, strict=s.strict, nullable=s.nullable)
+
+
 # -- key tables: YAML key -> conversion (None: checked by its own method) ----------------------
 
 _TOP_KEYS: dict[str, Conv | None] = {"applications": None}
@@ -329,11 +338,10 @@ _DEPLOYMENT_KEYS: dict[str, Conv | None] = {
     "init_args": None,
     "init_kwargs": None,
     **{
-        p.name: _Number(integer=p.kind == "int", low=p.low, strict=p.strict)
+        p.name: _boolean if p.kind == "bool" else _Number(p.kind == "int", p.low, p.strict)
         for p in replicaspec.PARAMS
-        if p.kind in ("int", "float") and p.name in REPLICA_FIELDS
+        if p.kind in ("int", "float", "bool") and p.name in REPLICA_FIELDS
     },
-    "push_metrics": _boolean,
     "num_replicas": _replica_count,
     "autoscaling_config": None,
     "rollout": None,
@@ -356,21 +364,7 @@ _LOGGING_KEYS: dict[str, Conv | None] = {
     **{key: _refused(reason) for key, reason in logconfig.REFUSED.items()},
 }
 _AUTOSCALING_KEYS: dict[str, Conv | None] = {
-    "min_replicas": _COUNT,
-    "max_replicas": _Number(integer=True, low=1),
-    "initial_replicas": _Number(integer=True, nullable=True),
-    "target_ongoing_requests": _POSITIVE,
-    "upscale_delay_s": _DELAY,
-    "downscale_delay_s": _DELAY,
-    "downscale_to_zero_delay_s": _Number(nullable=True),
-    "look_back_period_s": _POSITIVE,
-    "metrics_interval_s": _POSITIVE,
-    "upscaling_factor": _POSITIVE,
-    "downscaling_factor": _POSITIVE,
-    "panic_mode": _boolean,
-    "panic_window_s": _POSITIVE,
-    "panic_threshold": _POSITIVE,
-    "policy": None,
+    s.name: None if s.name == "policy" else _setting_conv(s) for s in settings.AUTOSCALING
 }
 _POLICY_KEYS: dict[str, Conv | None] = {"policy_function": _import_path}
 

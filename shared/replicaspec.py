@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from shared import logconfig, resources
+from shared import logconfig, resources, settings
 from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
@@ -112,7 +112,7 @@ PARAMS: tuple[Param, ...] = (
     Param(
         "metrics_interval_s",
         "float",
-        10.0,
+        settings.AUTOSCALING_BY_NAME["metrics_interval_s"].default,
         "how often the replica reports (its deployment's autoscaling metrics_interval_s)",
         strict=True,
         restarts=False,
@@ -149,6 +149,7 @@ PARAMS: tuple[Param, ...] = (
     ),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}
+_D: Mapping[str, Any] = {p.name: p.default for p in PARAMS}
 
 
 def check(name: str, value: Any) -> None:
@@ -163,18 +164,18 @@ class ReplicaSpec:
     """How to run the replicas of one deployment version (see PARAMS for each field)."""
 
     import_path: str
-    init_args: tuple[Any, ...] = ()
+    init_args: tuple[Any, ...] = _D["init_args"]
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    max_ongoing_requests: int = 5
-    health_check_period_s: float = 10.0
-    health_check_timeout_s: float = 30.0
-    graceful_shutdown_timeout_s: float = 20.0
-    metrics_interval_s: float = 10.0
-    push_metrics: bool = False
+    max_ongoing_requests: int = _D["max_ongoing_requests"]
+    health_check_period_s: float = _D["health_check_period_s"]
+    health_check_timeout_s: float = _D["health_check_timeout_s"]
+    graceful_shutdown_timeout_s: float = _D["graceful_shutdown_timeout_s"]
+    metrics_interval_s: float = _D["metrics_interval_s"]
+    push_metrics: bool = _D["push_metrics"]
     env: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, float] = field(default_factory=dict)
     logging_config: Mapping[str, Any] = field(default_factory=dict)
-    user_config: Mapping[str, Any] | None = None
+    user_config: Mapping[str, Any] | None = _D["user_config"]
 
     def __post_init__(self) -> None:
         for p in PARAMS:

@@ -1,0 +1,232 @@
+"""Settings a user or operator sets, each declared once: the table every other form derives from.
+
+`shared/replicaspec.py` `PARAMS` showed the way for the replica's settings; this module does the
+same for the rest. A `Setting` row holds the name (the config field and YAML key), the type, the
+default, the bounds (or a validator), the help, and, for a service setting, its flag and
+environment variable. From the rows come:
+- `AUTOSCALING`: the defaults and checks of `shared.appconfig.AutoscalingConfig`, the YAML key
+  table and value conversions of `shared.appyaml`, and docs/deploy.md's `autoscaling_config` table
+  (scripts/gen_settings_docs.py);
+- the service rows (`NAMESPACE`, `ROUTER_METRICS_INTERVAL`): the one flag each (`add_flag`, the
+  same default, help and behaviour in every service) and the value a service's `main()` builds its
+  config with (`resolve`: the flag, else the environment variable, read then and only then, else
+  the default), and docs/operations.md's service settings table.
+
+Messages: `problem` says what is wrong in the words the config classes have always used
+("must be a positive number", "must be >= 0"); `resolve` raises a ConfigError naming the flag or
+the environment variable that gave the bad value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shared.errors import ConfigError, UsageError
+from shared.subjects import DEFAULT_NAMESPACE, validate_name
+
+Kind = Literal["int", "float", "bool", "str"]
+
+IMPORT_PATH_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+"""`package.module:Attribute` (the attribute may be dotted, `module:Class.method`)."""
+
+Validator = Callable[[Any], str | None]
+"""What is wrong with a (non-null) value beyond its type and bounds, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    """The config field; the YAML key where the setting has one."""
+    kind: Kind
+    default: Any
+    help: str
+    low: float | None = 0.0
+    """Numbers: the least value allowed (exclusive when `strict`); None: unbounded."""
+    strict: bool = False
+    nullable: bool = False
+    """`null` is a value of its own (YAML `key: null` is kept, not read as "not set")."""
+    validate: Validator | None = None
+    flag: str | None = None
+    env: str | None = None
+    """The environment variable a service reads when its flag is not given."""
+    metavar: str | None = None
+    doc_type: str | None = None
+    """The type column of the docs, when it is not what `kind` and the bounds say."""
+    doc_default: str | None = None
+    """The default column of the docs, when the value alone would mislead."""
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value`, or None (a None value is fine when null is allowed)."""
+        if value is None and (self.nullable or self.default is None):
+            return None
+        if self.kind in ("int", "float") and self.low is not None and not self._in_range(value):
+            if self.strict and self.low == 0:
+                return "must be a positive number"
+            return f"must be {'>' if self.strict else '>='} {self.low:g}"
+        return None if self.validate is None else self.validate(value)
+
+    def _in_range(self, value: float) -> bool:
+        low = 0.0 if self.low is None else self.low
+        return math.isfinite(value) and (value > low if self.strict else value >= low)
+
+    def check(self, value: Any) -> None:
+        """Raise ConfigError naming the field unless `value` is valid."""
+        problem = self.problem(value)
+        if problem is not None:
+            raise ConfigError(problem, field=self.name)
+
+    # -- docs -----------------------------------------------------------------------------
+
+    def type_text(self) -> str:
+        if self.doc_type is not None:
+            return self.doc_type
+        text = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}[self.kind]
+        if self.kind in ("int", "float") and self.low is not None:
+            text += f" {'>' if self.strict else '>='} {self.low:g}"
+        return text + (" or `null`" if self.nullable else "")
+
+    def default_text(self) -> str:
+        if self.doc_default is not None:
+            return self.doc_default
+        return f"`{_show(self.default)}`"
+
+    # -- services: one flag, one behaviour --------------------------------------------------
+
+    def add_flag(self, p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """The setting's flag. Its default is None: `resolve` fills it in when the config is
+        built, from the environment variable or the default (never when the parser is built)."""
+        assert self.flag is not None, f"{self.name} has no flag"
+        where = f"${self.env} or {_show(self.default)}" if self.env else _show(self.default)
+        p.add_argument(
+            self.flag,
+            type=_PARSE[self.kind],
+            default=None,
+            metavar=self.metavar,
+            help=f"{self.help} (default: {where})",
+        )
+
+    def resolve(self, given: Any, env: Mapping[str, str]) -> Any:
+        """The flag's value if given, else the environment variable's (parsed), else the
+        default; ConfigError naming the flag or the variable if the value is bad."""
+        if given is not None:
+            value, field = given, self.flag or self.name
+        elif self.env is not None and env.get(self.env):
+            raw = env[self.env]
+            try:
+                value = _PARSE[self.kind](raw)
+            except ValueError:
+                raise ConfigError(
+                    f"cannot parse {raw!r}", source="environment", field=self.env
+                ) from None
+            field = self.env
+        else:
+            return self.default
+        problem = self.problem(value)
+        if problem is not None:
+            source = "environment" if field == self.env else ""
+            raise ConfigError(f"{problem}, not {value!r}", source=source, field=field)
+        return value
+
+
+_PARSE: Mapping[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _show(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _import_path(value: Any) -> str | None:
+    if isinstance(value, str) and IMPORT_PATH_RE.fullmatch(value):
+        return None
+    return "must look like 'package.module:function'"
+
+
+def _name(value: Any) -> str | None:
+    try:
+        validate_name(value, "namespace")
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def defaults(table: tuple[Setting, ...]) -> Mapping[str, Any]:
+    return {s.name: s.default for s in table}
+
+
+# -- autoscaling_config: Ray Serve's knobs (same names, same defaults) ---------------------------
+
+AUTOSCALING: tuple[Setting, ...] = (
+    Setting("min_replicas", "int", 1, "never fewer replicas. `0` allows scale to zero: the app "
+            "stays reachable, the first request wakes it."),
+    Setting("max_replicas", "int", 1, "never more; must be >= `min_replicas`.", low=1),
+    Setting("initial_replicas", "int", None, "replicas to start with; within [`min_replicas`, "
+            "`max_replicas`].", nullable=True, doc_type="integer or `null`",
+            doc_default="`null` (= `min_replicas`)"),
+    Setting("target_ongoing_requests", "float", 2.0, "desired requests per replica (running + "
+            "queued). Desired replicas = ceil(demand / target).", strict=True),
+    Setting("upscale_delay_s", "float", 30.0, "demand must call for more replicas this long "
+            "before scaling up (not from zero: demand at zero replicas scales at once to what "
+            "it needs, at least 1)."),
+    Setting("downscale_delay_s", "float", 600.0, "demand must call for fewer replicas this long "
+            "before scaling down."),
+    Setting("downscale_to_zero_delay_s", "float", None, "the delay for the last step, 1 -> 0.",
+            nullable=True, doc_default="`null` (= `downscale_delay_s`)"),
+    Setting("look_back_period_s", "float", 30.0, "demand is the time-weighted mean over this "
+            "window; a rise above what the current replicas serve is averaged from its onset "
+            "(below).", strict=True),
+    Setting("metrics_interval_s", "float", 10.0, "how often the deployment's reports are sent, "
+            "and the cadence the controller expects. Every router that sends to the deployment "
+            "(handles, the proxy, the gateway, in-process handles in other replicas) follows it: "
+            "the controller writes it into each member value in `fp_membership`, and a change "
+            "takes effect at the routers within a KV round trip (all members are rewritten "
+            "once). Their own setting (`--metrics-interval`, `FLEETPULSE_METRICS_INTERVAL_S`, "
+            "default 10 s) applies only until the deployment has had a replica. Replicas that "
+            "push their own reports (`push_metrics`) take it when they start: a change applies "
+            "to replicas started after it.", strict=True),
+    Setting("upscaling_factor", "float", 1.0, "multiplies each upscaling step (smoothing below "
+            "1, faster above 1).", strict=True, doc_default="`1.0`"),
+    Setting("downscaling_factor", "float", 1.0, "the same for downscaling.", strict=True,
+            doc_default="`1.0`"),
+    Setting("panic_mode", "bool", False, "Knative-style panic: short-window demand at "
+            "`panic_threshold` x the running replicas' capacity scales up at once and blocks "
+            "scale-down until it calms."),
+    Setting("panic_window_s", "float", 6.0, "the short window panic mode looks at.", strict=True),
+    Setting("panic_threshold", "float", 2.0, "demand / capacity ratio that starts a panic.",
+            strict=True),
+    Setting("policy", "str", None, "a custom autoscaling policy, Ray Serve's shape: "
+            '`{policy_function: "package.module:function"}`. See [Custom metrics and policies]'
+            "(#custom-metrics-and-policies).", validate=_import_path, doc_type="mapping",
+            doc_default="none"),
+)  # fmt: skip
+AUTOSCALING_BY_NAME: Mapping[str, Setting] = {s.name: s for s in AUTOSCALING}
+
+
+# -- service settings: one flag and one environment variable each, read in main() ----------------
+
+NAMESPACE = Setting(
+    "namespace",
+    "str",
+    DEFAULT_NAMESPACE,
+    "subject namespace",
+    validate=_name,
+    flag="--namespace",
+    env="FLEETPULSE_NAMESPACE",
+)
+ROUTER_METRICS_INTERVAL = Setting(
+    "metrics_interval_s",
+    "float",
+    AUTOSCALING_BY_NAME["metrics_interval_s"].default,
+    "handle report cadence until a deployment's members carry its metrics_interval_s",
+    strict=True,
+    flag="--metrics-interval",
+    env="FLEETPULSE_METRICS_INTERVAL_S",
+    metavar="SECONDS",
+)
+SERVICE: tuple[Setting, ...] = (NAMESPACE, ROUTER_METRICS_INTERVAL)
