@@ -43,7 +43,7 @@ SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("graceful_shutdown_timeout_s", ("--graceful-shutdown-timeout-s",), None),
 )  # fmt: skip
 
-_DERIVED = r"(?:_D\[|_DEFAULT\[|settings\.|[A-Z][A-Z0-9_]*\b)"
+_DERIVED = r"(?:_\w*\[|settings\.|[A-Z][A-Z0-9_]*\b)"
 """Defaults taken from a table or a named constant (declared once, where it is defined)."""
 EXCLUDED = ("shared/wire/", "shared/kv/")
 """Wire and KV document fields share some names but are not settings."""
@@ -90,6 +90,23 @@ def _files(rev: str | None) -> Iterator[tuple[str, str]]:
             yield name, text
 
 
+_ROW_START = re.compile(r"(?:Param|Setting)\(")
+
+
+def _in_row(text: str, at: int) -> bool:
+    """Whether `at` lies inside a `Param(...)`/`Setting(...)` call (parentheses balanced)."""
+    for m in _ROW_START.finditer(text, max(0, at - 3000), at):
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        if m.start() < at < i:
+            return True
+    return False
+
+
 def census(rev: str | None = None) -> dict[str, dict[str, list[str]]]:
     """setting -> kind of declaration -> the places (file:line)."""
     files = list(_files(rev))
@@ -99,6 +116,8 @@ def census(rev: str | None = None) -> dict[str, dict[str, list[str]]]:
         for kind, pattern in _patterns(name, flags, env).items():
             for path, text in files:
                 for m in pattern.finditer(text):
+                    if kind != "row" and _in_row(text, m.start()):
+                        continue  # part of a row: the row is the one declaration
                     line = text.count("\n", 0, m.start()) + 1
                     found.setdefault(kind, []).append(f"{path}:{line}")
         out[name] = found
