@@ -1,29 +1,21 @@
-"""`Router`: the per-deployment state every handle in a process shares.
+"""`Router`: the asyncio/NATS shell of one deployment's router, shared by every handle in a process.
 
-How it works: one `Router` per (bus, namespace, app, deployment) owns
-- the membership, from a watch on KV `fp_membership` keys `{app}.{deployment}.>` (one key per
-  slot: a put replaces that slot's member, a delete empties it; shared.kv.membership). The initial
-  values are gathered into a fresh view that replaces the old one at once when complete, so a
-  re-established watch never shows a half-read member set; a burst of changes is applied to the
-  chooser once (the refresh is coalesced). The view epoch is the largest member epoch applied;
-- the replica chooser (choice.py), the carried-health map (carried_health.py) and the
-  time-weighted windows (window.py) that feed the handle reports;
-- the queue: a request that finds no available replica (none at all, all full at their
-  `max_ongoing_requests`, or all backing off after rejections) waits here, oldest first
-  (waitqueue.py), bounded by the deployment's `max_queued_requests` (its members carry it; else
-  the router config's) (BackPressureError) and by its deadline (DeadlineExceeded). A newcomer
-  does not overtake a waiter. The head wakes on membership changes, on a request finishing, on
-  the earliest backoff expiry, and at least every `queue_poll_max_s`; a head that leaves wakes
-  the next (the others sleep until then or their deadline). A request queued while the deployment
-  has zero replicas triggers an immediate handle report (cold start), at most once per
-  `cold_start_report_min_interval_s`; the regular cadence then continues;
-- the reports loop: every report interval it closes the windows and publishes a handle report
-  to `fp.v1.report.handle.{app}.{deployment}` (reports.py picks msgpack or columnar). The interval
-  is the deployment's `metrics_interval_s`, which its members carry (`report_interval_s`); until
-  a member has told it (no replica yet, or an older controller) it is the router config's
-  `metrics_interval_s`. A change takes effect at once: the wait for the next report is re-armed.
-  A jump in load that holds for a moment is reported at once, its averages covering only the
-  jump (rise.py), so the autoscaler's delay starts then rather than up to an interval later.
+How it works: one `Router` per (bus, namespace, app, deployment). Every decision is made by its
+pure core (core.py: the choice of replica, the queue and its bound, carried health, membership,
+when a report is due and what it says); this shell feeds the core events with the clock's `now`
+and carries out the actions it returns:
+- it watches KV `fp_membership` keys `{app}.{deployment}.>` (one key per slot; shared.kv.membership)
+  and hands each change to the core; a re-established watch reads into a fresh view that the core
+  installs whole, so no half-read member set is ever used; `RefreshSoon` is run on the next loop
+  turn, so a burst of changes refreshes the chooser once;
+- a request that finds no replica waits here on an `asyncio.Event`, its token in the core's line,
+  for as long as the core says (`Wait`), until woken (`WakeHead`) or its deadline; the core's
+  `Refuse` and `Expired` become BackPressureError and DeadlineExceeded;
+- the reports task sleeps until the core says a report is due (or `WakeReporter`), then takes it
+  from the core and publishes it to `fp.v1.report.handle.{app}.{deployment}` (reports.py picks
+  msgpack or columnar); a failed publish is logged and never stops the next;
+- liveness (liveness.py) probes replicas for the response readers; the core's `MembersChanged`
+  prunes it.
 
 Nothing here runs per request except O(1) bookkeeping (`dispatched`, `admitted`, `finished`);
 report work happens on the reports task only.
@@ -43,6 +35,20 @@ from typing import Final
 from services.router.carried_health import CarriedHealthMap
 from services.router.choice import ReplicaChooser
 from services.router.config import RouterConfig, default_router_config
+from services.router.core import (
+    MIN_WAIT_S,
+    Actions,
+    CheckRise,
+    Expired,
+    MembersChanged,
+    RefreshSoon,
+    Refuse,
+    RouterCore,
+    Take,
+    WakeHead,
+    WakeReporter,
+    view_of,
+)
 from services.router.errors import BackPressureError, DeadlineExceeded, RouterClosedError
 from services.router.liveness import Liveness
 from services.router.metrics import RouterMetrics
@@ -50,11 +56,9 @@ from services.router.reports import (
     DEFAULT_PROVIDERS,
     LocalHealthProviders,
     RequestCounters,
-    build_handle_report,
     encode_handle_report,
 )
-from services.router.rise import RISE_SETTLE_S, RiseDetector
-from services.router.waitqueue import WaitQueue
+from services.router.rise import RiseDetector
 from services.router.window import TimeWeightedCounts, TimeWeightedGauge
 from shared.badinput import BadInput
 from shared.bus import Bus, RateLimiter
@@ -73,7 +77,6 @@ WATCH_RETRY_S: Final = 1.0
 """Pause before re-establishing a membership watch that failed or ended."""
 REPORT_ERROR_LOG_INTERVAL_S: Final = 10.0
 WATCH_ERROR_LOG_INTERVAL_S: Final = 60.0
-MIN_WAIT_S: Final = 0.001
 
 
 class Router:
@@ -100,21 +103,10 @@ class Router:
         self.providers = providers
         self.report_subject = subjects.report("handle", app, deployment)
         self.key = deployment_key(app, deployment)
-        now = clock.monotonic()
-        self.chooser = ReplicaChooser(
-            rng, backoff_initial_s=config.backoff_initial_s, backoff_max_s=config.backoff_max_s
-        )
-        self.health = CarriedHealthMap()
-        self.running = TimeWeightedCounts(now)
-        self.queued = TimeWeightedGauge(now)
-        self.counters = RequestCounters()
-        self.members: dict[str, Member] = {}
-        self.probe_subjects: dict[str, str] = {}
-        self.view = MembershipView(app, deployment)
-        self.epoch = -1
-        self._refresh_scheduled = False
-        self.seq = 0
-        self.queued_now = 0
+        self.core: RouterCore[asyncio.Event] = RouterCore(
+            app, deployment, handle_id=self.handle_id, config=config, subjects=subjects,
+            now=clock.monotonic(), rng=rng,
+        )  # fmt: skip
         self.reports_sent = 0
         self.bad_input = BadInput(f"router {self.key}", logger, clock=clock)
         self.metrics = RouterMetrics(app, deployment)
@@ -123,21 +115,76 @@ class Router:
             interval_s=config.liveness_interval_s, probe_timeout_s=config.probe_timeout_s,
             fold=self.fold_health, bad_input=self.bad_input,
         )  # fmt: skip
-        self._queue = WaitQueue()
         self._ready = asyncio.Event()
         self._report_wake = asyncio.Event()
-        """Set for a cold-start report, or when the report interval changed (re-arm the wait)."""
-        self._cold_report = False
-        self._last_cold_report = -math.inf
-        self.in_flight_now = 0
-        self.rise = RiseDetector(config.cold_start_report_min_interval_s)
-        self._early_report = False
+        """Set on the core's `WakeReporter`: the next report is due earlier (re-arm the wait)."""
         self._report_errors = RateLimiter(REPORT_ERROR_LOG_INTERVAL_S, clock)
         self._watch_errors = RateLimiter(WATCH_ERROR_LOG_INTERVAL_S, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: DocWatch[Member] | None = None
         self._started = False
         self.closed = False
+
+    # -- the core's state, read through (tests, tools, call.py) -----------------------------------
+    @property
+    def chooser(self) -> ReplicaChooser:
+        return self.core.chooser
+
+    @property
+    def health(self) -> CarriedHealthMap:
+        return self.core.health
+
+    @property
+    def running(self) -> TimeWeightedCounts:
+        return self.core.running
+
+    @property
+    def queued(self) -> TimeWeightedGauge:
+        return self.core.queued
+
+    @property
+    def counters(self) -> RequestCounters:
+        return self.core.counters
+
+    @property
+    def rise(self) -> RiseDetector:
+        return self.core.rise
+
+    @property
+    def members(self) -> dict[str, Member]:
+        return self.core.members
+
+    @property
+    def probe_subjects(self) -> dict[str, str]:
+        return self.core.probe_subjects
+
+    @property
+    def view(self) -> MembershipView:
+        return self.core.view
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    @property
+    def seq(self) -> int:
+        return self.core.seq
+
+    @property
+    def queued_now(self) -> int:
+        return self.core.queued_now
+
+    @property
+    def in_flight_now(self) -> int:
+        return self.core.in_flight_now
+
+    @property
+    def queue_bound(self) -> tuple[int, str]:
+        return self.core.queue_bound
+
+    @property
+    def report_interval_s(self) -> float:
+        return self.core.report_interval_s
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,7 +209,8 @@ class Router:
         if self.closed:
             return
         self.closed = True
-        self._queue.wake_all()
+        for waiter in self.core.line:
+            waiter.set()  # every waiter looks, and finds the router closed
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -172,46 +220,51 @@ class Router:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()
 
+    # -- carrying out the core's actions ------------------------------------------------------------
+    def _perform(self, actions: Actions, now: float) -> None:
+        for action in actions:
+            if isinstance(action, WakeHead):
+                self._notify()
+            elif isinstance(action, WakeReporter):
+                self._report_wake.set()
+            elif isinstance(action, RefreshSoon):
+                asyncio.get_running_loop().call_soon(self._refresh)
+            elif isinstance(action, CheckRise):
+                asyncio.get_running_loop().call_later(action.at - now, self._rise_check)
+            elif isinstance(action, MembersChanged):
+                self.liveness.probe_subjects = action.probe_subjects
+                self.liveness.prune_to(action.members)
+                self._notify()
+                logger.debug(
+                    "router %s: membership epoch %d, %d replicas",
+                    self.key,
+                    action.epoch,
+                    len(action.members),
+                )
+
+    def _notify(self) -> None:
+        """Something may have freed capacity: the oldest waiter looks (and hands on)."""
+        head = self.core.line.head()
+        if head is not None:
+            head.set()
+
+    def _rise_check(self) -> None:
+        if not self.closed:
+            now = self.clock.monotonic()
+            self._perform(self.core.rise_check(now), now)
+
     # -- membership ---------------------------------------------------------------------------
     def apply_members(self, epoch: int, members: list[Member]) -> bool:
-        """Replace the whole view (tests and tools; the watch applies changes one by one)."""
-        view = MembershipView(self.app, self.deployment)
-        for m in members:
-            view.put(m.key, m)
-        view.epoch = max(view.epoch, epoch)
-        self.view = view
-        return self._refresh()
+        """Replace the whole view (tests and tools; the watch applies changes one by one); True
+        if the member set changed."""
+        actions = self.core.install_view(view_of(self.app, self.deployment, epoch, members))
+        self._perform(actions, self.clock.monotonic())
+        return any(isinstance(a, MembersChanged) for a in actions)
 
-    def _refresh(self) -> bool:
-        """Hand the view to the chooser and the health map; True if the member set changed."""
-        self._refresh_scheduled = False
-        self.epoch = max(self.epoch, self.view.epoch)
-        members = {m.replica_id: m for m in self.view.members()}
-        if members.keys() == self.members.keys() and all(
-            (members[r].rpc_subject, members[r].max_ongoing_requests)
-            == (self.members[r].rpc_subject, self.members[r].max_ongoing_requests)
-            for r in members
-        ):
-            self.members = members
-            return False
-        self.members = members
-        self.probe_subjects = {rid: self.subjects.probe(rid) for rid in members}
-        self.liveness.probe_subjects = self.probe_subjects
-        self.chooser.set_members(
-            members, {rid: m.max_ongoing_requests for rid, m in members.items()}
-        )
-        self.health.prune_to(members)
-        self.liveness.prune_to(members)
-        self._notify()
-        logger.debug(
-            "router %s: membership epoch %d, %d replicas", self.key, self.epoch, len(members)
-        )
-        return True
-
-    def _refresh_soon(self) -> None:
-        if not self._refresh_scheduled:
-            self._refresh_scheduled = True
-            asyncio.get_running_loop().call_soon(self._refresh)
+    def _refresh(self) -> None:
+        changed = self.core.refresh()
+        if changed is not None:
+            self._perform((changed,), self.clock.monotonic())
 
     async def _watch_membership(self) -> None:
         while not self.closed:
@@ -234,62 +287,48 @@ class Router:
         docs = DocKV(kv, Member, self.bad_input)
         watch = await docs.watch(deployment_pattern(self.app, self.deployment))
         self._watcher = watch
-        view = MembershipView(self.app, self.deployment)
-        initial = True
+        view = MembershipView(self.app, self.deployment)  # the core installs it once complete
+        core = self.core
         try:
             async for change in watch:
                 if change is None:
-                    initial = False
-                    self.view = view
-                    self._refresh()
-                    self._report_wake.set()
+                    self._perform(core.install_view(view), self.clock.monotonic())
                     self._ready.set()
                     continue
-                interval = view.report_interval_s
                 try:
-                    changed = (
-                        view.put(change.key, change.doc) if change.doc else view.delete(change.key)
-                    )
+                    actions = core.member_changed(view, change.key, change.doc or None)
                 except WireError as exc:
                     self.bad_input.drop(exc.reason, exc.detail)
                     continue
-                if changed and not initial:
-                    self._refresh_soon()
-                if view.report_interval_s != interval and not initial:
-                    self._report_wake.set()
+                if actions:
+                    self._perform(actions, self.clock.monotonic())
         finally:
             with contextlib.suppress(Exception):
                 await watch.stop()
 
     # -- per-request bookkeeping (the fast path: O(1), no awaits) ------------------------------
     def dispatched(self, replica_id: str, now: float) -> None:
-        self.chooser.on_dispatch(replica_id)
-        self.running.add(replica_id, 1.0, now)
-        self.in_flight_now += 1
-        self._load_rose(now)
+        actions = self.core.dispatched(replica_id, now)
+        if actions:
+            self._perform(actions, now)
 
     def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
-        self.health.observe(admission.health, now)
+        self.core.admitted(replica_id, admission, now)
         self.liveness.heard(replica_id)
         if not admission.accepted:
             self.metrics.rejected.inc()
-        self.chooser.on_admission(replica_id, admission.accepted, admission.num_ongoing, now)
 
     def unreachable(self, replica_id: str, now: float) -> None:
         self.metrics.unreachable.inc()
-        self.chooser.on_unreachable(replica_id, now)
+        self.core.unreachable(replica_id, now)
 
     def finished(self, replica_id: str, now: float) -> None:
-        self.chooser.on_finish(replica_id)
-        self.running.add(replica_id, -1.0, now)
-        self.in_flight_now -= 1
-        if self.queued_now:
-            # a slot freed there: let a waiter try that replica before its backoff runs out
-            self.chooser.on_capacity_freed(replica_id)
-            self._notify()
+        actions = self.core.finished(replica_id, now)
+        if actions:
+            self._perform(actions, now)
 
     def fold_health(self, status: HealthStatus, now: float) -> None:
-        self.health.observe(status, now)
+        self.core.fold_health(status, now)
 
     # -- choosing, or waiting in the queue ------------------------------------------------------
     async def acquire(self, deadline_mono: float, exclude: set[str], *, retry: bool = False) -> str:
@@ -299,10 +338,9 @@ class Router:
             await self._wait_ready_until(deadline_mono)
         if self.closed:
             raise RouterClosedError(f"router for {self.key} is closed")
-        if not self._queue or retry:
-            rid = self.chooser.choose(self.clock.monotonic(), exclude)
-            if rid is not None:
-                return rid
+        rid = self.core.choose(self.clock.monotonic(), exclude, retry=retry)
+        if rid is not None:
+            return rid
         return await self._wait_in_queue(deadline_mono, exclude, front=retry)
 
     async def _wait_ready_until(self, deadline_mono: float) -> None:
@@ -315,102 +353,51 @@ class Router:
             raise DeadlineExceeded("waiting for the deployment's membership") from None
 
     async def _wait_in_queue(self, deadline_mono: float, exclude: set[str], *, front: bool) -> str:
-        clock, chooser, cfg, line = self.clock, self.chooser, self.config, self._queue
-        waiter: asyncio.Event | None = None
+        clock, core = self.clock, self.core
+        waiter = asyncio.Event()
+        joined = False
         try:
             while True:
                 if self.closed:
                     raise RouterClosedError(f"router for {self.key} is closed")
                 now = clock.monotonic()
-                # only the oldest may take a replica (a refused request counts as the oldest)
-                may_take = line.is_head(waiter) if waiter is not None else front or not line
-                if may_take:
-                    rid = chooser.choose(now, exclude)
-                    if rid is None and exclude:
-                        exclude.clear()  # everyone failed this request once: try them all again
-                        rid = chooser.choose(now)
-                    if rid is not None:
-                        return rid
-                if now >= deadline_mono:
+                look = core.queue_step(waiter, joined, now, deadline_mono, exclude, front=front)
+                if isinstance(look, Take):
+                    return look.replica_id
+                if isinstance(look, Expired):
                     raise DeadlineExceeded(
                         f"no replica of {self.key} accepted the request in time "
-                        f"({len(self.members)} replicas)"
+                        f"({look.replicas} replicas)"
                     )
-                if waiter is None:
-                    limit, setting = self.queue_bound
-                    if self.queued_now >= limit:
-                        raise BackPressureError(
-                            self.queued_now, limit, deployment=self.key, setting=setting
-                        )
-                    waiter = line.join(front=front)
-                    self.queued_now += 1
-                    self.queued.add(1.0, now)
+                if isinstance(look, Refuse):
+                    raise BackPressureError(
+                        look.queued, look.limit, deployment=self.key, setting=look.setting
+                    )
+                if look.joined:
+                    joined = True
                     self.metrics.queued.inc()
-                    if not self.members:
-                        self._cold_start(now)
-                    else:
-                        self._load_rose(now)
-                wait = deadline_mono - now  # behind the head: it hands on its turn, no polling
-                if line.is_head(waiter):
-                    wait = min(wait, cfg.queue_poll_max_s)
-                    next_at = chooser.next_available_at(now)
-                    if next_at is not None and next_at > now:
-                        wait = min(wait, next_at - now)
+                if look.actions:
+                    self._perform(look.actions, now)
+                wait = look.wait_s
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(None if math.isinf(wait) else max(wait, MIN_WAIT_S)):
                         await waiter.wait()
                 waiter.clear()  # no await until the next look: no wake can be lost
         finally:
-            if waiter is not None:
-                line.leave(waiter)
-                self.queued_now -= 1
-                self.queued.add(-1.0, clock.monotonic())
+            if joined:
+                now = clock.monotonic()
+                actions = core.leave_queue(waiter, now)
                 self.metrics.queued.dec()
-
-    def _notify(self) -> None:
-        """Something may have freed capacity: the oldest waiter looks (and hands on)."""
-        self._queue.wake_head()
-
-    def _cold_start(self, now: float) -> None:
-        if now - self._last_cold_report >= self.config.cold_start_report_min_interval_s:
-            self._last_cold_report = now
-            self._cold_report = True
-            self._report_wake.set()
-
-    def _load_rose(self, now: float) -> None:
-        """O(1) on the request path: a rise starting here restarts the averages (rise.py)."""
-        if self.rise.begin(self.in_flight_now + self.queued_now, now):
-            self.running.roll(now)
-            self.queued.roll(now)
-            asyncio.get_running_loop().call_later(RISE_SETTLE_S, self._rise_check)
-
-    def _rise_check(self) -> None:
-        load = self.in_flight_now + self.queued_now
-        if not self.closed and self.rise.settled(load, self.clock.monotonic()):
-            self._early_report = True
-            self._report_wake.set()
-
-    @property
-    def queue_bound(self) -> tuple[int, str]:
-        """How many requests may wait here, and which setting says so: the deployment's
-        `max_queued_requests` (its members carry it), else this router's own bound."""
-        carried = self.view.max_queued_requests
-        if carried is not None:
-            return carried, "the deployment's max_queued_requests"
-        return self.config.max_queued_requests, "the router's --max-queued"
+                if actions:
+                    self._perform(actions, now)
 
     # -- reports --------------------------------------------------------------------------------
-    @property
-    def report_interval_s(self) -> float:
-        """The deployment's report cadence (see the module docstring)."""
-        carried = self.view.report_interval_s
-        return self.config.metrics_interval_s if carried is None else carried
-
     async def _report_loop(self) -> None:
-        last = self.clock.monotonic()
+        core, clock = self.core, self.clock
+        core.start_reports(clock.monotonic())
         while not self.closed:
-            wait = last + self.report_interval_s - self.clock.monotonic()
-            if wait > MIN_WAIT_S and not (self._cold_report or self._early_report):
+            wait = core.report_wait(clock.monotonic())
+            if wait > 0:
                 try:
                     async with asyncio.timeout(wait):
                         await self._report_wake.wait()
@@ -418,12 +405,12 @@ class Router:
                     pass  # due
                 else:
                     self._report_wake.clear()
-                    continue  # a cold start or a new interval: look again
-            cold, self._cold_report, self._early_report = self._cold_report, False, False
+                    continue  # due earlier now: look again
             self._report_wake.clear()
-            last = self.clock.monotonic()
             try:
-                await self.send_report(cold_start=cold)
+                now = clock.monotonic()
+                report = core.take_report(now, clock.wall(), self.providers.collect(self.app))
+                await self._publish(report)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a report failing must never stop the next one
@@ -438,33 +425,16 @@ class Router:
     def make_report(self, *, cold_start: bool = False) -> HandleReport:
         """Close the windows and build the next report (seq advances by one)."""
         now = self.clock.monotonic()
-        self.health.expire(now)
-        running = self.running.roll(now)
-        self.running.forget_idle(self.members)
-        for rid in self.members:
-            running.setdefault(rid, 0.0)
-        queued = self.queued.roll(now)
-        if cold_start:
-            # the window may be nearly empty; the controller must see the waiting request
-            queued = max(queued, float(self.queued_now))
-        self.seq += 1
-        self.rise.reported(math.fsum(running.values()) + queued)
-        return build_handle_report(
-            handle_id=self.handle_id,
-            app=self.app,
-            deployment=self.deployment,
-            seq=self.seq,
-            sent_at=self.clock.wall(),
-            queued_requests=queued,
-            running=running,
-            carried_health=self.health.snapshot(now),
-            local_health=self.providers.collect(self.app),
-            membership_epoch=max(self.epoch, 0),
-            stats=self.counters.snapshot(),
+        return self.core.make_report(
+            now, self.clock.wall(), self.providers.collect(self.app), cold_start=cold_start
         )
 
     async def send_report(self, *, cold_start: bool = False) -> HandleReport:
         report = self.make_report(cold_start=cold_start)
+        await self._publish(report)
+        return report
+
+    async def _publish(self, report: HandleReport) -> None:
         parts = encode_handle_report(
             report,
             columnar_min_replicas=self.config.columnar_min_replicas,
@@ -474,7 +444,6 @@ class Router:
             await self.bus.publish(self.report_subject, part)
         self.reports_sent += 1
         self.metrics.reports.inc()
-        return report
 
     # -- introspection ----------------------------------------------------------------------------
     def snapshot(self) -> Mapping[str, object]:
