@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.metrics_catalog import add_metrics_port_argument
-from shared import resources
+from shared import resources, settings
 from shared.errors import ConfigError
 from shared.kv.targets import UNPLACED
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
@@ -141,7 +141,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         help=f"extra PYTHONPATH entry for replicas (repeatable, or '{os.pathsep}'-separated)",
     )
     p.add_argument("--log-dir", default=None, help="per-replica log files (default: a temp dir)")
-    p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
+    settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--python", default=sys.executable, help="interpreter for replicas (default: this one)"
     )
@@ -207,7 +207,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         workdir=str(Path(args.workdir).resolve()),
         pythonpath=_split_paths(args.pythonpath),
         log_dir=str(Path(args.log_dir).resolve()) if args.log_dir else None,
-        namespace=args.namespace,
+        namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
         python=args.python,
         kill_margin_s=args.kill_margin_s,
         metrics_port=args.metrics_port,

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from services.proxy.holding import DEFAULT_MAX_HELD_PER_APP, DEFAULT_MAX_WAIT_S
-from services.router.config import ENV_NAMESPACE, RouterConfig, env_value, first_given
+from services.router.config import RouterConfig, env_value, first_given
+from shared import settings
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
@@ -85,7 +86,7 @@ class ProxyConfig:
             nats_url=args.nats,
             host=first_given(args.host, env.get(ENV_PROXY_HOST), DEFAULT_HOST),
             port=first_given(args.port, env_value(env, ENV_PROXY_PORT, int), DEFAULT_PORT),
-            namespace=first_given(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            namespace=settings.NAMESPACE.resolve(args.namespace, env),
             max_held_per_app=first_given(args.max_held, DEFAULT_MAX_HELD_PER_APP),
             max_wait_s=first_given(args.max_wait, DEFAULT_MAX_WAIT_S),
             retry_after_s=first_given(args.retry_after, DEFAULT_RETRY_AFTER_S),
@@ -109,9 +110,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"listen port, 0 for any free one (default: ${ENV_PROXY_PORT} or {DEFAULT_PORT})",
     )
-    p.add_argument(
-        "--namespace", default=None, help=f"subject namespace (default: ${ENV_NAMESPACE} or fp)"
-    )
+    settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--max-held",
         type=int,
@@ -140,16 +139,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="deadline of a request unless its Fp-Deadline-S header says otherwise (default: none)",
     )
-    p.add_argument(
-        "--metrics-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help=(
-            "handle report cadence until a deployment's members carry its metrics_interval_s"
-            " (default: $FLEETPULSE_METRICS_INTERVAL_S or 10)"
-        ),
-    )
+    settings.ROUTER_METRICS_INTERVAL.add_flag(p)
     p.add_argument(
         "--no-publish-routes",
         action="store_true",

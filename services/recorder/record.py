@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from nats.js.errors import NotFoundError
 
 from services.controller.stream import STREAM_NAME, partition_prefix, report_subject
 from services.metrics_catalog import add_metrics_port_argument, serve_metrics
+from shared import settings
 from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
@@ -382,7 +384,7 @@ def add_record_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--duration-s", type=float, default=None, help="stop after this long")
     p.add_argument("--max-messages", type=int, default=None, help="stop after this many")
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    settings.NAMESPACE.add_flag(p)
     add_metrics_port_argument(p)
     p.add_argument(
         "--from-stream",
@@ -416,6 +418,7 @@ def _writer_config(args: argparse.Namespace) -> WriterConfig:
 
 
 def run_record(args: argparse.Namespace) -> int:
+    args.namespace = settings.NAMESPACE.resolve(args.namespace, os.environ)
     writer = _writer_config(args)
     if args.from_stream:
         if args.duration_s is not None or args.max_messages is not None:

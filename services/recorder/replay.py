@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from shared import settings
 from shared.appconfig import AppConfig
 from shared.bus import subject_matches, validate_subject
 from shared.errors import ConfigError, UsageError
@@ -375,10 +377,11 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         default=whatif.DEFAULT_SAMPLE_EVERY_S,
         help="spacing of the samples in the JSON (default: %(default)s s)",
     )
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    settings.NAMESPACE.add_flag(p)
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    args.namespace = settings.NAMESPACE.resolve(args.namespace, os.environ)
     if args.what_if is None:
         for flag in ("compare", "out", "plot"):
             if getattr(args, flag) is not None:

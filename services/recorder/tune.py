@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import os
 import random
 import sys
 from collections.abc import Sequence
@@ -40,9 +41,10 @@ from typing import Any
 
 import yaml
 
+from shared import settings
 from shared.appconfig import AppConfig, AutoscalingConfig
 from shared.errors import FleetpulseError, UsageError
-from shared.subjects import DEFAULT_NAMESPACE, deployment_key
+from shared.subjects import deployment_key
 
 from .calibrate import Calibration
 from .closedloop import calibrate_for, recording_span, summary
@@ -235,7 +237,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, metavar="JSON", help="every candidate and the frontier")
     p.add_argument("--plot", type=Path, metavar="PNG", help="the frontier, cost vs latency")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    settings.NAMESPACE.add_flag(p)
 
 
 def _pick(apps: Sequence[AppConfig], wanted: str | None) -> tuple[str, str, Any]:
@@ -249,6 +251,7 @@ def _pick(apps: Sequence[AppConfig], wanted: str | None) -> tuple[str, str, Any]
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    args.namespace = settings.NAMESPACE.resolve(args.namespace, os.environ)
     from rich.progress import Progress
 
     from .replay import load_app_configs, load_report_rows

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.metrics_catalog import add_metrics_port_argument
-from shared import replicaspec
+from shared import replicaspec, settings
 from shared.replicaspec import ReplicaSpec
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
@@ -48,7 +48,7 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     replicaspec.add_arguments(p)
     p.add_argument("--agent-id", default=os.environ.get("FLEETPULSE_AGENT_ID", ""))
     p.add_argument("--version", dest="code_version", default="", help="code version label")
-    p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
+    settings.NAMESPACE.add_flag(p)
     add_metrics_port_argument(p)
 
 
@@ -62,7 +62,7 @@ def config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         spec=ReplicaSpec.from_args(args),
         agent_id=args.agent_id,
         version=args.code_version,
-        namespace=args.namespace,
+        namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
         nats_url=args.nats,
         metrics_port=args.metrics_port,
         **extra,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final, TypeVar
 
 from services.metrics_catalog import ENV_METRICS_PORT
+from shared import settings
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
@@ -23,8 +24,8 @@ from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
 T = TypeVar("T")
 
 ENV_COLUMNAR_MIN_REPLICAS: Final = "FLEETPULSE_COLUMNAR_MIN_REPLICAS"
-ENV_METRICS_INTERVAL_S: Final = "FLEETPULSE_METRICS_INTERVAL_S"
-ENV_NAMESPACE: Final = "FLEETPULSE_NAMESPACE"
+ENV_METRICS_INTERVAL_S: Final = settings.ROUTER_METRICS_INTERVAL.env
+ENV_NAMESPACE: Final = settings.NAMESPACE.env
 ENV_GATEWAY_QUEUE_GROUP: Final = "FLEETPULSE_GATEWAY_QUEUE_GROUP"
 ENV_GATEWAY_DEADLINE_S: Final = "FLEETPULSE_GATEWAY_DEADLINE_S"
 
@@ -48,7 +49,7 @@ class RouterConfig:
     liveness_interval_s: float = 1.0
     """Silence on an admitted request for this long sends a probe to the replica."""
     probe_timeout_s: float = 0.5
-    metrics_interval_s: float = 10.0
+    metrics_interval_s: float = settings.ROUTER_METRICS_INTERVAL.default
     """Handle report cadence until the deployment's members carry its own `metrics_interval_s`
     (then that governs; see Router.report_interval_s)."""
     columnar_min_replicas: int = DEFAULT_COLUMNAR_MIN_REPLICAS
@@ -81,9 +82,9 @@ class RouterConfig:
         columnar = env_value(env, ENV_COLUMNAR_MIN_REPLICAS, int)
         if columnar is not None:
             values["columnar_min_replicas"] = columnar
-        interval = env_value(env, ENV_METRICS_INTERVAL_S, float)
-        if interval is not None:
-            values["metrics_interval_s"] = interval
+        interval = settings.ROUTER_METRICS_INTERVAL
+        if env.get(str(interval.env)):
+            values["metrics_interval_s"] = interval.resolve(None, env)
         values.update(overrides)
         return cls(**values)
 
@@ -134,7 +135,7 @@ class GatewayConfig:
         router = replace(router, **{k: v for k, v in overrides.items() if v is not None})
         return cls(
             nats_url=args.nats,
-            namespace=first_given(args.namespace, env.get(ENV_NAMESPACE), DEFAULT_NAMESPACE),
+            namespace=settings.NAMESPACE.resolve(args.namespace, env),
             queue_group=first_given(
                 args.queue_group, env.get(ENV_GATEWAY_QUEUE_GROUP), DEFAULT_GATEWAY_QUEUE_GROUP
             ),
@@ -151,9 +152,7 @@ class GatewayConfig:
 
 def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `fleetpulse router` (the caller adds `--nats`)."""
-    p.add_argument(
-        "--namespace", default=None, help=f"subject namespace (default: ${ENV_NAMESPACE} or fp)"
-    )
+    settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--queue-group",
         default=None,
@@ -170,16 +169,7 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
         "--admission-timeout", type=float, default=None, metavar="SECONDS", help="default: 2"
     )
     p.add_argument("--max-queued", type=int, default=None, help="per deployment; default: 1000")
-    p.add_argument(
-        "--metrics-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help=(
-            "handle report cadence until a deployment's members carry its metrics_interval_s"
-            f" (default: ${ENV_METRICS_INTERVAL_S} or 10)"
-        ),
-    )
+    settings.ROUTER_METRICS_INTERVAL.add_flag(p)
     p.add_argument(
         "--columnar-min-replicas",
         type=int,
