@@ -11,8 +11,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from services.metrics_catalog import add_metrics_port_argument, serve_metrics
+from shared import settings
 from shared.signals import on_stop_signals
-from shared.subjects import DEFAULT_NAMESPACE
 
 from .core import ControllerConfig
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S
@@ -36,7 +36,7 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("FLEETPULSE_OWNER_EPOCH", "1")),
         help="fencing epoch written with every KV value (a successor must use a higher one)",
     )
-    p.add_argument("--namespace", default=os.environ.get("FLEETPULSE_NAMESPACE", DEFAULT_NAMESPACE))
+    settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--partitions", type=int, default=DEFAULT_PARTITIONS, help="FP_REPORTS partitions"
     )
@@ -108,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     return ServiceConfig(
         nats_url=args.nats,
         core=ControllerConfig(
-            namespace=args.namespace,
+            namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
             member_id=args.member_id,
             owner_epoch=args.owner_epoch,
             control_interval_s=args.control_interval_s,
