@@ -72,6 +72,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_controller_ingest_pending",
         "fleetpulse_controller_partitions_owned",
         "fleetpulse_controller_events_total",
+        "fleetpulse_controller_transitions_refused_total",
         "fleetpulse_controller_action_errors_total",
         "fleetpulse_controller_custom_policy_calls_total",
         "fleetpulse_controller_custom_policy_slow_total",
@@ -87,6 +88,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_agent_replica_start_failures_total",
         "fleetpulse_agent_replica_stops_total",
         "fleetpulse_agent_replica_kills_total",
+        "fleetpulse_agent_transitions_refused_total",
         "fleetpulse_agent_replica_exits_total",
         "fleetpulse_agent_bad_targets_total",
     ),
@@ -113,6 +115,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_replica_health_checks_total",
         "fleetpulse_replica_health_messages_total",
         "fleetpulse_replica_autoscaling_stats_total",
+        "fleetpulse_replica_transitions_refused_total",
     ),
     "recorder": (
         "fleetpulse_recorder_messages_total",

@@ -14,6 +14,17 @@ with its capacity and the monotonic `now`, and carries out the actions it gets b
   not started again (the controller replaces it under a new id); once it is no longer wanted, the
   record is dropped (`Forget`).
 
+A child's phase moves only through `CHILD_LIFECYCLE`, one table of (phase, event) -> phase
+(shared.transitions): a child is born RUNNING when its process is spawned (the agent says the
+contract's `LifecycleState.STARTING` for it), STOP (SIGTERM) makes it STOPPING, KILL (SIGKILL)
+KILLED, and REAPED, from any of the three, EXITED (the agent says `LifecycleState.EXITED`, with the
+exit code). `advance()` steps a child; an event the table does not allow leaves the child as it
+was and comes back as a `Refused`, which the shell counts and logs rate-limited (a second reap of
+one child, say, does not report "exited" twice). `plan()` only ever asks for legal steps.
+
+    RUNNING --stop--> STOPPING --kill--> KILLED     (and RUNNING --kill--> KILLED)
+    RUNNING, STOPPING or KILLED --reaped--> EXITED (forgotten once no longer wanted)
+
 Nothing here does I/O or reads a clock, so a plan is a function of its inputs: applying the
 actions and planning again with the same inputs yields no further start, stop or kill.
 The module also checks a target read from KV (`wanted_target`) and turns it into the replica's
@@ -25,10 +36,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from shared import resources
 from shared.kv.targets import ReplicaTarget, TargetKey
 from shared.subjects import Subjects
+from shared.transitions import Machine, Refused
 
 KILL_MARGIN_S = 5.0
 """SIGKILL comes this long after a replica's graceful_shutdown_timeout_s has run out: the replica
@@ -39,11 +52,33 @@ class Phase(enum.Enum):
     RUNNING = "running"
     STOPPING = "stopping"  # SIGTERM sent, draining until the deadline
     KILLED = "killed"  # SIGKILL sent, waiting for the process to be reaped
+    EXITED = "exited"  # reaped, with its exit code
+
+
+class ChildEvent(enum.Enum):
+    STOP = "stop"
+    KILL = "kill"
+    REAPED = "reaped"
+
+
+CHILD_TABLE: Final[dict[tuple[Phase, ChildEvent], Phase]] = {
+    (Phase.RUNNING, ChildEvent.STOP): Phase.STOPPING,
+    (Phase.STOPPING, ChildEvent.KILL): Phase.KILLED,
+    (Phase.RUNNING, ChildEvent.KILL): Phase.KILLED,  # no drain first (plan always stops first)
+    (Phase.RUNNING, ChildEvent.REAPED): Phase.EXITED,  # crashed, or exited on its own
+    (Phase.STOPPING, ChildEvent.REAPED): Phase.EXITED,
+    (Phase.KILLED, ChildEvent.REAPED): Phase.EXITED,
+}
+
+CHILD_LIFECYCLE: Final[Machine[Phase, ChildEvent]] = Machine(
+    "agent_child", tuple(Phase), tuple(ChildEvent), Phase.RUNNING, CHILD_TABLE
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ChildState:
-    """One replica process this agent started and has not forgotten."""
+    """One replica process this agent started and has not forgotten. (`stopping`, `killed` and
+    `exited_with` build a child in a phase; the agent moves its children only by `advance`.)"""
 
     target: ReplicaTarget
     phase: Phase = Phase.RUNNING
@@ -62,7 +97,22 @@ class ChildState:
         return replace(self, phase=Phase.KILLED)
 
     def exited_with(self, code: int) -> ChildState:
-        return replace(self, exit_code=code)
+        return replace(self, phase=Phase.EXITED, exit_code=code)
+
+
+def advance(
+    child: ChildState, event: ChildEvent, *, deadline: float | None = None, code: int = 0
+) -> tuple[ChildState, Refused | None]:
+    """`child` after `event` (STOP with its kill `deadline`, REAPED with the exit `code`), or
+    `child` unchanged and why the table refused the event."""
+    phase, refused = CHILD_LIFECYCLE.step(child.phase, event)
+    if refused is not None:
+        return child, refused
+    if phase is Phase.EXITED:
+        return child.exited_with(code), None
+    return replace(
+        child, phase=phase, stop_deadline=child.stop_deadline if deadline is None else deadline
+    ), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +199,17 @@ def plan(
 
 
 def apply(running: Mapping[str, ChildState], actions: Sequence[Action]) -> dict[str, ChildState]:
-    """`running` after every action succeeded (the shell's bookkeeping, and the tests' model)."""
+    """`running` after every action succeeded (the shell's bookkeeping, and the tests' model;
+    `plan` asks for no step the table refuses)."""
     out = dict(running)
     for action in actions:
         if isinstance(action, Start):
             out[action.target.replica_id] = ChildState(action.target)
         elif isinstance(action, Stop):
-            out[action.replica_id] = out[action.replica_id].stopping(action.deadline)
+            rid = action.replica_id
+            out[rid] = advance(out[rid], ChildEvent.STOP, deadline=action.deadline)[0]
         elif isinstance(action, Kill):
-            out[action.replica_id] = out[action.replica_id].killed()
+            out[action.replica_id] = advance(out[action.replica_id], ChildEvent.KILL)[0]
         elif isinstance(action, Forget):
             del out[action.replica_id]
     return out

@@ -23,6 +23,11 @@ START_FAILURES = Counter(
 STOPS = Counter("fleetpulse_agent_replica_stops_total", "Replicas sent SIGTERM (drain)")
 KILLS = Counter("fleetpulse_agent_replica_kills_total", "Replicas sent SIGKILL after the deadline")
 EXITS = Counter("fleetpulse_agent_replica_exits_total", "Replica process exits by code", ["code"])
+TRANSITIONS_REFUSED = Counter(
+    "fleetpulse_agent_transitions_refused_total",
+    "Replica process events refused as illegal in the child's phase (the phase stayed)",
+    ["machine", "state", "event"],
+)
 BAD_TARGETS = Counter(
     "fleetpulse_agent_bad_targets_total", "fp_targets values dropped as invalid", ["reason"]
 )

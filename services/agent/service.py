@@ -38,17 +38,20 @@ from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.natsbus import NatsBus
 from shared.startup import retrying
 from shared.subjects import KV_AGENTS, Subjects
+from shared.transitions import RefusalLog, Refused
 from shared.wire.codec import encode
-from shared.wire.messages import Lifecycle
+from shared.wire.messages import Lifecycle, LifecycleState
 
 from .config import AgentConfig
 from .core import (
+    ChildEvent,
     ChildState,
     Forget,
     Kill,
     OverCapacity,
     Start,
     Stop,
+    advance,
     merge_wanted,
     plan,
     replica_argv,
@@ -57,7 +60,17 @@ from .core import (
 )
 from .credentials import ReplicaCredentials
 from .info import AGENT_TTL_S, AgentInfo
-from .metrics import BAD_TARGETS, CAPACITY, EXITS, KILLS, RUNNING, START_FAILURES, STARTS, STOPS
+from .metrics import (
+    BAD_TARGETS,
+    CAPACITY,
+    EXITS,
+    KILLS,
+    RUNNING,
+    START_FAILURES,
+    STARTS,
+    STOPS,
+    TRANSITIONS_REFUSED,
+)
 from .procs import ChildProcesses, child_env
 
 log = logging.getLogger(__name__)
@@ -88,6 +101,7 @@ class AgentService:
             log_dir=log_dir,
         )
         self.bad = BadInput(f"agent {cfg.agent_id}", log, clock=clock)
+        self.refusals = RefusalLog(f"agent {cfg.agent_id}", log, _count_refused, clock=clock)
         self.started_at = clock.wall()
         self._hostname = socket.gethostname()
         self.ticks = 0
@@ -226,16 +240,14 @@ class AgentService:
             if isinstance(action, Start):
                 await self._start(action.target)
             elif isinstance(action, Stop):
-                self._signal(action.replica_id, signal.SIGTERM)
-                STOPS.inc()
-                self._children[action.replica_id] = self._children[action.replica_id].stopping(
-                    action.deadline
-                )
+                if self._advance(action.replica_id, ChildEvent.STOP, deadline=action.deadline):
+                    self._signal(action.replica_id, signal.SIGTERM)
+                    STOPS.inc()
             elif isinstance(action, Kill):
-                log.warning("replica %s did not exit in time: SIGKILL", action.replica_id)
-                self._signal(action.replica_id, signal.SIGKILL)
-                KILLS.inc()
-                self._children[action.replica_id] = self._children[action.replica_id].killed()
+                if self._advance(action.replica_id, ChildEvent.KILL):
+                    log.warning("replica %s did not exit in time: SIGKILL", action.replica_id)
+                    self._signal(action.replica_id, signal.SIGKILL)
+                    KILLS.inc()
             elif isinstance(action, Forget):
                 del self._children[action.replica_id]
             elif isinstance(action, OverCapacity):
@@ -274,7 +286,7 @@ class AgentService:
         )
         # the spawn, not the replica's own "starting" after its imports, begins its start time
         # (what the what-if model reads from recordings)
-        await self._lifecycle(spec, "starting")
+        await self._lifecycle(spec, LifecycleState.STARTING)
 
     def _signal(self, replica_id: str, sig: signal.Signals) -> None:
         if not self.procs.signal(replica_id, sig):
@@ -282,21 +294,34 @@ class AgentService:
 
     async def _on_exit(self, replica_id: str, code: int) -> None:
         child = self._children.get(replica_id)
-        if child is None:
+        if child is None or not self._advance(replica_id, ChildEvent.REAPED, code=code):
             return
-        self._children[replica_id] = child.exited_with(code)
         if self.creds is not None:
             self.creds.drop(replica_id)
         EXITS.labels(str(code)).inc()
         level = logging.INFO if code == 0 else logging.WARNING
         log.log(level, "replica %s exited with code %d", replica_id, code)
-        await self._lifecycle(child.target, "exited", code)
+        await self._lifecycle(child.target, LifecycleState.EXITED, code)
 
-    async def _lifecycle(self, spec: ReplicaTarget, state: str, code: int | None = None) -> None:
+    def _advance(
+        self, replica_id: str, event: ChildEvent, *, deadline: float | None = None, code: int = 0
+    ) -> bool:
+        """Step the child through core's table; a refused step is counted and logged, and the
+        caller does nothing (no signal, no second "exited")."""
+        child, refused = advance(self._children[replica_id], event, deadline=deadline, code=code)
+        if refused is not None:
+            self.refusals.refused(refused, f"replica={replica_id}")
+            return False
+        self._children[replica_id] = child
+        return True
+
+    async def _lifecycle(
+        self, spec: ReplicaTarget, state: LifecycleState, code: int | None = None
+    ) -> None:
         event = Lifecycle(
             replica_id=spec.replica_id,
             agent_id=self.cfg.agent_id,
-            state=state,
+            state=state.value,
             at=self.clock.wall(),
             rpc_subject=spec.rpc_subject,
             version=spec.version,
@@ -389,3 +414,7 @@ class AgentService:
             )
             self.procs.kill_all()
             await self._reconcile()
+
+
+def _count_refused(r: Refused) -> None:
+    TRANSITIONS_REFUSED.labels(r.machine, r.state, r.event).inc()

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from shared.kv.status import AppStatusView
+from shared.transitions import Refused
 
 from .kv_delta import DeleteDoc, PutDoc
 
@@ -46,6 +47,8 @@ class Event:
     """Decision events: the policy rule that moved the target (a stable token, unlike detail)."""
     direction: str = ""
     """Decision events: "up" or "down"."""
+    refused: Refused | None = None
+    """`transition_refused` events: the machine, state and event (counted, logged rate-limited)."""
 
 
 Action = PutDoc | DeleteDoc | PutStatus | DeleteKey | Probe | Event

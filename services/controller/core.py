@@ -558,7 +558,7 @@ def _probe_candidates(
 
 
 def _events(m: ManagedDeployment, events: Iterable[StateEvent]) -> list[Action]:
-    return [Event(e.kind, m.app, m.name, e.replica_id, e.detail) for e in events]
+    return [Event(e.kind, m.app, m.name, e.replica_id, e.detail, refused=e.refused) for e in events]
 
 
 def _id_prefix(app: str, deployment: str) -> str:

@@ -7,7 +7,8 @@ How it works: the controller decides *how many* replicas (the policy) and this m
        \\________________________\\_________________ exited / startup timeout ______________/
 
 PENDING means "in fp_targets, not yet heard from"; lifecycle events from the replica (or its agent)
-drive the rest. While agents place replicas (`placing`), a PENDING replica without an agent is
+drive the rest. Every move of a record's state goes through one table (lifecycle.py); an event the
+table does not allow leaves the record as it was and comes back as a `transition_refused` event. While agents place replicas (`placing`), a PENDING replica without an agent is
 waiting for room, not starting: no start timeout runs for it, it goes at once when no longer
 wanted (no process will report its exit), and `unplaced` (why, from placement.py) shows in the
 status message. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
@@ -50,10 +51,15 @@ from dataclasses import dataclass, field
 
 from shared.rollout import DEFAULT as DEFAULT_ROLLOUT
 from shared.rollout import RolloutConfig
+from shared.transitions import Refused
+from shared.wire.messages import LifecycleState
 
+from .lifecycle import REPLICA_LIFECYCLE, Decision, Event
 from .records import RecordSets, ReplicaRecord, ReplicaState, Revision, take
 
 __all__ = ["DeploymentState", "DeploymentStatus", "ReplicaRecord", "ReplicaState", "StateEvent"]
+
+TRANSITION_REFUSED = "transition_refused"
 
 STARTUP_TIMEOUT_S = 120.0
 MAX_START_FAILURES = 3
@@ -84,6 +90,8 @@ class StateEvent:
     kind: str
     replica_id: str
     detail: str
+    refused: Refused | None = None
+    """Set on a `transition_refused` event: the machine, state and event (the counter's labels)."""
 
 
 @dataclass(slots=True)
@@ -185,18 +193,36 @@ class DeploymentState:
             rec.agent_id = agent_id
         if rpc_subject:
             rec.rpc_subject = rpc_subject
-        if state == "starting" and rec.state is ReplicaState.PENDING:
-            rec.state, rec.since = ReplicaState.STARTING, now
+        try:
+            event = LifecycleState(state)
+        except ValueError:  # the decoder lets none through; a caller in process might
+            return [_refused(replica_id, REPLICA_LIFECYCLE.refused(rec.state, "invalid"))]
+        before = rec.state
+        after, refused = REPLICA_LIFECYCLE.step(before, event)
+        if refused is not None:
+            return [_refused(replica_id, refused)]
+        if after is ReplicaState.GONE:
+            return self._exited(rec, now)
+        if after is before:
+            return []
+        rec.state, rec.since = after, now
+        if after is ReplicaState.STARTING:
             self._waits_from(now)
-        elif state == "ready" and rec.state in (ReplicaState.PENDING, ReplicaState.STARTING):
-            rec.state, rec.since = ReplicaState.RUNNING, now
+        elif after is ReplicaState.RUNNING:
             if rec.version == self.version:
                 self.start_failures = 0
             return [StateEvent("replica_running", replica_id, "")]
-        elif state == "draining" and rec.state is not ReplicaState.DRAINING:
-            rec.state, rec.since = ReplicaState.DRAINING, now
-        elif state == "exited":
-            return self._exited(rec, now)
+        return []
+
+    def _move(self, rec: ReplicaRecord, event: Event, now: float) -> list[StateEvent]:
+        """The controller's own transition of `rec` (a `Decision`); GONE removes the record."""
+        after, refused = REPLICA_LIFECYCLE.step(rec.state, event)
+        if refused is not None:
+            return [_refused(rec.replica_id, refused)]
+        if after is ReplicaState.GONE:
+            self._remove(rec.replica_id)
+        elif after is not rec.state:
+            rec.state, rec.since = after, now
         return []
 
     def _exited(self, rec: ReplicaRecord, now: float) -> list[StateEvent]:
@@ -217,24 +243,24 @@ class DeploymentState:
             return []
         rec.verdict = reason
         self.last_trouble = now
-        if rec.state is not ReplicaState.DRAINING:
-            rec.state, rec.since = ReplicaState.DRAINING, now
-        return [StateEvent("replica_unhealthy", replica_id, reason)]
+        refused = self._move(rec, Decision.DRAIN, now)
+        return [StateEvent("replica_unhealthy", replica_id, reason), *refused]
 
     def lost_with_agent(self, replica_id: str, reason: str) -> list[StateEvent]:
         """The replica's agent is gone and the replica with it: replace it, but not as the
         deployment's trouble (its code did nothing wrong). The status reads UPSCALING while the
         replacement starts, not UNHEALTHY, so an app left at zero stays registered and its
         requests are held (an UNHEALTHY app at zero is deregistered)."""
-        if replica_id not in self.replicas:
+        rec = self.replicas.get(replica_id)
+        if rec is None:
             return []
-        self._remove(replica_id)
-        return [StateEvent("replica_unhealthy", replica_id, reason)]
+        refused = self._move(rec, Decision.LOST, 0.0)
+        return [StateEvent("replica_unhealthy", replica_id, reason), *refused]
 
-    def forget(self, replica_id: str) -> None:
+    def forget(self, replica_id: str) -> list[StateEvent]:
         """The replica is gone for good (its process is known dead): drop the record."""
-        if replica_id in self.replicas:
-            self._remove(replica_id)
+        rec = self.replicas.get(replica_id)
+        return [] if rec is None else self._move(rec, Decision.LOST, 0.0)
 
     def _remove(self, replica_id: str) -> None:
         del self.replicas[replica_id]
@@ -283,7 +309,7 @@ class DeploymentState:
             if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
                 continue  # waiting for room on an agent: its start clock runs from placement
             if now - rec.since >= STARTUP_TIMEOUT_S:
-                self._remove(rec.replica_id)
+                events += self._move(rec, Decision.START_TIMEOUT, now)
                 self.start_failures += 1
                 self.last_trouble = now
                 events.append(
@@ -370,12 +396,11 @@ class DeploymentState:
     def _drain(self, recs: list[ReplicaRecord], now: float, why: str) -> list[StateEvent]:
         """Stop `recs`: each drains, unless it was never placed on an agent (it waits for
         room): no process runs it, so none will report its exit, and it goes at once."""
+        refused: list[StateEvent] = []
         for rec in recs:
-            if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
-                self._remove(rec.replica_id)
-            else:
-                rec.state, rec.since = ReplicaState.DRAINING, now
-        return [StateEvent("replica_draining", rec.replica_id, why) for rec in recs]
+            unplaced = self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING
+            refused += self._move(rec, Decision.DROP if unplaced else Decision.DRAIN, now)
+        return [StateEvent("replica_draining", rec.replica_id, why) for rec in recs] + refused
 
     def _drain_new(self, view: RecordSets, surplus: int, now: float) -> list[StateEvent]:
         """`surplus` new-version replicas: those still starting (newest first), then running
@@ -454,6 +479,10 @@ class DeploymentState:
             self.version = version
             self.settled = False
             self.start_failures = 0
+
+
+def _refused(replica_id: str, refused: Refused) -> StateEvent:
+    return StateEvent(TRANSITION_REFUSED, replica_id, str(refused), refused)
 
 
 def app_status(statuses: Iterable[DeploymentStatus], deleting: bool = False) -> str:

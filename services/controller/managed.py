@@ -265,7 +265,7 @@ class ManagedDeployment:
                 label = VerdictReason(reason).label
                 out.events += self.state.verdict(rid, label, now)
                 if reason in (VerdictReason.EXITED, VerdictReason.GONE):
-                    self.state.forget(rid)  # its process is gone: nothing left to drain
+                    out.events += self.state.forget(rid)  # its process is gone: no drain
         return out
 
     def end_step(self, now: float, out: StepResult) -> None:

@@ -99,6 +99,11 @@ PARTITIONS = Gauge(
     "fleetpulse_controller_partitions_owned", "FP_REPORTS partitions this member owns"
 )
 EVENTS = Counter("fleetpulse_controller_events_total", "Controller events by kind", ["kind"])
+TRANSITIONS_REFUSED = Counter(
+    "fleetpulse_controller_transitions_refused_total",
+    "Lifecycle events refused as illegal in the replica's state (the state stayed)",
+    ["machine", "state", "event"],
+)
 ACTION_ERRORS = Counter(
     "fleetpulse_controller_action_errors_total",
     "Actions that failed (a KV write or delete), by action",
@@ -226,6 +231,8 @@ class Exporter:
     @staticmethod
     def event(a: Event) -> None:
         EVENTS.labels(a.kind).inc()
+        if a.refused is not None:
+            TRANSITIONS_REFUSED.labels(a.refused.machine, a.refused.state, a.refused.event).inc()
         if a.kind == "decision" and a.direction:
             DECISIONS.labels(a.app, a.deployment, a.direction, a.rule).inc()
         elif a.kind == "replica_unhealthy":

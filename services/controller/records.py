@@ -26,6 +26,8 @@ class ReplicaState(enum.Enum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     DRAINING = "DRAINING"
+    GONE = "GONE"
+    """The record was removed (lifecycle.py's end state): no record holds it."""
 
 
 class Revision:

@@ -48,6 +48,7 @@ from shared.natsbus import NatsBus
 from shared.natskv import nats_errors
 from shared.startup import retrying
 from shared.subjects import KV_AGENTS, KV_APPS, KV_STATUS
+from shared.transitions import RefusalLog
 from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
 
@@ -151,6 +152,8 @@ class ControllerService:
         )
         """Write-behind for KV actions: a tick does not wait for them; failed ones are retried."""
         self.bad_kv = BadInput("controller: control state", log)
+        self.refusals = RefusalLog("controller", log, clock=clock)
+        """Illegal lifecycle transitions (exporter.event counts them), logged rate-limited."""
         self._mismatch_log = RateLimiter(MISMATCH_LOG_INTERVAL_S, clock)
         self._mismatches_logged = 0
         self._apps_raw: dict[str, AppConfig] = {}
@@ -475,6 +478,10 @@ class ControllerService:
                     self._spawn(self._probe(a), "probe")
                 elif isinstance(a, Event):
                     self.exporter.event(a)
+                    if a.refused is not None:
+                        where = f"app={a.app} deployment={a.deployment} replica={a.replica_id}"
+                        self.refusals.refused(a.refused, where)
+                        continue
                     log.info(
                         "%s app=%s deployment=%s replica=%s %s",
                         a.kind, a.app, a.deployment, a.replica_id, a.detail,

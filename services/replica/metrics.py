@@ -12,6 +12,7 @@ from typing import Final
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
+from shared.transitions import Refused
 
 OK: Final = "ok"
 
@@ -51,6 +52,11 @@ AUTOSCALING_STATS = Counter(
     "not_finite)",
     ["app", "deployment", "outcome"],
 )
+TRANSITIONS_REFUSED = Counter(
+    "fleetpulse_replica_transitions_refused_total",
+    "Lifecycle steps refused as illegal in the replica's own state (the state stayed)",
+    ["machine", "state", "event"],
+)
 
 
 class ReplicaMetrics:
@@ -89,3 +95,7 @@ class ReplicaMetrics:
 
     def autoscaling_stats(self, outcome: str) -> None:
         AUTOSCALING_STATS.labels(self._app, self._deployment, outcome).inc()
+
+    @staticmethod
+    def transition_refused(r: Refused) -> None:
+        TRANSITIONS_REFUSED.labels(r.machine, r.state, r.event).inc()

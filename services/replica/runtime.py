@@ -23,6 +23,7 @@ from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import WireError
 from shared.subjects import Subjects
+from shared.transitions import RefusalLog
 from shared.wire import decode_as, encode
 from shared.wire.messages import (
     Admission,
@@ -36,6 +37,7 @@ from shared.wire.messages import (
     HttpRequest,
     HttpResponse,
     Lifecycle,
+    LifecycleState,
     ReplicaReport,
     Request,
 )
@@ -45,6 +47,7 @@ from .config import ReplicaConfig
 from .custom_stats import TIMEOUT_S as STATS_TIMEOUT_S
 from .custom_stats import CustomStats
 from .health import HealthTracker, next_check_delay
+from .lifecycle import PROCESS_LIFECYCLE, ProcessState, Step
 from .logsetup import ACCESS_LOGGER, access_enabled
 from .metrics import OK, ReplicaMetrics
 from .suppression import HealthCarriage, Via, freshness_window
@@ -125,6 +128,11 @@ class ReplicaRuntime:
         self.stats = ReplicaStats()
         self.prom = ReplicaMetrics(cfg.app, cfg.deployment)
         self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
+        self.state: ProcessState = PROCESS_LIFECYCLE.initial
+        """Where this process is in its lifecycle (lifecycle.py): moved only by `_step`."""
+        self.refusals = RefusalLog(
+            f"replica {cfg.replica_id}", log, self.prom.transition_refused, clock=clock
+        )
         self.custom = CustomStats(
             user.autoscaling_stats,
             min(STATS_TIMEOUT_S, cfg.spec.metrics_interval_s / 2),
@@ -145,7 +153,9 @@ class ReplicaRuntime:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self._lifecycle("starting")
+        if not self._step(Step.START):
+            return
+        await self._lifecycle(LifecycleState.STARTING)
         await self._check_once()
         self._subs.append(await self.bus.subscribe(self.rpc_subject, self._on_rpc))
         self._subs.append(
@@ -161,13 +171,16 @@ class ReplicaRuntime:
             self._unregister_provider = self._providers.register(
                 self.local_health, app=self.cfg.app
             )
-        await self._lifecycle("ready")
-        log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
+        if self._step(Step.READY):  # refused when a drain came while it started
+            await self._lifecycle(LifecycleState.READY)
+            log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
 
     async def drain(self) -> None:
         """Stop admitting, let in-flight work finish up to the grace timeout, then stop."""
+        if not self._step(Step.DRAIN):  # a second drain, or one after the stop: nothing to do
+            return
         self.admission.draining = True
-        await self._lifecycle("draining")
+        await self._lifecycle(LifecycleState.DRAINING)
         pending = set(self._tasks)
         if pending:
             log.info("draining %d in-flight request(s)", len(pending))
@@ -195,14 +208,24 @@ class ReplicaRuntime:
                 await sub.unsubscribe()
         self._subs.clear()
         with contextlib.suppress(Exception):
-            await self._lifecycle("exited", exit_code=exit_code)
+            if self._step(Step.STOP):  # "exited" goes out once, however often stop() runs
+                await self._lifecycle(LifecycleState.EXITED, exit_code=exit_code)
             await self.bus.flush()
 
-    async def _lifecycle(self, state: str, exit_code: int | None = None) -> None:
+    def _step(self, step: Step) -> bool:
+        """Move through lifecycle.py's table; a refused step is counted and logged, and the
+        caller announces nothing."""
+        self.state, refused = PROCESS_LIFECYCLE.step(self.state, step)
+        if refused is not None:
+            self.refusals.refused(refused)
+            return False
+        return True
+
+    async def _lifecycle(self, state: LifecycleState, exit_code: int | None = None) -> None:
         msg = Lifecycle(
             replica_id=self.cfg.replica_id,
             agent_id=self.cfg.agent_id,
-            state=state,
+            state=state.value,
             at=self.clock.wall(),
             rpc_subject=self.rpc_subject,
             version=self.cfg.version,

@@ -10,10 +10,22 @@ or "kind" needed). docs/wire.md and schemas/v1/<kind>.schema.json are the langua
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-LIFECYCLE_STATES: Final = ("starting", "ready", "draining", "exited")
+
+class LifecycleState(enum.StrEnum):
+    """What a `Lifecycle` message says, in the order a replica passes through the states. On the
+    wire (and in `Lifecycle.state`) each is its plain string value."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    EXITED = "exited"
+
+
+LIFECYCLE_STATES: Final = tuple(s.value for s in LifecycleState)
 """Legal values of `Lifecycle.state`, in the order a replica passes through them."""
 
 BODY_KINDS: Final = ("args", "http")
