@@ -1,6 +1,6 @@
 """Ray Serve's config files: apps defined in code, the legacy single-app form, RayService manifests.
 
-How it works: `check_config` extends the app-file checker (shared/appyaml.py) with what Ray Serve
+How it works: `check_config` extends the app-file checker (shared/appcheck.py) with what Ray Serve
 users write today, and imports nothing:
 - an app-level `import_path` (a bound application or a builder taking `args`) makes a `CodeApp`:
   its `deployments` entries are optional overrides matched by name, checked key by key as far as
@@ -10,7 +10,8 @@ users write today, and imports nothing:
   form's `host`/`port` configure services `deploy` does not run: each is a warning naming the
   fleetpulse equivalent, never silently dropped;
 - the legacy single-app form (`import_path` at the top) is read as one application, and a
-  RayService manifest (Kubernetes YAML) by its `spec.serveConfigV2` string, lines mapped back.
+  RayService manifest (Kubernetes YAML) by its `spec.serveConfigV2` string, lines mapped back
+  (shared/raymanifest.py).
 Given a `build` function (the deploy step that imports the code, services/ops/appbuild.py),
 each CodeApp's `BuiltApp` is merged with its overrides (a key set in the file replaces the one
 set in code) and checked like a deployment written out in the file: one set of messages.
@@ -20,16 +21,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import appyaml
+from shared import appkeys, raymanifest
+from shared.appcheck import Checker, Map
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.appgraph import BuiltApp, BuiltDeployment
-from shared.appyaml import _RENAMED, Conv, PolicyCheck, Problem, _Bad, _Checker, _Map
+from shared.appkeys import RENAMED, Bad, Conv, PolicyCheck, Problem
 
 _STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 _CODE_ONLY = {"import_path", "init_args", "init_kwargs"}
@@ -96,7 +98,7 @@ def check_config(
     text: str, check_policy: PolicyCheck | None = None, build: Build | None = None
 ) -> Checked:
     """The whole check of a config file's text (see the module docstring)."""
-    inner, offset, manifest, early = _unwrap_manifest(text)
+    inner, offset, manifest, early = raymanifest.unwrap(text)
     out = Checked(manifest=manifest, problems=early)
     if inner is None:
         return out
@@ -105,7 +107,7 @@ def check_config(
         try:
             root = loader.get_single_node()
         except yaml.MarkedYAMLError as exc:
-            out.problems.append(appyaml._syntax_problem(exc))
+            out.problems.append(appkeys.syntax_problem(exc))
             return _relocate(out, offset, manifest)
         except yaml.YAMLError as exc:
             out.problems.append(Problem("", None, f"YAML syntax error: {exc}"))
@@ -133,7 +135,7 @@ def _build_all(
         try:
             graph = build(code)
         except Exception as exc:
-            line = appyaml._line(code.import_node)
+            line = appkeys.node_line(code.import_node)
             out.problems.append(Problem(f"{code.path}.import_path", line, str(exc)))
             continue
         app, problems, warnings = complete(code, graph, check_policy)
@@ -145,12 +147,12 @@ def _build_all(
     out.code_apps = []
 
 
-class ServeChecker(_Checker):
-    """appyaml's checker, plus the Ray Serve forms (see the module docstring)."""
+class ServeChecker(Checker):
+    """appcheck's checker, plus the Ray Serve forms (see the module docstring)."""
 
     app_keys: Mapping[str, Conv | None] = {
-        **appyaml._APP_KEYS,
-        "import_path": lambda value: appyaml._import_path(_colon_form(value)),
+        **appkeys.APP_KEYS,
+        "import_path": lambda value: appkeys.to_import_path(_colon_form(value)),
         "args": None,
         "runtime_env": None,
     }
@@ -167,7 +169,7 @@ class ServeChecker(_Checker):
             except yaml.YAMLError:
                 return super().file(root)  # its mapping check reports the bad merge key
             root = self._infrastructure(root)
-            keys = appyaml.node_keys(root)
+            keys = appkeys.node_keys(root)
             if "import_path" in keys and "applications" not in keys:
                 root = self._legacy_form(root)
         return super().file(root)
@@ -224,13 +226,13 @@ class ServeChecker(_Checker):
         seq = SequenceNode(_SEQ, [app], root.start_mark, root.end_mark)
         return MappingNode(_MAP, [(ScalarNode(_STR, "applications"), seq)], root.start_mark)
 
-    def app_env(self, m: _Map, path: str) -> Mapping[str, str]:
+    def app_env(self, m: Map, path: str) -> Mapping[str, str]:
         node = m.nodes.get("runtime_env")
         if node is None:
             return {}
         path = f"{path}.runtime_env"
         if not isinstance(node, MappingNode):
-            self.add(path, node, f"expected a mapping, got {appyaml._kind(node)}")
+            self.add(path, node, f"expected a mapping, got {appkeys.node_kind(node)}")
             return {}
         env: dict[str, str] = {}
         for key_node, value in node.value:
@@ -249,7 +251,7 @@ class ServeChecker(_Checker):
     def _env_vars(self, node: Node, path: str) -> dict[str, str]:
         try:
             value = self.construct(node)
-        except _Bad as exc:
+        except Bad as exc:
             self.add(path, node, exc.message)
             return {}
         if value is None:
@@ -269,7 +271,7 @@ class ServeChecker(_Checker):
                 env[k] = v
         return env
 
-    def code_app(self, m: _Map, path: str) -> None:
+    def code_app(self, m: Map, path: str) -> None:
         before = len(self.problems)
         if "ingress" in m.nodes:
             self.add(
@@ -290,7 +292,7 @@ class ServeChecker(_Checker):
                 args=args,
                 env=env,
                 logging=logs,
-                route_prefix=m.values.get("route_prefix", appyaml.DEFAULT_ROUTE_PREFIX),
+                route_prefix=m.values.get("route_prefix", appkeys.DEFAULT_ROUTE_PREFIX),
                 version=m.values.get("version", ""),
                 overrides=overrides,
                 import_node=m.nodes["import_path"],
@@ -309,7 +311,7 @@ class ServeChecker(_Checker):
         if node is None:
             return out
         if not isinstance(node, SequenceNode):
-            self.add(f"{path}.deployments", node, f"expected a list, got {appyaml._kind(node)}")
+            self.add(f"{path}.deployments", node, f"expected a list, got {appkeys.node_kind(node)}")
             return out
         names: dict[str, int | None] = {}
         for j, item in enumerate(node.value):
@@ -363,7 +365,7 @@ def complete(
             )  # fmt: skip
         try:
             code_node = _code_node(built, mark)
-        except _Bad as exc:
+        except Bad as exc:
             checker.add(f"{where}[{built.name}]", app.import_node, exc.message)
             continue
         merged = _merge(code_node, override)
@@ -391,7 +393,11 @@ def complete(
             version=app.version,
         )
     except Exception as exc:
-        return None, [Problem(where, appyaml._line(app.import_node), str(exc))], checker.warnings
+        return (
+            None,
+            [Problem(where, appkeys.node_line(app.import_node), str(exc))],
+            checker.warnings,
+        )
     return config, [], checker.warnings
 
 
@@ -409,7 +415,7 @@ def _code_node(built: BuiltDeployment, mark: Any) -> MappingNode:
     try:
         plain = json.loads(json.dumps(values))
     except (TypeError, ValueError) as exc:
-        raise _Bad(
+        raise Bad(
             f"deployment {built.name!r}: an option set in code is not a plain value ({exc}); "
             "give options as in an app file (numbers, strings, mappings)"
         ) from None
@@ -439,9 +445,9 @@ def _merge(code: MappingNode, override: MappingNode | None) -> MappingNode:
     given: dict[str, Node] = {}
     for k, v in override.value:
         key = k.value if isinstance(k, ScalarNode) else None
-        if _RENAMED.get(key or "") in appyaml._DEPLOYMENT_KEYS:
-            key = _RENAMED[str(key)]
-        if key is not None and not appyaml._is_null(v):
+        if RENAMED.get(key or "") in appkeys.DEPLOYMENT_KEYS:
+            key = RENAMED[str(key)]
+        if key is not None and not appkeys.is_null(v):
             given[str(key)] = v
     drop = set(given)
     num = given.get("num_replicas")
@@ -455,101 +461,10 @@ def _merge(code: MappingNode, override: MappingNode | None) -> MappingNode:
 
 
 def _show(value: Any) -> str:
-    return appyaml._show(value)
-
-
-# -- RayService manifests ------------------------------------------------------------------------
-
-
-def _unwrap_manifest(text: str) -> tuple[str | None, int, str | None, list[Problem]]:
-    """(config text, line offset, which manifest, problems): the text itself unless it is
-    Kubernetes YAML (a document with apiVersion and kind)."""
-    try:
-        docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-    except yaml.YAMLError:
-        return text, 0, None, []  # the single-document parse reports it with its line
-    kube = [
-        d
-        for d in docs
-        if isinstance(d, MappingNode) and {"apiVersion", "kind"} <= appyaml.node_keys(d)
-    ]
-    if not kube:
-        return text, 0, None, []
-    for doc in kube:
-        fields = _scalars(doc)
-        if fields.get("kind") != "RayService":
-            continue
-        name = _scalars(_child(doc, "metadata") or MappingNode(_MAP, [])).get("name", "?")
-        spec = _child(doc, "spec")
-        v2 = None if spec is None else _child(spec, "serveConfigV2")
-        which = f"RayService {name!r}, spec.serveConfigV2"
-        if v2 is None:
-            old = spec is not None and _child(spec, "serveConfig") is not None
-            why = ("has only spec.serveConfig, KubeRay's older form; move it to serveConfigV2 "
-                   "(the Ray Serve config file as a string)") if old else "has no spec.serveConfigV2"  # fmt: skip
-            return (
-                None,
-                0,
-                which,
-                [Problem("spec.serveConfigV2", appyaml._line(doc), f"this RayService {why}")],
-            )
-        if not (isinstance(v2, ScalarNode) and v2.tag == _STR):
-            got = appyaml._kind(v2)
-            return (
-                None,
-                0,
-                which,
-                [
-                    Problem(
-                        "spec.serveConfigV2",
-                        appyaml._line(v2),
-                        f"expected the config file as a string (`serveConfigV2: |`), got {got}",
-                    )
-                ],
-            )
-        # a block scalar's text starts on the line after its indicator; other styles keep no lines
-        offset = (v2.start_mark.line + 1) if v2.style in ("|", ">") and v2.start_mark else -1
-        return str(v2.value), offset, which, []
-    kinds = ", ".join(sorted({str(_scalars(d).get("kind")) for d in kube}))
-    return (
-        None,
-        0,
-        None,
-        [
-            Problem(
-                "kind",
-                1,
-                f"a Kubernetes manifest ({kinds}) without a RayService; give a RayService or the Serve config file itself",
-            )
-        ],
-    )
-
-
-def _child(node: MappingNode, key: str) -> Any:
-    for k, v in node.value:
-        if isinstance(k, ScalarNode) and k.value == key:
-            return v
-    return None
-
-
-def _scalars(node: MappingNode) -> dict[str, str]:
-    return {
-        str(k.value): str(v.value)
-        for k, v in node.value
-        if isinstance(k, ScalarNode) and isinstance(v, ScalarNode)
-    }
+    return appkeys.show_value(value)
 
 
 def _relocate(out: Checked, offset: int, manifest: str | None) -> Checked:
-    """Problems in a manifest's serveConfigV2: lines of the file, paths under the key."""
-    if manifest is None:
-        return out
-
-    def move(p: Problem) -> Problem:
-        path = f"spec.serveConfigV2.{p.path}" if p.path else "spec.serveConfigV2"
-        line = None if p.line is None or offset < 0 else p.line + offset
-        return replace(p, path=path if not p.path.startswith("spec.") else p.path, line=line)
-
-    out.problems = [move(p) for p in out.problems]
-    out.warnings = [move(p) for p in out.warnings]
+    out.problems = raymanifest.relocate(out.problems, offset, manifest)
+    out.warnings = raymanifest.relocate(out.warnings, offset, manifest)
     return out

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared.appcheck import Checker
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.appkeys import DEPLOYMENT_KEYS
 from shared.appyaml import (
-    _DEPLOYMENT_KEYS,
     Problem,
-    _Checker,
     check_apps,
     load_apps,
     parse_apps,
@@ -503,10 +503,8 @@ def test_errors_the_dataclasses_raise_are_reported_under_the_field_path() -> Non
     # shared.appconfig reject must still come out under a field path and line, not as a crash.
     text = "name: A\nimport_path: m:A\nnum_replicas: 1\n"
     loader = yaml.SafeLoader(text)
-    checker = _Checker(loader)
-    m = checker.mapping(
-        loader.get_single_node(), "applications[0].deployments[0]", _DEPLOYMENT_KEYS
-    )
+    checker = Checker(loader)
+    m = checker.mapping(loader.get_single_node(), "applications[0].deployments[0]", DEPLOYMENT_KEYS)
     assert m is not None and checker.problems == []
     scaling = AutoscalingConfig(max_replicas=2)
     built = checker.build(
