@@ -36,7 +36,7 @@ from services.auth.embedded import EmbeddedAuth
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
 from services.ops.deploy import build_apps
-from services.ops.status import Mirror, follow, render_table
+from services.ops.status import Mirror, render_table
 from services.proxy.config import ProxyConfig
 from services.proxy.server import ProxyServer
 from services.router.config import RouterConfig
@@ -46,6 +46,7 @@ from services.up_args import add_up_arguments
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import UsageError
 from shared.kv.status import AppStatusView
+from shared.kvfollow import follow
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth, set_process_auth
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer

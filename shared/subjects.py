@@ -149,3 +149,43 @@ def _parse_report(prefix: str, subject: str) -> ReportSubject:
     validate_name(deployment, "deployment")
     replica = validate_name(parts[6], "replica") if len(parts) == 7 else None
     return ReportSubject(kind=kind, app=app, deployment=deployment, replica=replica)
+
+
+# The report stream (docs/wire.md, "The report stream"): FP_REPORTS captures `{prefix}.report.>`
+# and stores each report under `{prefix}.part.{P}.{kind}.{app}.{deployment}[.{replica}]`. The
+# controller reads partitions and the recorder reads the stream; both turn a stored subject back
+# into the report subject with `report_subject`.
+REPORT_STREAM = "FP_REPORTS"
+
+
+def report_stream_name(subjects: Subjects) -> str:
+    """`FP_REPORTS` for the default namespace, `FP_REPORTS_{namespace}` for another."""
+    if subjects.namespace == DEFAULT_NAMESPACE:
+        return REPORT_STREAM
+    return f"{REPORT_STREAM}_{subjects.namespace}"
+
+
+def partition_prefix(subjects: Subjects) -> str:
+    return f"{subjects.prefix}.part"
+
+
+def partition_subject(subjects: Subjects, partition: int) -> str:
+    return f"{partition_prefix(subjects)}.{partition}.>"
+
+
+def report_subject(subjects: Subjects, stored: str) -> str:
+    """`fp.v1.part.{P}.{kind}.{app}.{dep}[.{replica}]` back to
+    `fp.v1.report.{kind}.{app}.{dep}[.{replica}]`; any other subject as it is."""
+    head = partition_prefix(subjects) + "."
+    if not stored.startswith(head):
+        return stored
+    rest = stored[len(head) :].split(".", 1)
+    return f"{subjects.prefix}.report.{rest[1]}" if len(rest) == 2 else stored
+
+
+def report_kind(subject: str) -> str:
+    """The `{kind}` token of `{prefix}.report.{kind}.{app}.{deployment}...`, unchecked ("unknown"
+    when the subject has none): a label for counting every message, junk included, before
+    `Subjects.parse_report` checks the whole subject."""
+    parts = subject.split(".", 4)
+    return parts[3] if len(parts) > 3 else "unknown"

@@ -35,7 +35,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    from services.cli import standalone_main
+    from shared.cliargs import standalone_main
 
     return standalone_main("python -m services.auth", __doc__, add_auth_arguments, run_from_args)
 

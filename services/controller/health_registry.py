@@ -67,6 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.errors import ConfigError, UsageError
+from shared.freshness import freshness_window
 from shared.wire.messages import HealthStatus
 
 from .replica_index import NO_SLOT, ReplicaIndex
@@ -74,8 +75,6 @@ from .tiny import FEW, all_set, any_set, highest, lowest
 
 DEFAULT_FAILURE_THRESHOLD: Final = 3
 DEFAULT_PROBE_TIMEOUT_LIMIT: Final = 3
-FRESHNESS_PERIODS: Final = 1.5
-MIN_FRESHNESS_S: Final = 1.0
 MAX_STALE_SLACK_S: Final = 2.0
 """Slack over the freshness window: the replica's heartbeat tick (at most 1 s) plus transport."""
 
@@ -92,11 +91,6 @@ Int64Array = npt.NDArray[np.int64]
 Int8Array = npt.NDArray[np.int8]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-def freshness_window(health_check_period_s: float) -> float:
-    """The same window the replica's suppression rules use (kept equal by a test)."""
-    return max(FRESHNESS_PERIODS * health_check_period_s, MIN_FRESHNESS_S)
 
 
 def default_stale_slack(window_s: float) -> float:

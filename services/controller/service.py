@@ -47,7 +47,7 @@ from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natskv import nats_errors
 from shared.startup import retrying
-from shared.subjects import KV_AGENTS, KV_APPS, KV_STATUS
+from shared.subjects import KV_AGENTS, KV_APPS, KV_STATUS, partition_subject, report_subject
 from shared.transitions import RefusalLog
 from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
@@ -79,8 +79,6 @@ from .stream import (
     DEFAULT_RETENTION_S,
     delivery_position,
     ensure_stream,
-    partition_subject,
-    report_subject,
 )
 
 log = logging.getLogger(__name__)

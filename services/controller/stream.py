@@ -27,19 +27,14 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from shared.natskv import nats_errors
-from shared.subjects import Subjects
+from shared.subjects import Subjects, partition_prefix, report_stream_name
 
 log = logging.getLogger(__name__)
 
 _V1_TOKENS = 9
 
-STREAM_NAME = "FP_REPORTS"
 DEFAULT_PARTITIONS = 16
 DEFAULT_RETENTION_S = 600.0
-
-
-def partition_prefix(subjects: Subjects) -> str:
-    return f"{subjects.prefix}.part"
 
 
 def stream_config(
@@ -52,7 +47,7 @@ def stream_config(
         ".{{wildcard(1)}}.{{wildcard(2)}}.>"
     )
     return StreamConfig(
-        name=STREAM_NAME if subjects.namespace == "fp" else f"{STREAM_NAME}_{subjects.namespace}",
+        name=report_stream_name(subjects),
         subjects=[subjects.reports_wildcard()],
         subject_transform=SubjectTransform(src=src, dest=dest),
         retention=RetentionPolicy.LIMITS,
@@ -95,20 +90,6 @@ async def ensure_stream(
             await js.update_stream(cfg)
             log.info("updated stream %s", cfg.name)
     return cfg.name
-
-
-def partition_subject(subjects: Subjects, partition: int) -> str:
-    return f"{partition_prefix(subjects)}.{partition}.>"
-
-
-def report_subject(subjects: Subjects, stored: str) -> str:
-    """`fp.v1.part.{P}.{kind}.{app}.{dep}[.{replica}]` back to
-    `fp.v1.report.{kind}.{app}.{dep}[.{replica}]`."""
-    head = partition_prefix(subjects) + "."
-    if not stored.startswith(head):
-        return stored
-    rest = stored[len(head) :].split(".", 1)
-    return f"{subjects.prefix}.report.{rest[1]}" if len(rest) == 2 else stored
 
 
 def delivery_position(reply: str) -> tuple[int, float]:

@@ -14,9 +14,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared.bus import KV, Bus
+from shared.bus import Bus
 from shared.errors import (
-    BucketNotFound,
     BusAuthError,
     BusError,
     ConfigError,
@@ -44,7 +43,7 @@ def add_connect_timeout(p: argparse.ArgumentParser) -> None:
 
 def nats_url(args: argparse.Namespace) -> str:
     """`--nats` (the CLI fills it), else $FLEETPULSE_NATS_URL, else the local default."""
-    from services.cli import default_nats_url  # lazily: the CLI imports this package lazily too
+    from shared.cliargs import default_nats_url
 
     url = getattr(args, "nats", None)
     return str(url) if url else default_nats_url()
@@ -65,14 +64,6 @@ async def connect(args: argparse.Namespace, name: str) -> Bus:
             f"{' (' + why + ')' if why else ''}; is nats-server running there? "
             f"(set --nats URL or ${NATS_URL_ENV})"
         ) from None
-
-
-async def existing_kv(bus: Bus, bucket: str) -> KV | None:
-    """The bucket, or None when nobody created it yet (nothing deployed, no controller ran)."""
-    try:
-        return await bus.kv(bucket, create=False)
-    except BucketNotFound:
-        return None
 
 
 def run_command(command: str, main: Callable[[], Coroutine[Any, Any, int]]) -> int:

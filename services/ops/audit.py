@@ -15,11 +15,12 @@ import socket
 import time
 from collections.abc import Mapping
 
-from services.ops import EXIT_OK, add_connect_timeout, connect, existing_kv, run_command
+from services.ops import EXIT_OK, add_connect_timeout, connect, run_command
 from shared.bus import Bus
 from shared.errors import WireError
 from shared.kv import buckets, envelope
 from shared.kv.audit import ANONYMOUS, AuditRecord
+from shared.kvfollow import existing_kv
 from shared.natsauth import process_auth
 
 

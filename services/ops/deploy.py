@@ -32,7 +32,6 @@ from services.ops import (
     add_connect_timeout,
     audit,
     connect,
-    existing_kv,
     fail,
     plural,
     run_command,
@@ -44,6 +43,7 @@ from shared.appyaml import Problem, problems_error, read_app_file
 from shared.bus import KV
 from shared.errors import ConfigError, KVConflict, UsageError
 from shared.kv import envelope
+from shared.kvfollow import existing_kv
 from shared.serveconfig import Checked, CodeApp, check_config
 from shared.subjects import KV_APPS, validate_name
 

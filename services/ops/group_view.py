@@ -23,8 +23,7 @@ from shared.errors import WireError
 from shared.kv import buckets, envelope
 from shared.kv.group import ControllerMember, PartitionLease, lease_partition
 from shared.kv.status import AppStatusView
-
-from . import existing_kv
+from shared.kvfollow import existing_kv
 
 GROUP_READ_S = 1.0
 """How often a watching reader reads the group again."""

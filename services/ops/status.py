@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,14 +31,14 @@ from services.ops import (
     EXIT_OK,
     add_connect_timeout,
     connect,
-    existing_kv,
     fail,
     run_command,
 )
 from shared.appconfig import AppConfig
 from shared.bus import Bus
-from shared.errors import ConfigError, UsageError, WireError
+from shared.errors import UsageError
 from shared.kv.status import AppStatusView, DeploymentStatusView
+from shared.kvfollow import follow
 from shared.subjects import KV_APPS, KV_STATUS
 
 from .group_view import GroupReads, GroupView, group_notes, read_group, unattended
@@ -361,46 +361,6 @@ class Mirror:
 
 def _only(values: Mapping[str, _V], key: str) -> dict[str, _V]:
     return {key: values[key]} if key in values else {}
-
-
-async def follow(
-    bus: Bus,
-    bucket: str,
-    decode: Callable[[bytes], _V],
-    into: dict[str, _V],
-    bad: dict[str, str],
-    ready: asyncio.Event,
-    *,
-    live: bool,
-    retry_s: float = DEFAULT_INTERVAL_S,
-) -> None:
-    """Fill `into` with the bucket's values and set `ready`; return then, or (`live`) keep
-    applying changes until cancelled. A bucket not created yet is empty (retried while live)."""
-    kv = await existing_kv(bus, bucket)
-    while kv is None:
-        ready.set()
-        if not live:
-            return
-        await asyncio.sleep(retry_s)
-        kv = await existing_kv(bus, bucket)
-    watcher = await kv.watch()
-    try:
-        async for entry in watcher:
-            if entry is None:
-                ready.set()
-                if not live:
-                    return
-                continue
-            where = f"{bucket}/{entry.key}"
-            bad.pop(where, None)
-            into.pop(entry.key, None)
-            if entry.op == "PUT":
-                try:
-                    into[entry.key] = decode(entry.value)
-                except (WireError, ConfigError) as exc:
-                    bad[where] = str(exc)
-    finally:
-        await watcher.stop()
 
 
 def run_status(args: argparse.Namespace) -> int:

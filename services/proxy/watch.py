@@ -1,6 +1,6 @@
 """The live registry: KV fp_status and fp_apps in, a `RouteTable` out, and KV fp_routes written.
 
-How it works: both buckets are mirrored with `services.ops.status.follow` (a KV watch: every
+How it works: both buckets are mirrored with `shared.kvfollow.follow` (a KV watch: every
 current value, then each change), into dicts that signal every change. One loop rebuilds the
 route table (registry.build_routes, pure) whenever either changed, swaps it in, hands old and new
 to the `on_change` callback (the server wakes held requests, releases routers, logs and counts),
@@ -24,13 +24,13 @@ import logging
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from services.ops.status import follow
 from services.proxy.registry import KV_ROUTES, RouteTable, build_routes
 from shared.appconfig import AppConfig
 from shared.bus import KV, Bus, RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError
 from shared.kv.status import AppStatusView
+from shared.kvfollow import follow
 from shared.subjects import KV_APPS, KV_STATUS
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ __all__ = ["add_record_arguments", "add_replay_arguments", "main", "run_record",
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.cli import add_nats_flag, apply_nats_flags
+    from shared.cliargs import add_nats_flag, apply_nats_flags
 
     parser = argparse.ArgumentParser(prog="python -m services.recorder")
     parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))

@@ -34,7 +34,6 @@ import nats.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from services.controller.stream import STREAM_NAME, partition_prefix, report_subject
 from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared import settings
 from shared.bus import Msg, subject_matches, validate_subject
@@ -42,7 +41,8 @@ from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
-from shared.subjects import DEFAULT_NAMESPACE, Subjects
+from shared.subjects import DEFAULT_NAMESPACE, Subjects, partition_prefix, report_subject
+from shared.subjects import REPORT_STREAM as STREAM_NAME
 
 from .files import (
     DEFAULT_BATCH_ROWS,

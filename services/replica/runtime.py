@@ -16,12 +16,13 @@ from typing import Any
 
 import msgpack
 
-from services.router.liveness import not_held
-from services.router.reports import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.badinput import BadInput
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import WireError
+from shared.freshness import freshness_window
+from shared.localhealth import DEFAULT_PROVIDERS, LocalHealthProviders
+from shared.probes import not_held
 from shared.subjects import Subjects
 from shared.transitions import RefusalLog
 from shared.wire import decode_as, encode
@@ -50,7 +51,7 @@ from .health import HealthTracker, next_check_delay
 from .lifecycle import PROCESS_LIFECYCLE, ProcessState, Step
 from .logsetup import ACCESS_LOGGER, access_enabled
 from .metrics import OK, ReplicaMetrics
-from .suppression import HealthCarriage, Via, freshness_window
+from .suppression import HealthCarriage, Via
 from .usercode import (
     MethodNotFound,
     UserDeployment,

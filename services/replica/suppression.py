@@ -35,13 +35,6 @@ import math
 
 from shared.wire.messages import HealthStatus
 
-MIN_FRESHNESS_S = 1.0
-FRESHNESS_PERIODS = 1.5
-
-
-def freshness_window(health_check_period_s: float) -> float:
-    return max(FRESHNESS_PERIODS * health_check_period_s, MIN_FRESHNESS_S)
-
 
 class Via(enum.Enum):
     """The channel that took a status off the box."""

@@ -15,7 +15,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    from services.cli import standalone_main
+    from shared.cliargs import standalone_main
 
     return standalone_main(
         "python -m services.router", __doc__, add_gateway_arguments, run_from_args

@@ -25,32 +25,17 @@ no longer runs it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from shared.badinput import BadInput
 from shared.bus import Bus
 from shared.clock import Clock
 from shared.errors import BusError, NoResponders, WireError
+from shared.probes import NOT_HELD
 from shared.subjects import Subjects
 from shared.wire import reasons
-from shared.wire.codec import decode, decode_as, encode
+from shared.wire.codec import decode, encode
 from shared.wire.messages import ErrorReply, HealthStatus, ProbeRequest
-
-NOT_HELD = "not_held"
-"""`ErrorReply.code` of a probe naming a request the replica does not hold (docs/wire.md)."""
-
-
-def not_held(probe: bytes, held: Container[str]) -> ErrorReply | None:
-    """A replica's answer to a probe that names a request not in `held`; None: answer with
-    health. An empty payload is a plain probe (the controller's). Raises WireError when the
-    payload is neither empty nor a `probe` message."""
-    if not probe:
-        return None
-    request_id = decode_as(probe, ProbeRequest).request_id
-    if request_id is None or request_id in held:
-        return None
-    return ErrorReply(NOT_HELD, f"request {request_id} is not running here", True)
-
 
 FoldHealth = Callable[[HealthStatus, float], None]
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import msgpack
 
-from services.router.liveness import not_held
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError
 from shared.kv import buckets
 from shared.kv.membership import Member, deployment_pattern
 from shared.kv.view import DocKV
+from shared.probes import not_held
 from shared.subjects import DEFAULT_SUBJECTS, Subjects
 from shared.wire.codec import decode_as, decode_body, encode
 from shared.wire.messages import (

@@ -35,12 +35,7 @@ from services.controller.core import ControllerConfig
 from services.controller.group import lease_key, partition_of
 from services.controller.group_shell import KV_LEASES
 from services.controller.service import ControllerService, ServiceConfig
-from services.controller.stream import (
-    DEFAULT_RETENTION_S,
-    STREAM_NAME,
-    ensure_stream,
-    partition_subject,
-)
+from services.controller.stream import DEFAULT_RETENTION_S, ensure_stream
 from services.ops.group_view import GroupView, unattended
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import BusError
@@ -52,7 +47,8 @@ from shared.kv.view import DocKV
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsCluster
 from shared.subjects import DEFAULT_SUBJECTS as S
-from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS, KV_TARGETS
+from shared.subjects import KV_APPS, KV_CONTROLLERS, KV_STATUS, KV_TARGETS, partition_subject
+from shared.subjects import REPORT_STREAM as STREAM_NAME
 from shared.wire import encode
 from shared.wire.messages import HandleReport
 from tests.procs import ServiceProcesses

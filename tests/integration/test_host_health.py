@@ -23,13 +23,13 @@ from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
-from services.router.reports import LocalHealthProviders
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.bus import Bus, Msg
 from shared.kv import envelope
 from shared.kv.group import PartitionLease
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
+from shared.localhealth import LocalHealthProviders
 from shared.natsbus import NatsBus
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import KV_APPS, KV_TARGETS

@@ -13,10 +13,10 @@ import pytest
 from nats.js.api import SubjectTransform
 
 from services.controller.group import partition_of
-from services.controller.stream import ensure_stream, report_subject, stream_config
+from services.controller.stream import ensure_stream, stream_config
 from shared.natsbus import NatsBus
 from shared.subjects import DEFAULT_SUBJECTS as S
-from shared.subjects import ReportSubject
+from shared.subjects import ReportSubject, report_subject
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 16

@@ -18,10 +18,10 @@ from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
-from services.router.reports import LocalHealthProviders
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.bus import FakeBus, FakeServer, Msg
 from shared.kv.targets import ReplicaTarget
+from shared.localhealth import LocalHealthProviders
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode_as, encode
 from shared.wire.columnar import handle_report_to_columnar

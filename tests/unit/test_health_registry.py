@@ -10,11 +10,10 @@ from services.controller.health_registry import (
     ProbeOutcome,
     VerdictReason,
     default_stale_slack,
-    freshness_window,
 )
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
-from services.replica.suppression import freshness_window as replica_freshness_window
 from shared.errors import ConfigError, UsageError
+from shared.freshness import freshness_window
 from shared.wire.messages import HealthStatus
 
 PERIOD = 10.0
@@ -68,9 +67,8 @@ def stale(reg: HealthRegistry, now: float, hold: bool = False) -> list[int]:
     return slots
 
 
-def test_window_matches_the_replica_side_and_slack_is_small() -> None:
-    for period in (0.1, 0.5, 1.0, 10.0, 60.0):
-        assert freshness_window(period) == replica_freshness_window(period)
+def test_window_is_the_shared_one_and_slack_is_small() -> None:
+    assert freshness_window(PERIOD) == WINDOW
     assert default_stale_slack(15.0) == 2.0
     assert default_stale_slack(1.0) == 0.5
     reg = HealthRegistry(ReplicaIndex(), PERIOD, TIMEOUT)

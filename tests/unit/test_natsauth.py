@@ -9,7 +9,7 @@ import pytest
 
 from services.agent.config import replica_auth
 from services.agent.procs import child_env
-from services.cli import add_nats_flag, apply_nats_flags
+from shared.cliargs import add_nats_flag, apply_nats_flags
 from shared.errors import UsageError
 from shared.natsauth import (
     REPLICA_ENV_PREFIX,

@@ -9,8 +9,8 @@ from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
-from services.router.reports import LocalHealthProviders
 from shared.bus import FakeServer
+from shared.localhealth import LocalHealthProviders
 
 
 async def test_in_process_router_reports_carry_the_host_replica_health() -> None:

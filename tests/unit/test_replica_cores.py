@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from services.replica.admission import Admission
 from services.replica.health import HealthTracker, next_check_delay
-from services.replica.suppression import HealthCarriage, Via, freshness_window
+from services.replica.suppression import HealthCarriage, Via
 from services.replica.window import LevelAverage
+from shared.freshness import freshness_window
 from shared.wire.messages import HealthStatus
 
 

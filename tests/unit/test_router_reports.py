@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from services.router.config import RouterConfig
 from services.router.reports import (
-    LocalHealthProviders,
     build_handle_report,
     encode_handle_report,
     merge_health,
@@ -21,6 +20,7 @@ from services.router.testing import Seat, members_of
 from shared.bus import FakeBus, FakeServer, Msg
 from shared.clock import FakeClock
 from shared.errors import BusError
+from shared.localhealth import LocalHealthProviders
 from shared.wire.codec import decode_as, encode
 from shared.wire.columnar import (
     columnar_parts_to_handle_report,

@@ -30,7 +30,6 @@ from services.controller.fenced import FencedWriter
 from services.controller.group import partition_of
 from services.controller.managed import ManagedDeployment
 from services.controller.service import ControllerService, ServiceConfig
-from services.controller.stream import partition_prefix
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.clock import FakeClock
 from shared.fakebus import FakeServer
@@ -39,6 +38,7 @@ from shared.kv.membership import Member
 from shared.kv.targets import ReplicaTarget
 from shared.kv.view import DocKV
 from shared.subjects import DEFAULT_SUBJECTS as S
+from shared.subjects import partition_prefix
 from shared.wire import encode
 from shared.wire.messages import HandleReport
 
