@@ -51,6 +51,7 @@ def _service_table(table: tuple[settings.Setting, ...]) -> str:
 TABLES = {
     "AUTOSCALING": lambda: _yaml_table(settings.AUTOSCALING),
     "SERVICE": lambda: _service_table(settings.SERVICE),
+    "CONTROLLER": lambda: _service_table(settings.CONTROLLER),
 }
 
 

@@ -73,21 +73,9 @@ assert [f.name for f in fields(AutoscalingConfig)] == [s.name for s in settings.
     "AutoscalingConfig's fields and settings.AUTOSCALING must list the same settings"
 )
 
-REPLICA_FIELDS = (
-    "import_path",
-    "init_args",
-    "init_kwargs",
-    "max_ongoing_requests",
-    "health_check_period_s",
-    "health_check_timeout_s",
-    "graceful_shutdown_timeout_s",
-    "push_metrics",
-    "resources",
-    "logging_config",
-    "env",
-    "user_config",
-)
-"""The deployment settings that are replica settings (shared.replicaspec declares them)."""
+REPLICA_FIELDS = tuple(p.name for p in replicaspec.PARAMS if p.name != "metrics_interval_s")
+"""The deployment settings that are replica settings (shared.replicaspec declares them); the
+replicas' metrics interval is the autoscaling policy's `metrics_interval_s`."""
 _DEFAULT: Mapping[str, Any] = {p.name: p.default for p in replicaspec.PARAMS}
 
 

@@ -7,7 +7,7 @@ environment variable. From the rows come:
 - `AUTOSCALING`: the defaults and checks of `shared.appconfig.AutoscalingConfig`, the YAML key
   table and value conversions of `shared.appyaml`, and docs/deploy.md's `autoscaling_config` table
   (scripts/gen_settings_docs.py);
-- the service rows (`NAMESPACE`, `ROUTER_METRICS_INTERVAL`): the one flag each (`add_flag`, the
+- the service rows (`SERVICE`, `CONTROLLER`): the one flag each (`add_flag`, the
   same default, help and behaviour in every service) and the value a service's `main()` builds its
   config with (`resolve`: the flag, else the environment variable, read then and only then, else
   the default), and docs/operations.md's service settings table.
@@ -58,7 +58,9 @@ class Setting:
     doc_type: str | None = None
     """The type column of the docs, when it is not what `kind` and the bounds say."""
     doc_default: str | None = None
-    """The default column of the docs, when the value alone would mislead."""
+    """The default column of the docs (and the flag's help), when the value alone would mislead."""
+    choices: tuple[Any, ...] | None = None
+    """The only values the flag accepts (refused by the parser, as a usage error)."""
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with `value`, or None (a None value is fine when null is allowed)."""
@@ -68,6 +70,8 @@ class Setting:
             if self.strict and self.low == 0:
                 return "must be a positive number"
             return f"must be {'>' if self.strict else '>='} {self.low:g}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(_show(c) for c in self.choices)}"
         return None if self.validate is None else self.validate(value)
 
     def _in_range(self, value: float) -> bool:
@@ -101,10 +105,12 @@ class Setting:
         """The setting's flag. Its default is None: `resolve` fills it in when the config is
         built, from the environment variable or the default (never when the parser is built)."""
         assert self.flag is not None, f"{self.name} has no flag"
-        where = f"${self.env} or {_show(self.default)}" if self.env else _show(self.default)
+        shown = self.default_text().strip("`")
+        where = f"${self.env} or {shown}" if self.env else shown
         p.add_argument(
             self.flag,
             type=_PARSE[self.kind],
+            choices=self.choices,
             default=None,
             metavar=self.metavar,
             help=f"{self.help} (default: {where})",
@@ -230,3 +236,49 @@ ROUTER_METRICS_INTERVAL = Setting(
     metavar="SECONDS",
 )
 SERVICE: tuple[Setting, ...] = (NAMESPACE, ROUTER_METRICS_INTERVAL)
+
+# the controller's own settings with an environment variable (compose sets them per member)
+CONTROLLER_MEMBER_ID = Setting(
+    "member_id",
+    "str",
+    None,
+    "this member's name in the consumer group",
+    flag="--member-id",
+    env="FLEETPULSE_MEMBER_ID",
+    doc_default="generated, `c-` and 8 hex digits",
+)
+CONTROLLER_OWNER_EPOCH = Setting(
+    "owner_epoch",
+    "int",
+    1,
+    "fencing epoch written with every KV value (a successor must use a higher one)",
+    low=None,
+    flag="--owner-epoch",
+    env="FLEETPULSE_OWNER_EPOCH",
+)
+CONTROLLER_STREAM_REPLICAS = Setting(
+    "stream_replicas",
+    "int",
+    1,
+    "FP_REPORTS replicas (3 on a 3-node cluster); KV buckets follow $FLEETPULSE_KV_REPLICAS",
+    low=None,
+    flag="--stream-replicas",
+    env="FLEETPULSE_STREAM_REPLICAS",
+)
+CONTROLLER_DECODE_THREADS = Setting(
+    "decode_threads",
+    "int",
+    0,
+    "1: decode columnar reports on a worker thread, applied in order (0: on the event loop; "
+    "see docs/benchmarks.md)",
+    low=None,
+    choices=(0, 1),
+    flag="--decode-threads",
+    env="FLEETPULSE_DECODE_THREADS",
+)
+CONTROLLER: tuple[Setting, ...] = (
+    CONTROLLER_MEMBER_ID,
+    CONTROLLER_OWNER_EPOCH,
+    CONTROLLER_STREAM_REPLICAS,
+    CONTROLLER_DECODE_THREADS,
+)

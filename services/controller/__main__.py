@@ -27,15 +27,8 @@ log = logging.getLogger(__name__)
 
 
 def add_controller_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--member-id", default=os.environ.get("FLEETPULSE_MEMBER_ID") or f"c-{uuid.uuid4().hex[:8]}"
-    )
-    p.add_argument(
-        "--owner-epoch",
-        type=int,
-        default=int(os.environ.get("FLEETPULSE_OWNER_EPOCH", "1")),
-        help="fencing epoch written with every KV value (a successor must use a higher one)",
-    )
+    settings.CONTROLLER_MEMBER_ID.add_flag(p)
+    settings.CONTROLLER_OWNER_EPOCH.add_flag(p)
     settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--partitions", type=int, default=DEFAULT_PARTITIONS, help="FP_REPORTS partitions"
@@ -62,21 +55,9 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_HEARTBEAT_S,
         help="how often a member refreshes its group entry (keep several per TTL)",
     )
-    p.add_argument(
-        "--stream-replicas",
-        type=int,
-        default=int(os.environ.get("FLEETPULSE_STREAM_REPLICAS", "1")),
-        help="FP_REPORTS replicas (3 on a 3-node cluster); KV buckets follow $FLEETPULSE_KV_REPLICAS",
-    )
+    settings.CONTROLLER_STREAM_REPLICAS.add_flag(p)
     add_metrics_port_argument(p)
-    p.add_argument(
-        "--decode-threads",
-        type=int,
-        choices=(0, 1),
-        default=int(os.environ.get("FLEETPULSE_DECODE_THREADS", "0")),
-        help="1: decode columnar reports on a worker thread, applied in order (default:"
-        " $FLEETPULSE_DECODE_THREADS or 0, on the event loop; see docs/benchmarks.md)",
-    )
+    settings.CONTROLLER_DECODE_THREADS.add_flag(p)
     p.add_argument(
         "--custom-policy-timeout-s",
         type=_positive,
@@ -109,19 +90,22 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
         nats_url=args.nats,
         core=ControllerConfig(
             namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
-            member_id=args.member_id,
-            owner_epoch=args.owner_epoch,
+            member_id=settings.CONTROLLER_MEMBER_ID.resolve(args.member_id, os.environ)
+            or f"c-{uuid.uuid4().hex[:8]}",
+            owner_epoch=settings.CONTROLLER_OWNER_EPOCH.resolve(args.owner_epoch, os.environ),
             control_interval_s=args.control_interval_s,
         ),
         partitions=args.partitions,
         retention_s=args.retention_s,
         rebuild_s=args.rebuild_s,
         metrics_port=args.metrics_port,
-        stream_replicas=args.stream_replicas,
+        stream_replicas=settings.CONTROLLER_STREAM_REPLICAS.resolve(
+            args.stream_replicas, os.environ
+        ),
         member_ttl_s=args.member_ttl_s,
         heartbeat_s=args.heartbeat_s,
         stats_file=args.stats_file,
-        decode_threads=args.decode_threads,
+        decode_threads=settings.CONTROLLER_DECODE_THREADS.resolve(args.decode_threads, os.environ),
         policy_timeout_s=args.custom_policy_timeout_s,
     )
 

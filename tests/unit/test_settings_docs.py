@@ -105,7 +105,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     return dict(subs.choices)
 
 
-@pytest.mark.parametrize("setting", settings.SERVICE, ids=lambda s: s.name)
+@pytest.mark.parametrize("setting", settings.SERVICE + settings.CONTROLLER, ids=lambda s: s.name)
 def test_a_service_flag_has_one_help_and_one_behaviour(setting: settings.Setting) -> None:
     """Every command with the flag shows the row's help, and reads no environment when its
     parser is built (its default is None; the config's builder resolves it)."""
@@ -136,3 +136,20 @@ def test_a_bad_environment_value_names_the_variable() -> None:
         settings.ROUTER_METRICS_INTERVAL.resolve(None, {"FLEETPULSE_METRICS_INTERVAL_S": "-1"})
     assert "must be a positive number" in str(negative.value)
     assert negative.value.source == "environment"
+
+
+def test_the_controller_reads_its_environment_when_it_builds_its_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.controller.__main__ import config_from_args
+
+    args = _parsers()["controller"].parse_args(["--decode-threads", "1"])
+    monkeypatch.setenv("FLEETPULSE_MEMBER_ID", "c-env")
+    monkeypatch.setenv("FLEETPULSE_OWNER_EPOCH", "7")
+    monkeypatch.setenv("FLEETPULSE_DECODE_THREADS", "0")
+    monkeypatch.setenv("FLEETPULSE_NAMESPACE", "ns2")
+    args.nats = "nats://127.0.0.1:4222"
+    config = config_from_args(args)
+    assert (config.core.member_id, config.core.owner_epoch) == ("c-env", 7)
+    assert config.core.namespace == "ns2"
+    assert config.decode_threads == 1  # the flag wins
