@@ -385,3 +385,36 @@ def test_property_pruned_replicas_are_never_chosen_and_the_epoch_never_falls(
 
 def test_actions_are_plain_data() -> None:
     assert RefreshSoon() == RefreshSoon() and CheckRise(1.0) == CheckRise(1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.lists(st.integers(0, 5), min_size=1, max_size=40))
+def test_property_waiters_are_served_oldest_first(waiting: int, lookers: list[int]) -> None:
+    """Slots free one at a time while waiters look in any order: only the head ever takes one,
+    so requests leave the line in the order they joined."""
+    c = core(seed=waiting)
+    install(c, 1, seat("a", 1))
+    c.dispatched("a", 0.0)
+    line = [Token() for _ in range(waiting)]
+    joined = list(line)
+    for t in line:
+        assert isinstance(c.queue_step(t, False, 0.0, INF, set()), Wait)
+    served: list[Token] = []
+    now = 0.0
+    for i in lookers:
+        if not line:
+            break
+        before = len(served)
+        now += 0.01
+        c.finished("a", now)  # the slot frees
+        for t in [line[i % len(line)], *line]:  # an arbitrary waiter looks first, then all
+            look = c.queue_step(t, True, now, INF, set())
+            if isinstance(look, Take):
+                c.dispatched(look.replica_id, now)
+                c.leave_queue(t, now)
+                line.remove(t)
+                served.append(t)
+                break
+        assert len(served) == before + 1, "a freed slot went unused"
+    assert c.queued_now == len(line)
+    assert served == joined[: len(served)], "a waiter overtook an older one"
