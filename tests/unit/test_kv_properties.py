@@ -16,6 +16,7 @@ from shared.errors import ConfigError, WireError
 from shared.kv import envelope
 from shared.kv.agents import AgentInfo
 from shared.kv.apps import AppDoc
+from shared.kv.audit import ACTIONS, AuditRecord
 from shared.kv.documents import BY_KIND, decode_any
 from shared.kv.group import ControllerMember, PartitionLease
 from shared.kv.membership import Member
@@ -192,6 +193,16 @@ routes = st.builds(
         max_size=3,
     ),
 )
+audits = st.builds(
+    AuditRecord,
+    action=st.sampled_from(ACTIONS),
+    app=names,
+    user=names,
+    at=finite,
+    revision=counts,
+    versions=st.dictionaries(names, texts, max_size=3),
+    client=texts,
+)
 STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "app": apps(),
     "replica_target": targets,
@@ -201,6 +212,7 @@ STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "lease": leases,
     "controller_member": controller_members,
     "route": routes,
+    "audit": audits,
 }
 documents = st.sampled_from(sorted(STRATEGIES)).flatmap(lambda k: STRATEGIES[k])
 
