@@ -32,7 +32,10 @@ Status follows the brief: UPDATING until the current version first meets its tar
 rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING),
 HEALTHY when the target is met with healthy replicas (target 0 reached counts), UPSCALING /
 DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy again,
-DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start.
+DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start. The status is not a
+state machine of its own: `_compute_status` derives it afresh from the records at every tick (by
+the rules above, in that order), so any status may follow any other and none is refused; what moves
+by events, and is refused when an event is illegal, is each replica record (lifecycle.py).
 
 Cost: every tick asks for the live set, the running ids, the counts and the status, and at tens
 of thousands of replicas a pass over the records each time is the whole control loop. So what is
