@@ -52,6 +52,7 @@ TABLES = {
     "AUTOSCALING": lambda: _yaml_table(settings.AUTOSCALING),
     "SERVICE": lambda: _service_table(settings.SERVICE),
     "CONTROLLER": lambda: _service_table(settings.CONTROLLER),
+    "AGENT": lambda: _service_table(settings.AGENT),
 }
 
 

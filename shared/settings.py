@@ -276,6 +276,30 @@ CONTROLLER_DECODE_THREADS = Setting(
     flag="--decode-threads",
     env="FLEETPULSE_DECODE_THREADS",
 )
+
+# the agent's (and its replicas')
+AGENT_ID = Setting(
+    "agent_id",
+    "str",
+    None,
+    "the agent's id (an agent's own; a replica's: the agent that started it)",
+    flag="--agent-id",
+    env="FLEETPULSE_AGENT_ID",
+    doc_default="an agent: hostname plus a random suffix; a replica: none",
+)
+AGENT_REPLICA_KEY_SEED = Setting(
+    "replica_key_seed",
+    "str",
+    None,
+    "with the auth callout: the nkey seed (`fleetpulse auth-key replica FILE`) that signs each "
+    "replica's own credential; replaces --replica-nats-*",
+    flag="--replica-key-seed",
+    env="FLEETPULSE_AGENT_REPLICA_KEY_FILE",
+    metavar="FILE",
+    doc_default="none",
+)
+AGENT: tuple[Setting, ...] = (AGENT_ID, AGENT_REPLICA_KEY_SEED)
+
 CONTROLLER: tuple[Setting, ...] = (
     CONTROLLER_MEMBER_ID,
     CONTROLLER_OWNER_EPOCH,

@@ -27,8 +27,6 @@ from .core import KILL_MARGIN_S
 
 log = logging.getLogger(__name__)
 
-AGENT_ID_ENV = "FLEETPULSE_AGENT_ID"
-REPLICA_KEY_ENV = "FLEETPULSE_AGENT_REPLICA_KEY_FILE"
 DEFAULT_MAX_REPLICAS = 8
 _HOST_PREFIX_CHARS = 40  # leaves room for the random suffix within the 64-character token limit
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]+")
@@ -113,11 +111,7 @@ def machine_resources() -> dict[str, float]:
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--agent-id",
-        default=os.environ.get(AGENT_ID_ENV) or None,
-        help=f"this agent's id (default: ${AGENT_ID_ENV}, else hostname plus a random suffix)",
-    )
+    settings.AGENT_ID.add_flag(p)
     p.add_argument(
         "--max-replicas",
         type=int,
@@ -160,13 +154,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
             metavar=metavar,
             help=f"the replicas' NATS {name} (${env}; default: the agent's own, with a warning)",
         )
-    p.add_argument(
-        "--replica-key-seed",
-        default=os.environ.get(REPLICA_KEY_ENV) or None,
-        metavar="FILE",
-        help="with the auth callout: the nkey seed (`fleetpulse auth-key replica FILE`) that "
-        f"signs each replica's own credential; replaces --replica-nats-* (${REPLICA_KEY_ENV})",
-    )
+    settings.AGENT_REPLICA_KEY_SEED.add_flag(p)
     p.add_argument(
         "--credential-ttl-s",
         type=float,
@@ -198,8 +186,10 @@ def _split_paths(items: Sequence[str]) -> tuple[str, ...]:
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    extra = {"agent_id": args.agent_id} if args.agent_id else {}
-    key = read_seed(args.replica_key_seed, "--replica-key-seed") if args.replica_key_seed else None
+    agent_id = settings.AGENT_ID.resolve(args.agent_id, os.environ)
+    extra = {"agent_id": agent_id} if agent_id else {}
+    seed = settings.AGENT_REPLICA_KEY_SEED.resolve(args.replica_key_seed, os.environ)
+    key = read_seed(seed, "--replica-key-seed") if seed else None
     return AgentConfig(
         nats_url=args.nats,
         max_replicas=args.max_replicas,

@@ -46,7 +46,7 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", required=True, help="deployment name")
     p.add_argument("--replica-id", default=None, help="replica id (default: generated)")
     replicaspec.add_arguments(p)
-    p.add_argument("--agent-id", default=os.environ.get("FLEETPULSE_AGENT_ID", ""))
+    settings.AGENT_ID.add_flag(p)
     p.add_argument("--version", dest="code_version", default="", help="code version label")
     settings.NAMESPACE.add_flag(p)
     add_metrics_port_argument(p)
@@ -60,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         app=args.app,
         deployment=args.deployment,
         spec=ReplicaSpec.from_args(args),
-        agent_id=args.agent_id,
+        agent_id=settings.AGENT_ID.resolve(args.agent_id, os.environ) or "",
         version=args.code_version,
         namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
         nats_url=args.nats,

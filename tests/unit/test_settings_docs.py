@@ -105,7 +105,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     return dict(subs.choices)
 
 
-@pytest.mark.parametrize("setting", settings.SERVICE + settings.CONTROLLER, ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "setting", settings.SERVICE + settings.CONTROLLER + settings.AGENT, ids=lambda s: s.name
+)
 def test_a_service_flag_has_one_help_and_one_behaviour(setting: settings.Setting) -> None:
     """Every command with the flag shows the row's help, and reads no environment when its
     parser is built (its default is None; the config's builder resolves it)."""
