@@ -41,6 +41,12 @@ SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("panic_threshold", (), None),
     ("max_ongoing_requests", ("--max-ongoing-requests",), None),
     ("graceful_shutdown_timeout_s", ("--graceful-shutdown-timeout-s",), None),
+    ("member_id", ("--member-id",), "FLEETPULSE_MEMBER_ID"),
+    ("owner_epoch", ("--owner-epoch",), "FLEETPULSE_OWNER_EPOCH"),
+    ("stream_replicas", ("--stream-replicas",), "FLEETPULSE_STREAM_REPLICAS"),
+    ("decode_threads", ("--decode-threads",), "FLEETPULSE_DECODE_THREADS"),
+    ("agent_id", ("--agent-id",), "FLEETPULSE_AGENT_ID"),
+    ("replica_key_seed", ("--replica-key-seed",), "FLEETPULSE_AGENT_REPLICA_KEY_FILE"),
 )  # fmt: skip
 
 _DERIVED = r"(?:_\w*\[|settings\.|[A-Z][A-Z0-9_]*\b)"
