@@ -7,7 +7,7 @@ replicas, help). From that table come:
   read each other back exactly (`from_args(parse(argv)) == spec`);
 - the version hash (`version()`): only settings that need a new process change it;
 - the JSON form carried in fp_targets (`to_doc` / `from_doc`, unknown fields ignored);
-- the YAML key checks for these settings (shared.appyaml reads `PARAMS`) and the deployment
+- the YAML key checks for these settings (shared.appkeys reads `PARAMS`) and the deployment
   config's validation (shared.appconfig calls `check`).
 """
 

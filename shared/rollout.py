@@ -11,7 +11,7 @@ and is refused; when percentages of a small target both round to 0, max_unavaila
 Kubernetes).
 
 `PARAMS` declares each setting once; the config's validation (`RolloutConfig`), the YAML key
-checks (shared.appyaml) and the fp_apps document (shared.kv.apps reads the dataclass) derive
+checks (shared.appkeys) and the fp_apps document (shared.kv.apps reads the dataclass) derive
 from it.
 """
 

@@ -5,7 +5,7 @@ same for the rest. A `Setting` row holds the name (the config field and YAML key
 default, the bounds (or a validator), the help, and, for a service setting, its flag and
 environment variable. From the rows come:
 - `AUTOSCALING`: the defaults and checks of `shared.appconfig.AutoscalingConfig`, the YAML key
-  table and value conversions of `shared.appyaml`, and docs/deploy.md's `autoscaling_config` table
+  table and value conversions of `shared.appkeys`, and docs/deploy.md's `autoscaling_config` table
   (scripts/gen_settings_docs.py);
 - the service rows (`SERVICE`, `CONTROLLER`): the one flag each (`add_flag`, the
   same default, help and behaviour in every service) and the value a service's `main()` builds its
