@@ -25,6 +25,17 @@ QUIET_COMMANDS = frozenset({"deploy", "delete", "status", "audit"})
 """One-shot tools: their output is the answer, connection chatter stays out of it."""
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Republish a recording (the recorder), or with --what-if run it through a config (what-if)."""
+    if args.what_if is not None:
+        from services.whatif.run import run_whatif_args
+
+        return run_whatif_args(args)
+    from services.recorder.replay import run_replay
+
+    return run_replay(args)
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from services.up import run_up
 
@@ -213,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_record_arguments,
         add_replay_arguments,
         run_record,
-        run_replay,
     )
+    from services.whatif.run import add_whatif_arguments
 
     rec = sub.add_parser("record", help="record NATS subjects (or FP_REPORTS) to Arrow IPC files")
     add_nats_flag(rec)
@@ -225,9 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_nats_flag(rep)
     add_replay_arguments(rep)
-    rep.set_defaults(func=run_replay)
+    add_whatif_arguments(rep)
+    rep.set_defaults(func=_cmd_replay)
 
-    from services.recorder.tune import add_tune_arguments, run_tune
+    from services.whatif.tune import add_tune_arguments, run_tune
 
     tun = sub.add_parser(
         "tune", help="search autoscaling configs on a recording for the cheapest meeting an SLO"

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from scripts.bench.common import print_table, result_line, write_json
-from services.recorder import whatif
-from services.recorder.files import RecordingWriter, WriterConfig, wall_to_us
-from services.recorder.replay import load_report_rows
+from services.whatif import model as whatif
+from services.whatif.run import load_report_rows
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.recording import RecordingWriter, WriterConfig, wall_to_us
 from shared.subjects import DEFAULT_SUBJECTS
 from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport

@@ -30,10 +30,10 @@ import numpy as np
 
 from scripts.bench import whatif_validate as wv
 from scripts.bench.common import print_table, result_line
-from services.recorder.closedloop import calibrate_for
-from services.recorder.fluid import weighted_percentile
-from services.recorder.replay import load_app_configs, load_report_rows
-from services.recorder.simulate import ModelOptions, queue_given
+from services.whatif.closedloop import calibrate_for
+from services.whatif.fluid import weighted_percentile
+from services.whatif.run import load_app_configs, load_report_rows
+from services.whatif.simulate import ModelOptions, queue_given
 from shared.subjects import DEFAULT_NAMESPACE
 
 

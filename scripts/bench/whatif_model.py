@@ -37,11 +37,11 @@ from scripts.bench.whatif import (
     bench_out,
     load_per_replica,
 )
-from services.recorder import closedloop
-from services.recorder.files import RecordingWriter, WriterConfig, wall_to_us
-from services.recorder.replay import load_report_rows
-from services.recorder.simulate import ModelOptions, simulate_closed
+from services.whatif import closedloop
+from services.whatif.run import load_report_rows
+from services.whatif.simulate import ModelOptions, simulate_closed
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
+from shared.recording import RecordingWriter, WriterConfig, wall_to_us
 from shared.subjects import DEFAULT_SUBJECTS
 from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport, RequestStats

@@ -17,7 +17,7 @@ Two load sets (`--set`, default both), each a complete validation of its own:
   a second step. Every model revision so far was checked, and tuned, against this one.
 - **held-out** (`held_out_rate`, seed HELD_OUT_SEED, both fixed here): a sinusoid, a sawtooth,
   two short spikes above the in-sample peak, a low tail. It differs in kind, mean and peak from
-  the in-sample script. MODEL WORK MUST NOT TUNE AGAINST IT: do not change services/recorder to
+  the in-sample script. MODEL WORK MUST NOT TUNE AGAINST IT: do not change services/whatif to
   move its numbers, and do not change it to suit the model; it is there to say how far the
   in-sample numbers carry to a load the model was not fitted on.
 
@@ -69,11 +69,11 @@ import yaml
 from scripts.bench.common import ROOT, cli_delete, cli_deploy, print_table, result_line, write_json
 from scripts.bench.step_response import POLL_S, Stack, until
 from scripts.bench.whatif import bench_out
-from services.recorder import closedloop
-from services.recorder.replay import load_app_configs, load_report_rows
-from services.recorder.simulate import ModelOptions
 from services.router.config import RouterConfig
 from services.router.handle import connect_handle
+from services.whatif import closedloop
+from services.whatif.run import load_app_configs, load_report_rows
+from services.whatif.simulate import ModelOptions
 
 REPLICATIONS = 32
 """Model runs per prediction (seeds). A live run is one draw: its p99 is compared with the
@@ -146,7 +146,7 @@ def held_out_rate(t: float, scale: float) -> float:
 
     Model work must not tune against this shape or its seed (HELD_OUT_SEED): it exists to check
     that what the in-sample script shows carries to a load the model was not fitted on. Do not
-    change services/recorder to move its numbers, and do not change it to suit the model (a new
+    change services/whatif to move its numbers, and do not change it to suit the model (a new
     held-out shape would then be needed). Unlike the in-sample script (steps and one ramp, mean
     8.1/s, peak 30/s): 5 s idle, a sinusoid between 3 and 19/s (period 30 s, two cycles), a
     sawtooth of three 12 s teeth from 4 to 22/s that drop at once, two 3-4 s spikes at 40/s

@@ -2,7 +2,8 @@
 
 `services/cli.py` wires `add_record_arguments`/`run_record` and `add_replay_arguments`/
 `run_replay` into the `fleetpulse` command; this entry point exists so a compose service can run
-the recorder with nothing but the package installed.
+the recorder with nothing but the package installed. `replay` here republishes; the what-if
+(`fleetpulse replay --what-if`) is `python -m services.whatif replay`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from .files import RecordingWriter
+from shared.recording import RecordingWriter
 
 MESSAGES = Counter("fleetpulse_recorder_messages_total", "Messages received and recorded")
 PAYLOAD_BYTES = Counter(

@@ -40,11 +40,7 @@ from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
 from shared.natsbus import NatsBus
-from shared.signals import on_stop_signals
-from shared.subjects import DEFAULT_NAMESPACE, Subjects, partition_prefix, report_subject
-from shared.subjects import REPORT_STREAM as STREAM_NAME
-
-from .files import (
+from shared.recording import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_FLUSH_INTERVAL_S,
     DEFAULT_ROTATE_BYTES,
@@ -54,6 +50,9 @@ from .files import (
     WriterConfig,
     wall_to_us,
 )
+from shared.signals import on_stop_signals
+from shared.subjects import DEFAULT_NAMESPACE, Subjects, partition_prefix, report_subject
+from shared.subjects import REPORT_STREAM as STREAM_NAME
 
 log = logging.getLogger(__name__)
 

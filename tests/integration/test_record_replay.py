@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 
 from services.controller.stream import ensure_stream
-from services.recorder.files import (
+from services.recorder.record import ExportConfig, RecordConfig, export_stream, record_live
+from services.recorder.replay import ReplayConfig, SubjectMap, replay
+from shared.bus import Msg
+from shared.natsbus import NatsBus
+from shared.natsserver import NatsServer
+from shared.recording import (
     RecordingError,
     WriterConfig,
     iter_messages,
     read_recording,
     recording_files,
 )
-from services.recorder.record import ExportConfig, RecordConfig, export_stream, record_live
-from services.recorder.replay import ReplayConfig, SubjectMap, replay
-from shared.bus import Msg
-from shared.natsbus import NatsBus
-from shared.natsserver import NatsServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import Subjects
 from tests.procs import ROOT

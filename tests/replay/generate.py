@@ -37,11 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from services.recorder import closedloop, whatif
-from services.recorder.files import RecordingWriter, WriterConfig, read_recording, wall_to_us
-from services.recorder.replay import load_app_configs, load_report_rows
-from services.recorder.simulate import ModelOptions
+from services.whatif import closedloop
+from services.whatif import model as whatif
+from services.whatif.run import load_app_configs, load_report_rows
+from services.whatif.simulate import ModelOptions
 from shared.clock import FakeClock
+from shared.recording import RecordingWriter, WriterConfig, read_recording, wall_to_us
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire.codec import encode
 from shared.wire.columnar import handle_report_to_columnar

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from services.recorder import closedloop
-from services.recorder.__main__ import main as recorder_main
-from services.recorder.calibrate import calibrate
-from services.recorder.replay import load_app_configs
-from services.recorder.simulate import ModelOptions, run_deployment
-from services.recorder.tune import Rule, candidates, frontier, parse_slo, tune, tuned_yaml
+from services.whatif import closedloop
+from services.whatif.__main__ import main as recorder_main
+from services.whatif.calibrate import calibrate
+from services.whatif.run import load_app_configs
+from services.whatif.simulate import ModelOptions, run_deployment
+from services.whatif.tune import Rule, candidates, frontier, parse_slo, tune, tuned_yaml
 from shared.appconfig import AutoscalingConfig
 from shared.errors import UsageError, WireError
 from shared.wire.codec import encode
@@ -226,7 +226,7 @@ def test_columnar_stats_of_bad_json_or_counts_are_refused() -> None:
 def test_a_deployment_s_own_queue_bound_is_the_model_s() -> None:
     """`max_queued_requests` set on the deployment bounds the simulated routers' queue, as it
     bounds the real ones; unset (-1), the routers' default applies."""
-    from services.recorder.simulate import simulate_closed
+    from services.whatif.simulate import simulate_closed
     from shared.appconfig import AppConfig, DeploymentConfig
 
     c = calibrate(rows(peak=40.0), [KEY])[0][KEY]

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.recorder.calibrate import ArrivalCurve, Calibration, _fit_startup, calibrate
-from services.recorder.fluid import MAX_COHORTS, FluidQueue
-from services.recorder.simulate import ClosedRun, ModelOptions, _StartTimes, run_deployment
-from services.recorder.tune import Candidate, Rule, tune
+from services.whatif.calibrate import ArrivalCurve, Calibration, _fit_startup, calibrate
+from services.whatif.fluid import MAX_COHORTS, FluidQueue
+from services.whatif.simulate import ClosedRun, ModelOptions, _StartTimes, run_deployment
+from services.whatif.tune import Candidate, Rule, tune
 from shared.appconfig import AutoscalingConfig
 from shared.wire.codec import encode
 from shared.wire.messages import HandleReport, Lifecycle, RequestStats
@@ -82,7 +82,7 @@ def test_long_saturation_folds_the_latency_records_and_keeps_the_percentiles(
     """An hour at twice one replica's capacity: every step admits a share of every waiting
     cohort; the records are folded onto a fine grid so memory stays bounded, and the
     percentiles and the requests counted do not move."""
-    import services.recorder.fluid as fluid
+    import services.whatif.fluid as fluid
 
     c = cal([(3600.0, 16.0)])
     whole = run_deployment(KEY, fixed(1), 4, c, 600.0, ModelOptions(interval_s=0.5))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.recorder.admission import admission_table, joined
-from services.recorder.fluid import FluidQueue
-from services.recorder.simulate import EARLY_REPORT_S, ModelOptions, _Reports
+from services.whatif.admission import admission_table, joined
+from services.whatif.fluid import FluidQueue
+from services.whatif.simulate import EARLY_REPORT_S, ModelOptions, _Reports
 from shared.errors import UsageError
 from tests.unit.test_closed_loop_effects import BURST, cal
 
@@ -174,7 +174,7 @@ def test_the_admission_table_is_bounded_and_rises_with_load() -> None:
 def test_the_queue_given_the_replicas_queues_only_where_they_are_too_few() -> None:
     """`queue_given` (the bench's check without the policy): 20 requests/s for 10 s on one
     replica of 4 slots (at most 8/s) queue; on four they are served at once."""
-    from services.recorder.simulate import queue_given, weighted_percentile
+    from services.whatif.simulate import queue_given, weighted_percentile
 
     arrivals = np.full(100, 2.0)
     one = queue_given(cal(BURST), 4, arrivals, np.full(100, 1, dtype=np.int64), ModelOptions())

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from services.recorder.files import RecordingWriter, WriterConfig
 from services.recorder.metrics import RecorderMetrics
+from shared.recording import RecordingWriter, WriterConfig
 
 
 def value(name: str) -> float:

@@ -10,8 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from services.recorder import files
-from services.recorder.files import (
+from services.recorder.record import parse_time
+from services.recorder.replay import SubjectMap, map_subject
+from shared import recording as files
+from shared.clock import FakeClock
+from shared.errors import UsageError
+from shared.recording import (
     FILE_SUFFIX,
     RecordedMessage,
     RecordingError,
@@ -24,10 +28,6 @@ from services.recorder.files import (
     read_recording,
     recording_files,
 )
-from services.recorder.record import parse_time
-from services.recorder.replay import SubjectMap, map_subject
-from shared.clock import FakeClock
-from shared.errors import UsageError
 from shared.wire.arrow_schemas import RECORDING_SCHEMA, RECORDING_VERSION_KEY
 
 T0 = 1_700_000_000_000_000

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.recorder import whatif
-from services.recorder.__main__ import main as recorder_main
-from services.recorder.replay import load_app_configs, load_report_rows, run_whatif
-from services.recorder.whatif import ReportRow, WhatIfOptions, simulate
+from services.whatif import model as whatif
+from services.whatif.__main__ import main as recorder_main
+from services.whatif.model import ReportRow, WhatIfOptions, simulate
+from services.whatif.run import load_app_configs, load_report_rows, run_whatif
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import UsageError
 from shared.subjects import DEFAULT_SUBJECTS as S

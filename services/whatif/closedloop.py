@@ -23,6 +23,7 @@ from shared.errors import UsageError
 from shared.subjects import deployment_key
 
 from .calibrate import Calibration, calibrate
+from .model import ReportRow, _iso, _r, dumps
 from .simulate import (
     P99_EVERY_S,
     PERCENTILES,
@@ -32,7 +33,6 @@ from .simulate import (
     simulate_closed,
     under_provisioned_s,
 )
-from .whatif import ReportRow, _iso, _r, dumps
 
 SAMPLE_EVERY_S = 10.0
 

@@ -48,8 +48,8 @@ from shared.subjects import deployment_key
 
 from .calibrate import Calibration
 from .closedloop import calibrate_for, recording_span, summary
+from .model import _r, dumps
 from .simulate import ModelOptions, add_queue_order_arg, run_deployment
-from .whatif import _r, dumps
 
 GRID: dict[str, tuple[float, ...]] = {
     "target_ongoing_requests": (0.5, 0.75, 1.0, 1.5),  # x the config's
@@ -254,7 +254,7 @@ def run_tune(args: argparse.Namespace) -> int:
     args.namespace = settings.NAMESPACE.resolve(args.namespace, os.environ)
     from rich.progress import Progress
 
-    from .replay import load_app_configs, load_report_rows
+    from .run import load_app_configs, load_report_rows
 
     q, bound = parse_slo(args.slo)
     rule = Rule(q, bound, args.margin, args.max_scale_ratio)

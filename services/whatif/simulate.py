@@ -69,7 +69,7 @@ from shared.subjects import DEFAULT_NAMESPACE, deployment_key
 
 from .calibrate import Calibration
 from .fluid import FluidQueue, latencies, weighted_percentile
-from .whatif import TimelineEntry
+from .model import TimelineEntry
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

@@ -1,0 +1,52 @@
+"""`python -m services.whatif replay|tune`: `fleetpulse replay --what-if` and `fleetpulse tune`
+without the launcher."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.errors import FleetpulseError, UsageError
+
+from .run import add_whatif_arguments, run_whatif_args
+from .tune import add_tune_arguments, run_tune
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    if args.what_if is None:
+        raise UsageError("python -m services.whatif replay needs --what-if APP_YAML")
+    return run_whatif_args(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.whatif")
+    parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("replay", help="run a recording through an autoscaling config")
+    rep.add_argument("path", type=Path, metavar="FILE|DIR", help="a recording file or directory")
+    add_whatif_arguments(rep)
+    rep.set_defaults(func=_run_replay)
+    tun = sub.add_parser("tune", help="search autoscaling configs on a recording")
+    add_tune_arguments(tun)
+    tun.set_defaults(func=run_tune)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except FleetpulseError as exc:
+        print(f"fleetpulse {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
