@@ -53,6 +53,7 @@ TABLES = {
     "SERVICE": lambda: _service_table(settings.SERVICE),
     "CONTROLLER": lambda: _service_table(settings.CONTROLLER),
     "AGENT": lambda: _service_table(settings.AGENT),
+    "INGRESS": lambda: _service_table(settings.INGRESS),
 }
 
 

@@ -277,6 +277,27 @@ CONTROLLER_DECODE_THREADS = Setting(
     env="FLEETPULSE_DECODE_THREADS",
 )
 
+# the HTTP proxy's and the router gateway's
+PROXY_HOST = Setting(
+    "host", "str", "127.0.0.1", "the HTTP proxy's listen address", flag="--host",
+    env="FLEETPULSE_PROXY_HOST",
+)  # fmt: skip
+PROXY_PORT = Setting(
+    "port", "int", 8000, "the HTTP proxy's listen port, 0 for any free one", low=None,
+    validate=lambda v: None if 0 <= v <= 65535 else "must be in 0..65535", flag="--port",
+    env="FLEETPULSE_PROXY_PORT",
+)  # fmt: skip
+GATEWAY_QUEUE_GROUP = Setting(
+    "queue_group", "str", "fp-gateway", "the router gateway's queue group (call endpoint)",
+    flag="--queue-group", env="FLEETPULSE_GATEWAY_QUEUE_GROUP",
+)  # fmt: skip
+GATEWAY_DEADLINE = Setting(
+    "deadline_s", "float", 30.0, "the router gateway's request deadline, unless a request's "
+    "Fp-Deadline-S header says otherwise", strict=True, flag="--deadline",
+    env="FLEETPULSE_GATEWAY_DEADLINE_S", metavar="SECONDS",
+)  # fmt: skip
+INGRESS: tuple[Setting, ...] = (PROXY_HOST, PROXY_PORT, GATEWAY_QUEUE_GROUP, GATEWAY_DEADLINE)
+
 # the agent's (and its replicas')
 AGENT_ID = Setting(
     "agent_id",

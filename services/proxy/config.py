@@ -10,16 +10,13 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from services.proxy.holding import DEFAULT_MAX_HELD_PER_APP, DEFAULT_MAX_WAIT_S
-from services.router.config import RouterConfig, env_value, first_given
+from services.router.config import RouterConfig, first_given
 from shared import settings
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
-ENV_PROXY_HOST: Final = "FLEETPULSE_PROXY_HOST"
-ENV_PROXY_PORT: Final = "FLEETPULSE_PROXY_PORT"
-
-DEFAULT_HOST: Final = "127.0.0.1"
-DEFAULT_PORT: Final = 8000
+DEFAULT_HOST: Final = settings.PROXY_HOST.default
+DEFAULT_PORT: Final = settings.PROXY_PORT.default
 DEFAULT_RETRY_AFTER_S: Final = 5
 DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
 DEFAULT_BACKLOG: Final = 2048
@@ -84,8 +81,8 @@ class ProxyConfig:
             router = replace(router, metrics_interval_s=args.metrics_interval)
         return cls(
             nats_url=args.nats,
-            host=first_given(args.host, env.get(ENV_PROXY_HOST), DEFAULT_HOST),
-            port=first_given(args.port, env_value(env, ENV_PROXY_PORT, int), DEFAULT_PORT),
+            host=settings.PROXY_HOST.resolve(args.host, env),
+            port=settings.PROXY_PORT.resolve(args.port, env),
             namespace=settings.NAMESPACE.resolve(args.namespace, env),
             max_held_per_app=first_given(args.max_held, DEFAULT_MAX_HELD_PER_APP),
             max_wait_s=first_given(args.max_wait, DEFAULT_MAX_WAIT_S),
@@ -99,17 +96,8 @@ class ProxyConfig:
 
 def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `fleetpulse proxy` (the caller adds `--nats`)."""
-    p.add_argument(
-        "--host",
-        default=None,
-        help=f"listen address (default: ${ENV_PROXY_HOST} or {DEFAULT_HOST})",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help=f"listen port, 0 for any free one (default: ${ENV_PROXY_PORT} or {DEFAULT_PORT})",
-    )
+    settings.PROXY_HOST.add_flag(p)
+    settings.PROXY_PORT.add_flag(p)
     settings.NAMESPACE.add_flag(p)
     p.add_argument(
         "--max-held",

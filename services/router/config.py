@@ -26,13 +26,11 @@ T = TypeVar("T")
 ENV_COLUMNAR_MIN_REPLICAS: Final = "FLEETPULSE_COLUMNAR_MIN_REPLICAS"
 ENV_METRICS_INTERVAL_S: Final = settings.ROUTER_METRICS_INTERVAL.env
 ENV_NAMESPACE: Final = settings.NAMESPACE.env
-ENV_GATEWAY_QUEUE_GROUP: Final = "FLEETPULSE_GATEWAY_QUEUE_GROUP"
-ENV_GATEWAY_DEADLINE_S: Final = "FLEETPULSE_GATEWAY_DEADLINE_S"
 
 GATEWAY_SERVICE_NAME: Final = "fleetpulse-router"
 GATEWAY_SERVICE_VERSION: Final = "0.1.0"
-DEFAULT_GATEWAY_QUEUE_GROUP: Final = "fp-gateway"
-DEFAULT_GATEWAY_DEADLINE_S: Final = 30.0
+DEFAULT_GATEWAY_QUEUE_GROUP: Final = settings.GATEWAY_QUEUE_GROUP.default
+DEFAULT_GATEWAY_DEADLINE_S: Final = settings.GATEWAY_DEADLINE.default
 DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
 
 
@@ -136,14 +134,8 @@ class GatewayConfig:
         return cls(
             nats_url=args.nats,
             namespace=settings.NAMESPACE.resolve(args.namespace, env),
-            queue_group=first_given(
-                args.queue_group, env.get(ENV_GATEWAY_QUEUE_GROUP), DEFAULT_GATEWAY_QUEUE_GROUP
-            ),
-            deadline_s=first_given(
-                args.deadline,
-                env_value(env, ENV_GATEWAY_DEADLINE_S, float),
-                DEFAULT_GATEWAY_DEADLINE_S,
-            ),
+            queue_group=settings.GATEWAY_QUEUE_GROUP.resolve(args.queue_group, env),
+            deadline_s=settings.GATEWAY_DEADLINE.resolve(args.deadline, env),
             drain_timeout_s=args.drain_timeout,
             router=router,
             metrics_port=first_given(args.metrics_port, env_value(env, ENV_METRICS_PORT, int), 0),
@@ -153,18 +145,8 @@ class GatewayConfig:
 def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `fleetpulse router` (the caller adds `--nats`)."""
     settings.NAMESPACE.add_flag(p)
-    p.add_argument(
-        "--queue-group",
-        default=None,
-        help=f"queue group of the call endpoint (default: {DEFAULT_GATEWAY_QUEUE_GROUP})",
-    )
-    p.add_argument(
-        "--deadline",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help=f"default request deadline (default: {DEFAULT_GATEWAY_DEADLINE_S:g})",
-    )
+    settings.GATEWAY_QUEUE_GROUP.add_flag(p)
+    settings.GATEWAY_DEADLINE.add_flag(p)
     p.add_argument(
         "--admission-timeout", type=float, default=None, metavar="SECONDS", help="default: 2"
     )
