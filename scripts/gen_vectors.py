@@ -132,7 +132,8 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ("admission_rejected", Admission(False, 5, GOOD, False), "rejection ends the stream"),
         ("health_frame", HealthFrame(BAD), ""),
         ("chunk", Chunk(0, b"hello"), "first chunk"),
-        ("end", End(), ""),
+        ("end", End(), "no chunk count: what replicas sent before end.chunks"),
+        ("end_chunks", End(1), "a unary result: one chunk sent before the end"),
         (
             "error",
             ErrorReply("replica_shutdown", "replica stopped before the request finished", True),
@@ -255,6 +256,11 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "probe_nil_request_id",
             {**codec.to_wire_map(ProbeRequest(T0)), "request_id": None},
             "request_id nil: a plain probe",
+        ),
+        (
+            "end_nil_chunks",
+            {**codec.to_wire_map(End()), "chunks": None},
+            "chunks nil: the sender does not say how many chunks it sent",
         ),
     ]
 
@@ -411,6 +417,12 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             _pack({**codec.to_wire_map(HANDLE_STATS), "stats": {**stats, "arrived": -1}}),
             "bad_value",
             "stats v1 counters are >= 0",
+        ),
+        (
+            "negative_end_chunks",
+            _pack({**codec.to_wire_map(End()), "chunks": -1}),
+            "bad_value",
+            "end.chunks is a count (>= 0)",
         ),
         (
             "bad_lifecycle_state",

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -67,6 +67,9 @@ class FakeServer:
         self._round_robin: dict[tuple[str, str], int] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._conn_ids = itertools.count(1)
+        self.lose: Callable[[Msg], bool] | None = None
+        """Tests: a message for which this returns True is lost in transit, as when a NATS node
+        restarts between sender and receiver (what is sent after it still arrives)."""
 
     def connect(self, name: str = "fake") -> FakeBus:
         return FakeBus(self, name, next(self._conn_ids))
@@ -76,6 +79,8 @@ class FakeServer:
         return sum(1 for s in self._subs if subject_matches(s.subject, subject))
 
     def route(self, msg: Msg) -> None:
+        if self.lose is not None and self.lose(msg):
+            return
         matched = [s for s in self._subs if subject_matches(s.subject, msg.subject)]
         if not matched:
             if msg.reply:

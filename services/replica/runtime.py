@@ -457,18 +457,22 @@ class ReplicaRuntime:
             raise _RequestError("bad_request", str(exc)) from None
         result = await invoke(fn, args, kwargs)
         if is_stream(result):
-            await self._stream(result, reply, http=http, collect=not req.stream)
+            sent = await self._stream(result, reply, http=http, collect=not req.stream)
         elif http:
             await self._send(reply, Chunk(0, encode(to_http_response(result))))
+            sent = 1
         else:
             await self._send(reply, Chunk(0, _pack(result)))
-        await self._send(reply, End())
+            sent = 1
+        # the count lets the router tell a chunk lost in transit from a short result
+        await self._send(reply, End(sent))
 
-    async def _stream(self, items: Any, reply: str, *, http: bool, collect: bool) -> None:
+    async def _stream(self, items: Any, reply: str, *, http: bool, collect: bool) -> int:
+        """Send the items as chunks; returns how many chunks went out."""
         if collect and not http:
             values = [item async for item in items]
             await self._send(reply, Chunk(0, _pack(values)))
-            return
+            return 1
         seq = 0
         if http:
             head = HttpResponse(200, (("content-type", "application/octet-stream"),), b"")
@@ -478,6 +482,7 @@ class ReplicaRuntime:
             data = to_stream_chunk_bytes(item) if http else _pack(item)
             await self._send(reply, Chunk(seq, data))
             seq += 1
+        return seq
 
 
 def _pack(value: Any) -> bytes:

@@ -10,6 +10,7 @@ from services.router.errors import (
     NoReplicasError,
     ReplicaLostError,
     RequestFailed,
+    ResponseLostError,
     RouterClosedError,
     RouterError,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "NoReplicasError",
     "ReplicaLostError",
     "RequestFailed",
+    "ResponseLostError",
     "RouterClosedError",
     "RouterError",
 ]

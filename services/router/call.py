@@ -9,6 +9,14 @@ How it works:
 - `ResponseReader.next_chunk` reads the stream in order. Health frames are folded into the
   router's carried health and never returned; chunks must count from 0 without gaps; `End`
   returns None; `ErrorReply` raises `RequestFailed`.
+- Lost in transit: NATS keeps order but loses what was in flight through a node that restarted,
+  while what was sent after the reconnect still arrives. So a chunk whose `seq` skips ahead, an
+  `End` counting more chunks (`End.chunks`) than arrived, or, from a replica that does not count,
+  an `End` before chunk 0 of a call that always has one (unary or HTTP) means part of the
+  response was lost: `ResponseLostError` (retryable, and the request ran). The checks cost one
+  int compare per chunk and one per `End`. A first message that is a later part of the stream
+  means the admission was lost: the replica admitted the request, so the reader reads on from
+  that message instead of sending the request to another replica (which would run it twice).
 - Liveness: every read waits at most `liveness_interval_s`. Silence that long asks the router's
   `Liveness` (liveness.py) whether the replica is still connected: not when it was heard from on
   another request meanwhile; else by a probe to `fp.v1.probe.{replica}`, one per replica shared
@@ -40,10 +48,12 @@ from services.router.errors import (
     DeadlineExceeded,
     ReplicaLostError,
     RequestFailed,
+    ResponseLostError,
+    RouterError,
 )
 from services.router.metrics import OK, outcome_of
 from services.router.router import Router
-from shared.bus import ResponseStream
+from shared.bus import Msg, ResponseStream
 from shared.errors import BusTimeout, NoResponders, WireError
 from shared.wire.codec import decode, decode_as, encode
 from shared.wire.messages import (
@@ -129,6 +139,18 @@ async def _open_call(
             router.finished(rid, clock.monotonic())
             raise
         admission = await _await_admission(router, rid, response, deadline_mono)
+        if isinstance(admission, _AdmissionLost):  # admitted all the same: read on
+            return ResponseReader(
+                router,
+                rid,
+                request_id,
+                _Replay(admission.first, response),
+                deadline_mono,
+                pump=False,  # frames unknown; a reader folds them inline anyway
+                started=start,
+                dispatched=now,
+                first_due=not stream or body_kind == "http",
+            )
         if admission is not None and admission.accepted:
             return ResponseReader(
                 router,
@@ -140,6 +162,7 @@ async def _open_call(
                 started=start,
                 dispatched=now,
                 concurrency=admission.num_ongoing,
+                first_due=not stream or body_kind == "http",
             )
         await response.close()
         router.finished(rid, clock.monotonic())
@@ -147,10 +170,49 @@ async def _open_call(
             exclude.add(rid)
 
 
+class _AdmissionLost:
+    """The first message of a response stream was a later part of it: the admission was lost
+    in transit, and the replica admitted the request (it sends nothing else before)."""
+
+    __slots__ = ("first",)
+
+    def __init__(self, first: Msg) -> None:
+        self.first = first
+
+
+_AFTER_ADMISSION: Final = (Chunk, HealthFrame, End, ErrorReply)
+
+
+class _Replay:
+    """A response stream whose first message was read already (`_AdmissionLost`)."""
+
+    __slots__ = ("_first", "_stream")
+
+    def __init__(self, first: Msg, stream: ResponseStream) -> None:
+        self._first: Msg | None = first
+        self._stream = stream
+
+    @property
+    def interruptions(self) -> int:
+        return self._stream.interruptions
+
+    @interruptions.setter
+    def interruptions(self, value: int) -> None:
+        self._stream.interruptions = value
+
+    async def next(self, timeout: float) -> Msg:  # noqa: ASYNC109 - NATS-style API
+        first, self._first = self._first, None
+        return first if first is not None else await self._stream.next(timeout)
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+
 async def _await_admission(
     router: Router, rid: str, response: ResponseStream, deadline_mono: float
-) -> Admission | None:
-    """The admission, or None when the request was never admitted (the replica is backed off)."""
+) -> Admission | _AdmissionLost | None:
+    """The admission; `_AdmissionLost` when the stream went on without it; None when the
+    request was never admitted (the replica is backed off)."""
     clock = router.clock
     timeout = min(router.config.admission_timeout_s, deadline_mono - clock.monotonic())
     try:
@@ -165,6 +227,9 @@ async def _await_admission(
             router.unreachable(rid, now)
         return None
     except WireError as exc:
+        if _later_part(msg.data):
+            router.liveness.heard(rid)
+            return _AdmissionLost(msg)
         router.bad_input.drop(exc.reason, f"admission from {rid}: {exc.detail}")
         router.unreachable(rid, clock.monotonic())
         return None
@@ -174,6 +239,14 @@ async def _await_admission(
         raise
     router.admitted(rid, admission, clock.monotonic())
     return admission
+
+
+def _later_part(data: bytes) -> bool:
+    """A valid response-stream message that only ever follows an accepted admission."""
+    try:
+        return isinstance(decode(data), _AFTER_ADMISSION)
+    except WireError:
+        return False
 
 
 class _Failure:
@@ -194,6 +267,7 @@ class ResponseReader:
         "_dispatched",
         "_done",
         "_expected_seq",
+        "_first_due",
         "_interruptions_seen",
         "_outcome",
         "_pump_armed",
@@ -220,6 +294,7 @@ class ResponseReader:
         started: float,
         dispatched: float,
         concurrency: int = 0,
+        first_due: bool = False,
     ) -> None:
         self._router = router
         self._started = started
@@ -232,6 +307,9 @@ class ResponseReader:
         self._response: ResponseStream | None = response
         self._deadline = deadline_mono
         self._expected_seq = 0
+        self._first_due = first_due
+        """The call always has a chunk 0 (unary, or HTTP): an `End` before it, from a replica
+        that does not count its chunks, means chunk 0 was lost."""
         self._interruptions_seen = response.interruptions
         self._done = False  # End or an error was read (or the reader was closed)
         self._waiting = False
@@ -364,12 +442,7 @@ class ResponseReader:
             if isinstance(item, Chunk):
                 if item.seq != self._expected_seq:
                     self._fail()
-                    raise RequestFailed(
-                        BAD_RESPONSE,
-                        f"chunk {item.seq} where {self._expected_seq} was due",
-                        False,
-                        self.replica_id,
-                    )
+                    raise self._skipped(item.seq)
                 self._expected_seq += 1
                 return item
             if isinstance(item, HealthFrame):
@@ -377,6 +450,13 @@ class ResponseReader:
                 continue
             if isinstance(item, End):
                 self._done = True
+                sent = item.chunks
+                # a count that differs; or no count, no chunk 0, and the call always has one
+                if sent != self._expected_seq and (
+                    sent is not None or (self._first_due and not self._expected_seq)
+                ):
+                    self._fail()
+                    raise self._short(sent)
                 return None
             self._fail()
             if isinstance(item, ErrorReply):
@@ -388,6 +468,28 @@ class ResponseReader:
     def _fail(self) -> None:
         self._done = True
         self._pump_armed = False
+
+    def _skipped(self, seq: int) -> RouterError:
+        """Chunk `seq` where another was due: ahead, the ones between were lost in transit;
+        behind, the replica broke the protocol (NATS never delivers twice)."""
+        due = self._expected_seq
+        if seq < due:
+            why = f"chunk {seq} where {due} was due"
+            return RequestFailed(BAD_RESPONSE, why, False, self.replica_id)
+        missing = f"chunk {due}" if seq == due + 1 else f"chunks {due}-{seq - 1}"
+        return ResponseLostError(self.replica_id, f"{missing} never arrived, chunk {seq} did")
+
+    def _short(self, sent: int | None) -> RouterError:
+        """`End` after `_expected_seq` chunks, when the replica sent `sent` (None: the replica
+        does not count, and chunk 0 is missing)."""
+        got = self._expected_seq
+        if sent is None:
+            return ResponseLostError(self.replica_id, "the end arrived, chunk 0 never did")
+        if sent < got:
+            why = f"the end counts {sent} chunks where {got} arrived"
+            return RequestFailed(BAD_RESPONSE, why, False, self.replica_id)
+        missing = f"chunk {got}" if sent == got + 1 else f"chunks {got}-{sent - 1}"
+        return ResponseLostError(self.replica_id, f"{missing} of {sent} never arrived")
 
     # -- the lazy frame pump ----------------------------------------------------------------
     def _arm(self) -> None:

@@ -65,6 +65,22 @@ class ReplicaLostError(RouterError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
+class ResponseLostError(RouterError):
+    """Part of the response was lost in transit (a NATS node restarted between the replica and
+    us): a later part arrived, an earlier one never will. The replica ran the request, so
+    `retryable` says a new try may succeed, not that the request did not run: trying again runs
+    it again (docs/dataplane.md, "Lost in transit")."""
+
+    retryable = True
+
+    def __init__(self, replica_id: str, detail: str = "") -> None:
+        self.replica_id = replica_id
+        self.detail = detail
+        msg = f"the response from replica {replica_id} was lost in transit"
+        where = f" ({detail})" if detail else ""
+        super().__init__(f"{msg}{where}: the request ran there, and trying again runs it again")
+
+
 class RequestFailed(RouterError):
     """The replica ended the request with an `ErrorReply` (or sent a broken response stream)."""
 

@@ -26,6 +26,7 @@ from services.router.errors import (
     DeadlineExceeded,
     ReplicaLostError,
     RequestFailed,
+    ResponseLostError,
     RouterClosedError,
     RouterError,
 )
@@ -74,6 +75,10 @@ def failure_of(exc: RouterError | WireError | BusError) -> HttpFailure:
         return HttpFailure(504, "deadline_exceeded", str(exc), False)
     if isinstance(exc, ReplicaLostError):
         return HttpFailure(502, "replica_lost", str(exc), True)
+    if isinstance(exc, ResponseLostError):
+        # the replica answered and the answer went astray: a bad gateway, not an unavailable
+        # service; retryable like replica_lost (the message says the request ran)
+        return HttpFailure(502, "response_lost", str(exc), True)
     if isinstance(exc, RouterClosedError):
         return HttpFailure(503, "shutting_down", str(exc), True)
     if isinstance(exc, RouterError):

@@ -19,6 +19,7 @@ from services.router.errors import (
     DeadlineExceeded,
     ReplicaLostError,
     RequestFailed,
+    ResponseLostError,
     RouterClosedError,
     RouterError,
 )
@@ -70,6 +71,8 @@ def outcome_of(exc: BaseException) -> str:
         return "deadline_exceeded"
     if isinstance(exc, ReplicaLostError):
         return "replica_lost"
+    if isinstance(exc, ResponseLostError):
+        return "response_lost"
     if isinstance(exc, RouterClosedError):
         return "closed"
     if isinstance(exc, asyncio.CancelledError):

@@ -18,13 +18,13 @@ import msgpack
 
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
-from shared.errors import BusError
+from shared.errors import BusError, WireError
 from shared.kv import buckets
 from shared.kv.membership import Member, deployment_pattern
 from shared.kv.view import DocKV
 from shared.probes import not_held
 from shared.subjects import DEFAULT_SUBJECTS, Subjects
-from shared.wire.codec import decode_as, decode_body, encode
+from shared.wire.codec import decode, decode_as, decode_body, encode
 from shared.wire.messages import (
     Admission,
     CallArgs,
@@ -79,6 +79,7 @@ class FakeReplica:
         self.item_delay_s = 0.0  # between stream items
         self.error: ErrorReply | None = None
         self.garbage_after_admission = False
+        self.count_chunks = True  # End says how many chunks went out (False: an older replica)
         self.healthy = True
         self.answer_probes = True
         # -- observations --
@@ -169,13 +170,14 @@ class FakeReplica:
             if self.error is not None:
                 await self._send(reply, self.error)
                 return
-            for seq, data in enumerate(self._results(req)):
+            results = self._results(req)
+            for seq, data in enumerate(results):
                 if seq and self.item_delay_s:
                     await asyncio.sleep(self.item_delay_s)
                 if seq and frames:
                     await self._send(reply, HealthFrame(self.health()))
                 await self._send(reply, Chunk(seq, data))
-            await self._send(reply, End())
+            await self._send(reply, End(len(results) if self.count_chunks else None))
         finally:
             self.ongoing -= 1
             self.held.discard(req.request_id)
@@ -191,6 +193,27 @@ class FakeReplica:
 
     async def _send(self, reply: str, message: WireMessage) -> None:
         await self.bus.publish(reply, encode(message))
+
+
+def lose_in_transit(
+    matches: Callable[[WireMessage], bool], times: int = 1
+) -> Callable[[Msg], bool]:
+    """A `FakeServer.lose` that loses the first `times` replies to an inbox whose message
+    `matches`, as a NATS node restarted between a replica and its router would."""
+    left = times
+
+    def lose(msg: Msg) -> bool:
+        nonlocal left
+        if left <= 0 or not msg.subject.startswith("_INBOX."):
+            return False
+        try:
+            hit = matches(decode(msg.data))
+        except WireError:
+            return False
+        left -= hit
+        return hit
+
+    return lose
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,7 +130,9 @@ def _e_chunk(m: Chunk) -> Map:
 
 
 def _e_end(m: End) -> Map:
-    return {"v": _V, "kind": "end"}
+    if m.chunks is None:
+        return {"v": _V, "kind": "end"}
+    return {"v": _V, "kind": "end", "chunks": m.chunks}
 
 
 def _e_error(m: ErrorReply) -> Map:
@@ -368,7 +370,10 @@ def _d_chunk(m: Map) -> Chunk:
 
 
 def _d_end(m: Map) -> End:
-    return End()
+    n = m.get("chunks")
+    if type(n) is int and n >= 0:  # the usual value, checked inline: one per response
+        return End(n)
+    return End(None if n is None else f.get_count(m, "chunks", "end"))
 
 
 def _d_error(m: Map) -> ErrorReply:

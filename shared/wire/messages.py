@@ -128,9 +128,15 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """Normal end of a response stream."""
+    """Normal end of a response stream.
+
+    `chunks` (optional, added after v1, left out of the bytes when None): how many chunks the
+    replica sent before it. A reader that got fewer knows the missing ones were lost in transit
+    (a NATS node restarted between them) instead of taking a short response for a whole one.
+    None: the sender does not say (an older replica)."""
 
     KIND: ClassVar[str] = "end"
+    chunks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from services.proxy.config import ProxyConfig
 from services.proxy.registry import KV_ROUTES, Route
 from services.proxy.server import ProxyServer
 from services.router.config import RouterConfig
-from services.router.testing import FakeReplica, put_membership
+from services.router.testing import FakeReplica, lose_in_transit, put_membership
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.bus import Bus, Msg
 from shared.fakebus import FakeServer
@@ -363,6 +363,41 @@ async def test_replica_errors_map_to_statuses(stack: Stack) -> None:
     replica.hang = True
     async with stack.http.get("/shop", headers={"Fp-Deadline-S": "0.1"}) as resp:
         assert resp.status == 504
+
+
+async def test_a_response_lost_in_transit_is_a_retryable_502_saying_the_request_ran(
+    stack: Stack,
+) -> None:
+    """A NATS node restarted between the replica and the proxy: the head never came, the end
+    did (docs/proxy.md, "Status codes")."""
+    replica = await stack.replica()
+    await stack.status("shop", {"Api": ("HEALTHY", 1)})
+    await stack.registered("shop")
+    stack.fake.lose = lose_in_transit(lambda m: isinstance(m, Chunk) and m.seq == 0)
+    async with stack.http.get("/shop/greet") as resp:
+        assert resp.status == 502 and "Retry-After" not in resp.headers
+        assert (resp.headers["Fp-Error"], resp.headers["Fp-Retryable"]) == ("response_lost", "true")
+        body = await resp.json()
+        assert (body["error"], body["retryable"]) == ("response_lost", True)
+        assert "lost in transit" in body["message"] and "ran there" in body["message"]
+    assert len(replica.requests) == 1  # not sent again by the proxy: it ran
+    async with stack.http.get("/shop/greet") as resp:
+        assert resp.status == 200
+
+
+async def test_a_streamed_response_that_lost_its_tail_is_truncated_not_short(stack: Stack) -> None:
+    replica = await StreamingReplica(stack.fake.connect("s1"), "shop", "Api", "s1").start()
+    stack.replicas.append(replica)
+    await put_membership(stack.ctl, "shop", "Api", 1, [replica.member])
+    await stack.status("shop", {"Api": ("HEALTHY", 1)})
+    await stack.registered("shop")
+    stack.fake.lose = lose_in_transit(lambda m: isinstance(m, Chunk) and m.seq == 3)
+    async with stack.http.get("/shop/stream") as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()  # "one two " and no final chunk: the client sees the truncation
+    metrics = await (await stack.http.get("/metrics")).text()
+    assert 'fleetpulse_proxy_stream_errors_total{app="shop"} 1.0' in metrics
 
 
 async def test_routes_are_published_to_kv_and_removed_with_the_app(stack: Stack) -> None:

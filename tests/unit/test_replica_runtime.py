@@ -84,6 +84,9 @@ async def collect(bus: Bus, data: bytes, wait_s: float = 2.0) -> list[Any]:
         await stream.close()
 
 
+HTTP_GET = HttpRequest("GET", "/", "", (), b"")
+
+
 @pytest.fixture
 async def buses() -> Any:
     server = FakeServer()
@@ -120,6 +123,23 @@ async def test_sync_method_and_generators_stream_chunks_in_order(buses: Any) -> 
     # a generator called without stream=True is collected into one value
     out = await collect(cbus, call("count", 3))
     assert msgpack.unpackb(out[1].data) == [0, 1, 2]
+    await rt.stop()
+
+
+async def test_the_end_counts_the_chunks_sent(buses: Any) -> None:
+    """`End.chunks` lets a router tell a chunk lost in transit from a short result."""
+    rbus, cbus = buses
+    rt = await make_replica(rbus)
+    for data, sent in [
+        (call("echo", 1), 1),
+        (call("count", 4, stream=True), 4),
+        (call("count", 0, stream=True), 0),
+        (call("count", 3), 1),  # collected into one value
+        (encode(Request("h1", "__call__", False, True, None, encode(HTTP_GET), "http")), 1),
+    ]:
+        out = await collect(cbus, data)
+        assert out[-1] == End(sent)
+        assert sum(isinstance(m, Chunk) for m in out) == sent
     await rt.stop()
 
 

@@ -60,6 +60,7 @@ SAMPLES: list[WireMessage] = [
     Chunk(0, b""),
     CHUNK,
     End(),
+    End(3),
     ErrorReply("deadline_exceeded", "too slow", False),
     ReplicaReport("r-1", 1.5, 0, 0.0, {}, None),
     RR,
@@ -125,7 +126,7 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
 
 
-OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id"}
+OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id", "chunks"}
 
 
 def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
@@ -138,6 +139,16 @@ def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> Non
     assert exc.value.reason == reasons.BAD_VALUE
     with pytest.raises(WireError) as exc:
         codec.decode(pack({**codec.to_wire_map(EXITED), "max_ongoing_requests": 0}))
+    assert exc.value.reason == reasons.BAD_VALUE
+
+
+def test_an_end_may_count_its_chunks_and_older_ends_still_decode() -> None:
+    assert codec.decode(pack({"v": 1, "kind": "end"})) == End(None)
+    assert codec.decode(pack({"v": 1, "kind": "end", "chunks": None})) == End(None)
+    assert codec.decode(pack({"v": 1, "kind": "end", "chunks": 0})) == End(0)
+    assert codec.encode(End(2)) == pack({"v": 1, "kind": "end", "chunks": 2})
+    with pytest.raises(WireError) as exc:
+        codec.decode(pack({"v": 1, "kind": "end", "chunks": -1}))
     assert exc.value.reason == reasons.BAD_VALUE
 
 
@@ -210,6 +221,8 @@ def test_missing_required_field_is_reported_by_name(msg: WireMessage) -> None:
         (HR, "custom", {"m": 1.0}),
         (EXITED, "exit_code", 1.5),
         (PROBE, "request_id", 7),
+        (End(1), "chunks", "1"),
+        (End(1), "chunks", True),
     ],
 )
 def test_ill_typed_fields_are_rejected(msg: WireMessage, field: str, value: object) -> None:

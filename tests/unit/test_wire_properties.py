@@ -69,7 +69,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Admission: st.builds(Admission, st.booleans(), count, health, st.booleans()),
     HealthFrame: st.builds(HealthFrame, health),
     Chunk: st.builds(Chunk, count, blob),
-    End: st.just(End()),
+    End: st.builds(End, st.none() | count),
     ErrorReply: st.builds(ErrorReply, text, text, st.booleans()),
     ReplicaReport: st.builds(
         ReplicaReport, text, finite, count, nonneg, custom_map, st.none() | health
