@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 
-from services.replica.api import Request, Response
+from fleetpulse.serve import Request, Response
 
 
 class Greeter:

@@ -32,8 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from services.replica.api import Request, Response
-
+from .api import Request, Response
 from .batching import batch
 from .context import (
     ReplicaContext,

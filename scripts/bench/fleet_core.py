@@ -44,12 +44,12 @@ from scripts.bench.common import add_smoke, result_line, write_json
 from scripts.bench.fleet import app_config
 from scripts.bench.fleet_report import HEALTH_PERIOD_S
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
-from services.agent.info import AGENT_TTL_S, AgentInfo
 from services.controller.collector import Collector
 from services.controller.core import Action, ControllerCore, Probe
 from services.controller.kv_delta import DeleteDoc, PutDoc
 from shared.appconfig import AppConfig
 from shared.kv import buckets, envelope
+from shared.kv.agents import AGENT_TTL_S, AgentInfo
 from shared.kv.membership import Member, parse_member_key
 from shared.kv.targets import ReplicaTarget, TargetKey
 from shared.rollout import RolloutConfig

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import sys
 
-from services.metrics_catalog import serve_metrics
+from shared.metrics_catalog import serve_metrics
 from shared.signals import on_stop_signals
 
 from .config import AgentConfig, add_agent_arguments, config_from_args

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from services.metrics_catalog import add_metrics_port_argument
 from shared import resources, settings
 from shared.errors import ConfigError
 from shared.kv.targets import UNPLACED
+from shared.metrics_catalog import add_metrics_port_argument
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.natsjwt import KeyPair, read_seed
 from shared.replicacred import DEFAULT_TTL_S

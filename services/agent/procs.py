@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from services.metrics_catalog import ENV_METRICS_PORT
+from shared.metrics_catalog import ENV_METRICS_PORT
 from shared.natsauth import NatsAuth, scrubbed_env
 from shared.procutil import die_with_parent
 

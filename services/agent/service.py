@@ -34,6 +34,7 @@ from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, FleetpulseError, WireError
 from shared.kv import buckets, envelope
+from shared.kv.agents import AGENT_TTL_S, AgentInfo
 from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.natsbus import NatsBus
 from shared.startup import retrying
@@ -59,7 +60,6 @@ from .core import (
     wanted_target,
 )
 from .credentials import ReplicaCredentials
-from .info import AGENT_TTL_S, AgentInfo
 from .metrics import (
     BAD_TARGETS,
     CAPACITY,

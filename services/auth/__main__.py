@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from services.metrics_catalog import serve_metrics
+from shared.metrics_catalog import serve_metrics
 from shared.signals import on_stop_signals
 
 from .config import AuthConfig, add_auth_arguments, config_from_args

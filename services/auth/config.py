@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.metrics_catalog import add_metrics_port_argument
 from shared.errors import ConfigError
+from shared.metrics_catalog import add_metrics_port_argument
 from shared.natsjwt import (
     PREFIX_ACCOUNT,
     PREFIX_USER,

@@ -10,8 +10,8 @@ import sys
 import uuid
 from typing import TYPE_CHECKING
 
-from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared import settings
+from shared.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared.signals import on_stop_signals
 
 from .core import ControllerConfig

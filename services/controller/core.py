@@ -23,10 +23,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.agent.info import AgentInfo
 from shared.appconfig import AppConfig
 from shared.errors import UsageError, WireError
 from shared.kv import buckets
+from shared.kv.agents import AgentInfo
 from shared.kv.membership import Member
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget

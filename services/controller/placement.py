@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.agent.info import AGENT_TTL_S, AgentInfo
+from shared.kv.agents import AGENT_TTL_S, AgentInfo
 
 from .capacity import DepKey, Ledger, Placed, Request
 

@@ -27,7 +27,6 @@ from typing import Any, cast
 from nats.aio.msg import Msg as NatsMsg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.agent.info import AGENT_TTL_S, AgentInfo
 from shared.appconfig import AppConfig
 from shared.badinput import BadInput
 from shared.bus import RateLimiter
@@ -41,6 +40,7 @@ from shared.errors import (
     WireError,
 )
 from shared.kv import buckets, envelope
+from shared.kv.agents import AGENT_TTL_S, AgentInfo
 from shared.kv.membership import Member
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV

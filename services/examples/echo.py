@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from services.replica.api import Request, Response
+from fleetpulse.serve import Request, Response
 
 
 class Echo:

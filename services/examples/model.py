@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 
-from services.replica.api import Request, Response
+from fleetpulse.serve import Request, Response
 
 
 class Model:

@@ -19,8 +19,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S
 from services.proxy.registry import RouteTable
+from shared.metrics_catalog import REQUEST_LATENCY_BUCKETS_S
 
 NO_APP: Final = ""
 """The `app` label of requests that matched no application."""

@@ -34,11 +34,11 @@ import nats.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from services.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared import settings
 from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
+from shared.metrics_catalog import add_metrics_port_argument, serve_metrics
 from shared.natsbus import NatsBus
 from shared.recording import (
     DEFAULT_BATCH_ROWS,

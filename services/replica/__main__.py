@@ -9,8 +9,8 @@ import sys
 
 from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
-from services.metrics_catalog import serve_metrics
 from shared.bus import Bus
+from shared.metrics_catalog import serve_metrics
 from shared.natsauth import process_auth
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals

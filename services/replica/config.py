@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.metrics_catalog import add_metrics_port_argument
 from shared import replicaspec, settings
+from shared.metrics_catalog import add_metrics_port_argument
 from shared.replicaspec import ReplicaSpec
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 

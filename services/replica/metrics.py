@@ -11,7 +11,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
+from shared.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
 from shared.transitions import Refused
 
 OK: Final = "ok"

@@ -17,11 +17,11 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from fleetpulse.serve.api import Request, Response
 from shared.appgraph import referenced, replace_refs
 from shared.errors import ConfigError
 from shared.wire.messages import HttpRequest, HttpResponse
 
-from .api import Request, Response
 from .custom_stats import stats_method
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final, TypeVar
 
-from services.metrics_catalog import ENV_METRICS_PORT
 from shared import settings
 from shared.errors import ConfigError
+from shared.metrics_catalog import ENV_METRICS_PORT
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
 

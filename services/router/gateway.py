@@ -41,7 +41,6 @@ from nats.micro import add_service
 from nats.micro.request import Request as MicroRequest
 from nats.micro.service import Service
 
-from services.metrics_catalog import serve_metrics
 from services.router.config import (
     GATEWAY_SERVICE_NAME,
     GATEWAY_SERVICE_VERSION,
@@ -62,6 +61,7 @@ from services.router.router import Router
 from shared.bus import Bus, NatsBus
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, UsageError, WireError
+from shared.metrics_catalog import serve_metrics
 from shared.signals import on_stop_signals
 from shared.subjects import Subjects
 from shared.wire.messages import HttpRequest, HttpResponse

@@ -13,7 +13,6 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
 from services.router.errors import (
     BackPressureError,
     DeadlineExceeded,
@@ -24,6 +23,7 @@ from services.router.errors import (
     RouterError,
 )
 from shared.errors import BusError
+from shared.metrics_catalog import REQUEST_LATENCY_BUCKETS_S, LatencyByOutcome
 
 REPLICA_CODES: Final = frozenset(
     {

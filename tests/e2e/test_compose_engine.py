@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 APP, DEPLOYMENT = "greeter", "Greeter"
 SCRAPED = {"controller": 2, "auth": 2, "agent": 2, "proxy": 1, "router": 1, "recorder": 1}
 """Prometheus jobs (compose/prometheus/prometheus.yml) and how many targets each has."""
-OWN_FAMILIES = {  # job -> metric prefixes its processes may export (services/metrics_catalog.py)
+OWN_FAMILIES = {  # job -> metric prefixes its processes may export (shared/metrics_catalog.py)
     "controller": ("fleetpulse_controller_",),
     "auth": ("fleetpulse_auth_",),
     "agent": ("fleetpulse_agent_",),

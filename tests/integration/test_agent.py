@@ -17,11 +17,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.agent.config import AgentConfig, machine_resources
-from services.agent.info import AgentInfo
 from services.agent.service import AgentService
 from shared.appconfig import DeploymentConfig
 from shared.bus import KV, Bus, Msg
 from shared.errors import BusTimeout, NoResponders
+from shared.kv.agents import AgentInfo
 from shared.kv.targets import ReplicaTarget, app_pattern
 from shared.kv.view import DocKV
 from shared.natsbus import NatsBus

@@ -2,7 +2,7 @@
 
 Controller, agent, router gateway, recorder and replica on `--metrics-port`; the proxy on
 `/metrics` of its HTTP port (its routers' families included). The names checked are those of
-services/metrics_catalog.py.
+shared/metrics_catalog.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from services.metrics_catalog import METRIC_NAMES
+from shared.metrics_catalog import METRIC_NAMES
 from tests.procs import replica_args, service_processes
 
 SCRAPE_TIMEOUT_S = 20.0

@@ -32,13 +32,13 @@ from services.agent.core import (
     replica_argv,
     wanted_target,
 )
-from services.agent.info import AgentInfo
 from services.replica.config import add_replica_arguments
 from services.replica.config import config_from_args as replica_config_from_args
 from shared.appconfig import AutoscalingConfig, DeploymentConfig
 from shared.bus import KVEntry
 from shared.errors import ConfigError, UsageError, WireError
 from shared.kv import envelope
+from shared.kv.agents import AgentInfo
 from shared.kv.envelope import MAX_DOCUMENT_BYTES
 from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.replicaspec import ReplicaSpec

@@ -378,7 +378,7 @@ def test_fixed_size_deployment_keeps_its_size(n: int) -> None:
 
 
 def agent(agent_id: str, capacity: int) -> Any:
-    from services.agent.info import AgentInfo
+    from shared.kv.agents import AgentInfo
 
     return AgentInfo(agent_id, capacity, 0, "host", 1, 0.0)
 
@@ -398,7 +398,7 @@ def test_replicas_spread_over_agents_within_capacity() -> None:
 
 
 def test_replicas_of_a_lost_agent_are_replaced_elsewhere() -> None:
-    from services.agent.info import AGENT_TTL_S
+    from shared.kv.agents import AGENT_TTL_S
 
     sim = Sim(app_with(num_replicas=2))
     sim.core.on_agent(agent("a", 4), sim.t)
@@ -415,7 +415,7 @@ def test_replicas_of_a_lost_agent_are_replaced_elsewhere() -> None:
 
 
 def test_all_agents_silent_at_once_is_not_a_mass_loss() -> None:
-    from services.agent.info import AGENT_TTL_S
+    from shared.kv.agents import AGENT_TTL_S
 
     sim = Sim(app_with(num_replicas=2))
     sim.core.on_agent(agent("a", 4), sim.t)

@@ -1,4 +1,4 @@
-"""services/metrics_catalog.py against the metrics modules, and the shared `--metrics-port` flag."""
+"""shared/metrics_catalog.py against the metrics modules, and the shared `--metrics-port` flag."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from services.agent.config import add_agent_arguments
 from services.agent.procs import child_env
 from services.auth.config import add_auth_arguments
 from services.controller.__main__ import add_controller_arguments
-from services.metrics_catalog import ENV_METRICS_PORT, METRIC_NAMES
 from services.proxy.metrics import ProxyMetrics
 from services.recorder.record import add_record_arguments
 from services.replica.config import add_replica_arguments
 from services.router.config import GatewayConfig, add_gateway_arguments
+from shared.metrics_catalog import ENV_METRICS_PORT, METRIC_NAMES
 
 MODULES: dict[str, ModuleType] = {
     "controller": services.controller.metrics,

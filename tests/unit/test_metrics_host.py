@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.metrics_catalog import ENV_METRICS_HOST, serve_metrics
+from shared.metrics_catalog import ENV_METRICS_HOST, serve_metrics
 from shared.natsserver import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]

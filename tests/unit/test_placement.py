@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.agent.core import replica_env
-from services.agent.info import AGENT_TTL_S, AgentInfo
 from services.controller.capacity import Ledger, Request
 from services.controller.core import ControllerConfig, ControllerCore, PutStatus
 from services.controller.deployment_state import STARTUP_TIMEOUT_S
@@ -22,6 +21,7 @@ from services.controller.kv_delta import DeleteDoc, PutDoc
 from shared import resources as res
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.kv import buckets, envelope
+from shared.kv.agents import AGENT_TTL_S, AgentInfo
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import Subjects
 from shared.wire.codec import encode
