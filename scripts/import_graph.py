@@ -4,7 +4,8 @@
     python -m scripts.import_graph --list     also list each cycle and each cross-service edge
 
 A cycle is a strongly connected component of more than one module in the graph of every import
-(including those under TYPE_CHECKING and inside functions), as grimp builds it for import-linter.
+(including those under TYPE_CHECKING and inside functions), as grimp builds it for import-linter;
+a package cycle is one in the graph of packages (each service, services.cli/up, shared, fleetpulse).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ ROOTS = ("shared", "services", "fleetpulse")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _sccs(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Tarjan's algorithm, iterative: the strongly connected components with more than one module."""
-    modules = sorted(graph.modules)
+def _sccs(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the strongly connected components with more than one node."""
+    modules = sorted(edges)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -31,7 +32,7 @@ def _sccs(graph: grimp.ImportGraph) -> list[list[str]]:
     for start in modules:
         if start in index:
             continue
-        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        work = [(start, iter(sorted(edges[start])))]
         index[start] = low[start] = counter
         counter += 1
         stack.append(start)
@@ -40,16 +41,14 @@ def _sccs(graph: grimp.ImportGraph) -> list[list[str]]:
             node, children = work[-1]
             advanced = False
             for child in children:
-                if child not in graph.modules:
+                if child not in edges:
                     continue
                 if child not in index:
                     index[child] = low[child] = counter
                     counter += 1
                     stack.append(child)
                     on_stack.add(child)
-                    work.append(
-                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
-                    )
+                    work.append((child, iter(sorted(edges[child]))))
                     advanced = True
                     break
                 if child in on_stack:
@@ -97,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     graph = grimp.build_graph(*ROOTS, cache_dir=None)
-    cycles = _sccs(graph)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    cycles = _sccs(edges)
     # a cycle between packages: components (services.x, shared, ...) that import each other
     comp_graph: dict[str, set[str]] = {}
     cross: list[tuple[str, str]] = []
@@ -108,9 +108,16 @@ def main(argv: list[str] | None = None) -> int:
                 comp_graph.setdefault(a, set()).add(b)
                 if a.startswith("services.") and b.startswith("services."):
                     cross.append((m, dep))
+    for a in list(comp_graph):
+        for b in comp_graph[a]:
+            comp_graph.setdefault(b, set())
+    package_cycles = _sccs(comp_graph)
     long_files = _long_files()
     print(f"module cycles (strongly connected sets): {len(cycles)}")
     print(f"modules on a cycle: {sum(len(c) for c in cycles)}")
+    print(
+        f"package cycles (services.<name>, services.cli/up, shared, fleetpulse): {len(package_cycles)}"
+    )
     entry = ("services.cli", "services.up", "services.up_args")
     between = [(a, b) for a, b in cross if _component(a) not in entry]
     print(f"service-to-service imports (edges): {len(cross)}")
@@ -119,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for c in cycles:
             print(f"  cycle of {len(c)}: {' '.join(c)}")
+        for c in package_cycles:
+            print(f"  package cycle of {len(c)}: {' '.join(c)}")
         for a, b in sorted(between):
             print(f"  {a} -> {b}")
         for n, p in long_files:

@@ -38,7 +38,7 @@ import numpy as np
 
 from scripts.bench import fleet
 from scripts.bench.common import add_smoke, print_table, result_line, write_json
-from services.controller.decode_pipeline import Decoded, DecodePipeline
+from services.controller.machinery.decode_pipeline import Decoded, DecodePipeline
 from services.controller.metrics_store import DeploymentMetrics
 from services.controller.replica_index import ReplicaIndex
 from shared.errors import WireError

@@ -44,9 +44,9 @@ from scripts.bench.common import add_smoke, result_line, write_json
 from scripts.bench.fleet import app_config
 from scripts.bench.fleet_report import HEALTH_PERIOD_S
 from scripts.bench.fleet_sim import DeploymentSim, Outbox, SimConfig, SimCounters
-from services.controller.collector import Collector
 from services.controller.core import Action, ControllerCore, Probe
 from services.controller.kv_delta import DeleteDoc, PutDoc
+from services.controller.machinery.collector import Collector
 from shared.appconfig import AppConfig
 from shared.kv import buckets, envelope
 from shared.kv.agents import AGENT_TTL_S, AgentInfo
@@ -502,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--collector", action="store_true",
-        help="the service's collector policy (services/controller/collector.py)",
+        help="the service's collector policy (services/controller/machinery/collector.py)",
     )  # fmt: skip
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--objects", action="store_true", help="only count objects per replica")

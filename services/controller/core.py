@@ -39,13 +39,13 @@ from .custom_policy import PolicyCall, PolicyRunner
 from .deployment_state import StateEvent, app_status
 from .health_registry import Int64Array, ProbeOutcome
 from .landing import land
-from .layout import DepKey, Layout
+from .machinery.layout import DepKey, Layout
+from .machinery.schedule import Schedule, TickLog
 from .managed import ManagedDeployment, StepResult
 from .placement import Placed, Placement
 from .policy import PolicyState
 from .policy_runner import InlineRunner
 from .replica_index import NO_SLOT
-from .schedule import Schedule, TickLog
 from .stall_guard import ProbeLimiter, ProbeLimits, StallGuard, StallState
 from .status_book import Figures, StatusBook
 

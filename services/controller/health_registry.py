@@ -70,8 +70,8 @@ from shared.errors import ConfigError, UsageError
 from shared.freshness import freshness_window
 from shared.wire.messages import HealthStatus
 
+from .machinery.tiny import FEW, all_set, any_set, highest, lowest
 from .replica_index import NO_SLOT, ReplicaIndex
-from .tiny import FEW, all_set, any_set, highest, lowest
 
 DEFAULT_FAILURE_THRESHOLD: Final = 3
 DEFAULT_PROBE_TIMEOUT_LIMIT: Final = 3

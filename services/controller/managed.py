@@ -40,12 +40,12 @@ from .demand_window import DemandWindow
 from .deployment_state import UNHEALTHY_HOLD_S, DeploymentState, ReplicaState, StateEvent
 from .health_registry import HealthEvaluation, HealthRegistry, VerdictReason
 from .kv_delta import KVChange, KVDelta
+from .machinery.schedule import BUSY, TickLog
 from .metrics_store import DeploymentMetrics
 from .placement import Waiting
 from .policy import NONE, Decision, PolicyInputs, PolicyState, decide, initial_state
 from .records import take
 from .replica_index import ReplicaIndex
-from .schedule import BUSY, TickLog
 
 EARLY_S = 1e-6
 """Timers fire this much early (see `next_visit`)."""

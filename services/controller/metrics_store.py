@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from services.controller.machinery.tiny import all_set, lowest
 from services.controller.metrics_types import (
     ACCEPTED,
     F64,
@@ -65,7 +66,6 @@ from services.controller.staleness import (
     Verdict,
     source_timeout_s,
 )
-from services.controller.tiny import all_set, lowest
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HandleReport, ReplicaReport
 

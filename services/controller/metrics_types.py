@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from services.controller.machinery.tiny import all_set, any_set
 from services.controller.replica_index import NO_SLOT, ReplicaIndex
 from services.controller.staleness import Verdict
-from services.controller.tiny import all_set, any_set
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
 

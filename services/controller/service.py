@@ -53,7 +53,6 @@ from shared.wire.codec import decode_as
 from shared.wire.messages import HealthStatus
 
 from . import metrics as prom
-from .collector import Collector
 from .core import (
     Action,
     ControllerConfig,
@@ -63,17 +62,18 @@ from .core import (
     Probe,
     PutStatus,
 )
-from .decode_pipeline import Decoded, DecodePipeline
 from .fenced import FencedWriter
 from .group import DEFAULT_HEARTBEAT_S, DEFAULT_MEMBER_TTL_S, GroupCore, partition_of
 from .group_shell import GroupRunner
 from .health_registry import ProbeOutcome
 from .kv_delta import DeleteDoc, PutDoc
-from .kv_writer import KVWriter
+from .machinery.collector import Collector
+from .machinery.decode_pipeline import Decoded, DecodePipeline
+from .machinery.kv_writer import KVWriter
+from .machinery.stats import StatsDump, ingest_kind
 from .policy_host import DEFAULT_TIMEOUT_S as DEFAULT_POLICY_TIMEOUT_S
 from .policy_host import ProcessRunner
 from .source_check import SOURCE_MISMATCH
-from .stats import StatsDump, ingest_kind
 from .stream import (
     DEFAULT_PARTITIONS,
     DEFAULT_RETENTION_S,

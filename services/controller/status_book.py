@@ -29,7 +29,7 @@ import hashlib
 import math
 from collections.abc import Callable, Collection
 
-from .schedule import Schedule
+from .machinery.schedule import Schedule
 
 Figures = tuple[tuple[object, ...], tuple[float, ...]]
 """What a status shows, per deployment: the figures that must match exactly, and demands."""

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.controller.collector import Collector
+from services.controller.machinery.collector import Collector
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The columnar decode worker (services/controller/decode_pipeline.py): messages are applied in
+"""The columnar decode worker (services/controller/machinery/decode_pipeline.py): messages are applied in
 arrival order whatever the worker does, bad parts come back as their WireError in their place,
 and with no thread everything is applied at once."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.controller import decode_pipeline
-from services.controller.decode_pipeline import Decoded, DecodePipeline
+from services.controller.machinery import decode_pipeline
+from services.controller.machinery.decode_pipeline import Decoded, DecodePipeline
 from shared.errors import WireError
 from shared.wire.columnar import ColumnarHandleReport, handle_report_to_columnar
 from shared.wire.messages import HandleReport

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from services.controller.kv_writer import LOG_BURST, KVWriter, WriteBacklog
+from services.controller.machinery.kv_writer import LOG_BURST, KVWriter, WriteBacklog
 from shared.errors import BusTimeout
 
 
@@ -43,7 +43,7 @@ async def test_writes_overlap_up_to_the_limit_which_halves_on_failure_and_grows_
     )
     task = asyncio.create_task(writer.run())
     try:
-        with caplog.at_level(logging.WARNING, logger="services.controller.kv_writer"):
+        with caplog.at_level(logging.WARNING, logger="services.controller.machinery.kv_writer"):
             for i in range(200):
                 writer.submit(f"k{i}", f"k{i}")
             await until(lambda: in_flight["now"] == 8)

@@ -20,7 +20,7 @@ from services.controller.core import ControllerConfig, ControllerCore
 from services.controller.deployment_state import STARTUP_TIMEOUT_S
 from services.controller.health_registry import ProbeOutcome
 from services.controller.kv_delta import PutDoc
-from services.controller.schedule import Schedule, TickLog
+from services.controller.machinery.schedule import Schedule, TickLog
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.kv.targets import ReplicaTarget
 from shared.subjects import DEFAULT_SUBJECTS as S

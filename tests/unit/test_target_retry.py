@@ -14,7 +14,7 @@ from services.controller.core import ControllerConfig, DeleteKey, PutStatus
 from services.controller.fenced import FencedWriter
 from services.controller.group import partition_of
 from services.controller.kv_delta import DeleteDoc, PutDoc
-from services.controller.kv_writer import KVWriter, WriteBacklog
+from services.controller.machinery.kv_writer import KVWriter, WriteBacklog
 from services.controller.service import ControllerService, ServiceConfig
 from shared.bus import KV, KVEntry, KVWatcher, MaxPayloadExceeded
 from shared.errors import BusTimeout
@@ -123,7 +123,7 @@ async def test_writer_retries_until_the_write_lands(caplog: pytest.LogCaptureFix
         await run_until(lambda: store.get("k") == "v1")
         assert await writer.flush(1.0)
 
-    with caplog.at_level(logging.WARNING, logger="services.controller.kv_writer"):
+    with caplog.at_level(logging.WARNING, logger="services.controller.machinery.kv_writer"):
         await with_writer(writer, body)
     assert (writer.failures, writer.written) == (3, 1)
     msgs = [r.getMessage() for r in caplog.records]
