@@ -54,6 +54,7 @@ TABLES = {
     "CONTROLLER": lambda: _service_table(settings.CONTROLLER),
     "AGENT": lambda: _service_table(settings.AGENT),
     "INGRESS": lambda: _service_table(settings.INGRESS),
+    "AUTH": lambda: _service_table(settings.AUTH),
 }
 
 

@@ -298,6 +298,33 @@ GATEWAY_DEADLINE = Setting(
 )  # fmt: skip
 INGRESS: tuple[Setting, ...] = (PROXY_HOST, PROXY_PORT, GATEWAY_QUEUE_GROUP, GATEWAY_DEADLINE)
 
+# the auth callout service's (`fleetpulse auth`)
+AUTH_ISSUER_SEED = Setting(
+    "issuer_seed", "str", None, "the account nkey seed that signs the user JWTs; the server's "
+    "auth_callout `issuer` is its public key", flag="--issuer-seed",
+    env="FLEETPULSE_AUTH_ISSUER_SEED_FILE", metavar="FILE", doc_default="none (required)",
+)  # fmt: skip
+AUTH_REPLICA_KEYS_FILE = Setting(
+    "replica_keys_file", "str", None, "agent replica keys to trust, one per line (what "
+    "`fleetpulse auth-init` writes); read at start, added to --replica-key",
+    flag="--replica-keys-file", env="FLEETPULSE_AUTH_REPLICA_KEYS_FILE", metavar="FILE",
+    doc_default="none",
+)  # fmt: skip
+AUTH_ROLE_PASSWORDS_DIR = Setting(
+    "role_passwords_dir", "str", None, "one file per role (DIR/operator, ...) holding its "
+    "password, as `fleetpulse auth-init --role-password` writes them; a role without a file "
+    "takes FP_{ROLE}_PASSWORD", flag="--role-passwords-dir",
+    env="FLEETPULSE_AUTH_ROLE_PASSWORDS_DIR", metavar="DIR", doc_default="none",
+)  # fmt: skip
+AUTH_ACCOUNT = Setting(
+    "account", "str", None, "the account connections land in", flag="--account",
+    env="FLEETPULSE_AUTH_ACCOUNT",
+    doc_default="`$G`, the account of a server without an accounts block",
+)  # fmt: skip
+AUTH: tuple[Setting, ...] = (
+    AUTH_ISSUER_SEED, AUTH_REPLICA_KEYS_FILE, AUTH_ROLE_PASSWORDS_DIR, AUTH_ACCOUNT,
+)  # fmt: skip
+
 # the agent's (and its replicas')
 AGENT_ID = Setting(
     "agent_id",

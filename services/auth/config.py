@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared import settings
 from shared.errors import ConfigError
 from shared.metrics_catalog import add_metrics_port_argument
 from shared.natsjwt import (
@@ -29,11 +30,8 @@ from shared.passwords import checked_password, read_password
 from .callout import GLOBAL_ACCOUNT
 from .core import PASSWORD_ROLES, AuthPolicy
 
-ISSUER_SEED_ENV = "FLEETPULSE_AUTH_ISSUER_SEED_FILE"
+ISSUER_SEED_ENV = settings.AUTH_ISSUER_SEED.env
 TRUSTED_KEYS_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS"
-TRUSTED_KEYS_FILE_ENV = "FLEETPULSE_AUTH_REPLICA_KEYS_FILE"
-ACCOUNT_ENV = "FLEETPULSE_AUTH_ACCOUNT"
-ROLE_PASSWORDS_DIR_ENV = "FLEETPULSE_AUTH_ROLE_PASSWORDS_DIR"
 
 
 def role_password_env(role: str) -> str:
@@ -83,13 +81,7 @@ def role_passwords(env: Mapping[str, str], directory: str | None = None) -> dict
 
 
 def add_auth_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--issuer-seed",
-        default=os.environ.get(ISSUER_SEED_ENV),
-        metavar="FILE",
-        help=f"the account nkey seed that signs the user JWTs; the server's auth_callout "
-        f"`issuer` is its public key (${ISSUER_SEED_ENV})",
-    )
+    settings.AUTH_ISSUER_SEED.add_flag(p)
     p.add_argument(
         "--replica-key",
         action="append",
@@ -98,50 +90,35 @@ def add_auth_arguments(p: argparse.ArgumentParser) -> None:
         help=f"an agent replica key to trust (U...; repeatable, for rotation; also "
         f"${TRUSTED_KEYS_ENV}, comma-separated)",
     )
-    p.add_argument(
-        "--replica-keys-file",
-        default=os.environ.get(TRUSTED_KEYS_FILE_ENV) or None,
-        metavar="FILE",
-        help=f"agent replica keys to trust, one per line (what `fleetpulse auth-init` writes; "
-        f"${TRUSTED_KEYS_FILE_ENV}); read at start, added to --replica-key",
-    )
-    p.add_argument(
-        "--role-passwords-dir",
-        default=os.environ.get(ROLE_PASSWORDS_DIR_ENV) or None,
-        metavar="DIR",
-        help=f"one file per role (DIR/operator, ...) holding its password, as "
-        f"`fleetpulse auth-init --role-password` writes them (${ROLE_PASSWORDS_DIR_ENV}); a "
-        f"role without a file takes FP_{{ROLE}}_PASSWORD",
-    )
-    p.add_argument(
-        "--account",
-        default=os.environ.get(ACCOUNT_ENV, GLOBAL_ACCOUNT),
-        help=f"the account connections land in (${ACCOUNT_ENV}; default {GLOBAL_ACCOUNT}, "
-        "the account of a server without an accounts block)",
-    )
+    settings.AUTH_REPLICA_KEYS_FILE.add_flag(p)
+    settings.AUTH_ROLE_PASSWORDS_DIR.add_flag(p)
+    settings.AUTH_ACCOUNT.add_flag(p)
     add_metrics_port_argument(p)
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AuthConfig:
     env = os.environ if env is None else env
-    if not args.issuer_seed:
+    issuer_seed = settings.AUTH_ISSUER_SEED.resolve(args.issuer_seed, env)
+    keys_file = settings.AUTH_REPLICA_KEYS_FILE.resolve(args.replica_keys_file, env)
+    passwords_dir = settings.AUTH_ROLE_PASSWORDS_DIR.resolve(args.role_passwords_dir, env)
+    if not issuer_seed:
         raise ConfigError(f"give --issuer-seed FILE (or ${ISSUER_SEED_ENV})", field="issuer")
     listed = [env.get(TRUSTED_KEYS_ENV, ""), *args.replica_key]
     keys = parse_keys(" ".join(listed), "--replica-key")
-    if args.replica_keys_file:
+    if keys_file:
         try:
-            text = Path(args.replica_keys_file).read_text(encoding="ascii")
+            text = Path(keys_file).read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(
-                f"cannot read {args.replica_keys_file}: {exc}", field="--replica-keys-file"
+                f"cannot read {keys_file}: {exc}", field="--replica-keys-file"
             ) from exc
         keys |= parse_keys(text, "--replica-keys-file")
     return AuthConfig(
         nats_url=args.nats,
-        issuer=read_seed(args.issuer_seed, "--issuer-seed"),
+        issuer=read_seed(issuer_seed, "--issuer-seed"),
         policy=AuthPolicy(
-            trusted_replica_keys=keys, role_passwords=role_passwords(env, args.role_passwords_dir)
+            trusted_replica_keys=keys, role_passwords=role_passwords(env, passwords_dir)
         ),
-        account=args.account,
+        account=settings.AUTH_ACCOUNT.resolve(args.account, env) or GLOBAL_ACCOUNT,
         metrics_port=args.metrics_port,
     )

@@ -110,6 +110,8 @@ _OWNERS = {
     "port": {"proxy"},
     "queue_group": {"router"},
     "deadline_s": {"router"},
+    "issuer_seed": {"auth"},
+    "role_passwords_dir": {"auth"},
 }
 """Settings of one command whose flag name another command uses for something else."""
 
