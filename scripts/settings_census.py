@@ -47,6 +47,10 @@ SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("decode_threads", ("--decode-threads",), "FLEETPULSE_DECODE_THREADS"),
     ("agent_id", ("--agent-id",), "FLEETPULSE_AGENT_ID"),
     ("replica_key_seed", ("--replica-key-seed",), "FLEETPULSE_AGENT_REPLICA_KEY_FILE"),
+    ("queue_group", ("--queue-group",), "FLEETPULSE_GATEWAY_QUEUE_GROUP"),
+    ("issuer_seed", ("--issuer-seed",), "FLEETPULSE_AUTH_ISSUER_SEED_FILE"),
+    ("replica_keys_file", ("--replica-keys-file",), "FLEETPULSE_AUTH_REPLICA_KEYS_FILE"),
+    ("role_passwords_dir", ("--role-passwords-dir",), "FLEETPULSE_AUTH_ROLE_PASSWORDS_DIR"),
 )  # fmt: skip
 
 _DERIVED = r"(?:_\w*\[|settings\.|[A-Z][A-Z0-9_]*\b)"
