@@ -40,16 +40,21 @@ and `now` only, never on a measured duration, so the same answers decide the sam
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from shared.appconfig import AutoscalingConfig
+from shared.policyapi import AutoscalingContext as AutoscalingContext
+from shared.policyapi import CustomMetric as CustomMetric
+from shared.policyapi import Policy as Policy
+from shared.policyapi import PolicyLoadError as PolicyLoadError
+from shared.policyapi import load_policy as load_policy
+from shared.policyapi import policy_problem as policy_problem
 
 from .deployment_state import StateEvent
 from .policy import Decision, PolicyInputs, PolicyState, decide
@@ -88,52 +93,7 @@ STRIKES: Final = frozenset({TIMEOUT, CRASHED})
 NEUTRAL: Final = frozenset({NOT_LOADED, UNAVAILABLE, QUARANTINED})
 """Outcomes of a call that did not run: they neither add nor clear strikes."""
 
-Policy = Callable[["AutoscalingContext"], Any]
 EMPTY_STATE: Final[Mapping[str, Any]] = MappingProxyType({})
-
-
-class PolicyLoadError(Exception):
-    """The import path names nothing callable that can be imported here."""
-
-
-@dataclass(frozen=True, slots=True)
-class CustomMetric:
-    """One custom metric over the running replicas: each one's latest reported value."""
-
-    total: float
-    """Sum over the running replicas that reported a value."""
-    mean: float
-    """total / replicas."""
-    replicas: int
-    """Running replicas with a value (a replica that just started may have none yet)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscalingContext:
-    """What a custom policy sees (the names follow Ray Serve's AutoscalingContext)."""
-
-    app_name: str
-    deployment_name: str
-    current_num_replicas: int
-    """Running replicas (Ray: len(running_replicas))."""
-    target_num_replicas: int
-    """The target the controller holds now (starting replicas included)."""
-    total_num_requests: float
-    """Ongoing + queued requests, time-weighted mean over look_back_period_s (0 without data)."""
-    total_queued_requests: float
-    """Requests queued at routers now, not yet sent to a replica."""
-    custom_metrics: Mapping[str, CustomMetric]
-    """By name: what the replicas' `record_autoscaling_stats()` returned last."""
-    capacity_adjusted_min_replicas: int
-    """min_replicas (fleetpulse has no target_capacity: Ray's name, the plain bound)."""
-    capacity_adjusted_max_replicas: int
-    policy_state: Mapping[str, Any]
-    """What the previous call returned as the second item of its pair (empty at first)."""
-    current_time: float
-    """The controller's monotonic clock in seconds: for intervals, not the time of day."""
-    config: AutoscalingConfig
-    window_full: bool
-    """The look-back window is covered by data (a scale-down is held until it is)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,33 +158,6 @@ class PolicyTelemetry:
 
 TELEMETRY: Final = PolicyTelemetry()
 """The process's sink (like Prometheus' default registry): the controller's exporter drains it."""
-
-
-def load_policy(path: str) -> Policy:
-    """Import `package.module:function`; PolicyLoadError saying why not."""
-    module_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise PolicyLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
-    except (Exception, SystemExit) as exc:  # any import-time failure of user code
-        raise PolicyLoadError(
-            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    if not callable(obj):
-        raise PolicyLoadError(f"{path} is a {type(obj).__name__}, not a function")
-    return obj  # type: ignore[no-any-return]
-
-
-def policy_problem(path: str) -> str | None:
-    """For `fleetpulse deploy`: why `path` cannot be used as a policy here, or None."""
-    try:
-        load_policy(path)
-    except PolicyLoadError as exc:
-        return f"{exc} (the controller imports it; run deploy where the code is importable)"
-    return None
 
 
 class BadAnswer(Exception):

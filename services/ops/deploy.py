@@ -25,7 +25,6 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from services.controller.custom_policy import policy_problem
 from services.ops import (
     EXIT_INVALID,
     EXIT_OK,
@@ -44,6 +43,7 @@ from shared.bus import KV
 from shared.errors import ConfigError, KVConflict, UsageError
 from shared.kv import envelope
 from shared.kvfollow import existing_kv
+from shared.policyapi import policy_problem
 from shared.serveconfig import Checked, CodeApp, check_config
 from shared.subjects import KV_APPS, validate_name
 
