@@ -4,8 +4,8 @@ Referenced from an app file as
     autoscaling_config:
       policy: {policy_function: services.examples.kv_policy:scale_on_kv_cache}
 It is a pure function of the context (shared/policyapi.py; services/controller/custom_policy.py
-runs it): with the replicas' mean use `u` at `n` running replicas, `ceil(n * u / TARGET_USE)` replicas would bring
-the mean to the target. Without a value yet (replicas starting) it holds the current target.
+runs it): with the replicas' mean use `u` at `n` running replicas, `ceil(n * u / TARGET_USE)`
+replicas would bring the mean to the target. Without a value yet (replicas starting) it holds the current target.
 It returns Ray Serve's `(count, policy_state)` pair, so it carries over to Ray as it is.
 """
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from .admission import admission_table
 from .calibrate import Calibration
-
-if TYPE_CHECKING:
-    from .simulate import ModelOptions
+from .options import ModelOptions
 
 F64 = npt.NDArray[np.float64]
 

@@ -65,11 +65,13 @@ from services.router.config import RouterConfig
 from services.router.rise import RISE_FACTOR, RISE_MIN
 from shared.appconfig import AppConfig, AutoscalingConfig
 from shared.errors import UsageError
-from shared.subjects import DEFAULT_NAMESPACE, deployment_key
+from shared.subjects import deployment_key
 
 from .calibrate import Calibration
 from .fluid import FluidQueue, latencies, weighted_percentile
 from .model import TimelineEntry
+from .options import DEFAULT_MAX_QUEUED as DEFAULT_MAX_QUEUED
+from .options import ModelOptions as ModelOptions
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -77,40 +79,7 @@ NODES: Final = 64
 """Service-time quantile nodes per admitted cohort (the latency distribution's resolution)."""
 PERCENTILES: Final = (50.0, 95.0, 99.0)
 P99_EVERY_S: Final = 10.0
-DEFAULT_MAX_QUEUED: Final = RouterConfig().max_queued_requests
 EARLY_REPORT_S: Final = RouterConfig().cold_start_report_min_interval_s
-
-
-@dataclass(frozen=True, slots=True)
-class ModelOptions:
-    interval_s: float = 0.1
-    seed: int = 0
-    startup_s: float | None = None
-    """Replica start time; None: as calibrated (0 when the recording has no lifecycle events)."""
-    timeout_s: float | None = None
-    """Request deadline; None: requests wait as long as it takes."""
-    max_queued: int = DEFAULT_MAX_QUEUED
-    report_interval_s: float | None = None
-    """Routers' report cadence; None: as recorded, else the config's metrics_interval_s."""
-    replications: int = 1
-    """Runs with seeds seed, seed + 1, ...: the numbers are their means (percentiles of the
-    pooled latencies), the series those of the first."""
-    namespace: str = DEFAULT_NAMESPACE
-    random_order: bool = False
-    """Queued requests are admitted in random order, as routers did before they served their
-    waiters oldest first (False: first come, first served, as routers do)."""
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
-            raise UsageError(f"interval_s must be > 0, not {self.interval_s!r}")
-        for name in ("startup_s", "timeout_s", "report_interval_s"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v >= 0):
-                raise UsageError(f"{name} must be >= 0, not {v!r}")
-        if self.max_queued < 0:
-            raise UsageError("max_queued must be >= 0")
-        if self.replications < 1:
-            raise UsageError("replications must be >= 1")
 
 
 def add_queue_order_arg(p: argparse.ArgumentParser) -> None:
