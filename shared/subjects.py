@@ -100,6 +100,14 @@ class Subjects:
         not one."""
         return _parse_report(self.prefix, subject)
 
+    def report_kind(self, subject: str) -> str:
+        """The kind of a report subject, "unknown" when it is not one: `parse_report` (cached),
+        for labelling every message, junk included, before ingest refuses it."""
+        try:
+            return _parse_report(self.prefix, subject).kind
+        except UsageError:
+            return "unknown"
+
     def parse_rpc(self, subject: str) -> RpcSubject:
         parts = subject.split(".")
         if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != self.prefix or parts[2] != "rpc":
@@ -181,11 +189,3 @@ def report_subject(subjects: Subjects, stored: str) -> str:
         return stored
     rest = stored[len(head) :].split(".", 1)
     return f"{subjects.prefix}.report.{rest[1]}" if len(rest) == 2 else stored
-
-
-def report_kind(subject: str) -> str:
-    """The `{kind}` token of `{prefix}.report.{kind}.{app}.{deployment}...`, unchecked ("unknown"
-    when the subject has none): a label for counting every message, junk included, before
-    `Subjects.parse_report` checks the whole subject."""
-    parts = subject.split(".", 4)
-    return parts[3] if len(parts) > 3 else "unknown"

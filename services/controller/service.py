@@ -346,7 +346,7 @@ class ControllerService:
             # replayed history: place it on our monotonic timeline by its age in the stream
             recv = min(now, now - (self.clock.wall() - stored))
         subject = report_subject(self.core.subjects, msg.subject)
-        kind = ingest_kind(subject, msg.data)
+        kind = ingest_kind(self.core.subjects, subject, msg.data)
         self.exporter.ingest_n[kind] += 1
         self.exporter.ingest_b[kind] += len(msg.data)
         data = msg.data

@@ -3,7 +3,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.errors import UsageError
-from shared.subjects import DEFAULT_SUBJECTS, ReportSubject, RpcSubject, Subjects, validate_name
+from shared.subjects import (
+    DEFAULT_SUBJECTS,
+    ReportSubject,
+    RpcSubject,
+    Subjects,
+    partition_subject,
+    report_stream_name,
+    report_subject,
+    validate_name,
+)
 
 NAME = st.from_regex(r"\A[A-Za-z0-9_-]{1,64}\Z")
 
@@ -54,3 +63,22 @@ def test_parse_rejects_foreign_subjects(subject: str) -> None:
             DEFAULT_SUBJECTS.parse_rpc(subject)
         else:
             DEFAULT_SUBJECTS.parse_report(subject)
+
+
+def test_the_report_stream_subjects_round_trip_and_the_kind_is_the_parsed_one() -> None:
+    s = Subjects("ns1")
+    assert report_stream_name(DEFAULT_SUBJECTS) == "FP_REPORTS"
+    assert report_stream_name(s) == "FP_REPORTS_ns1"
+    assert partition_subject(s, 3) == "ns1.v1.part.3.>"
+    stored = "ns1.v1.part.3.handle.shop.api"
+    assert report_subject(s, stored) == "ns1.v1.report.handle.shop.api"
+    assert (
+        report_subject(s, "ns1.v1.report.replica.shop.api.r1")
+        == "ns1.v1.report.replica.shop.api.r1"
+    )
+    assert s.report_kind("ns1.v1.report.lifecycle.shop.api.r1") == "lifecycle"
+    assert (
+        s.report_kind(report_subject(s, stored)) == s.parse_report(report_subject(s, stored)).kind
+    )
+    for junk in ("ns1.v1.report.bogus.shop.api", "fp.v1.report.handle.shop.api", "x", ""):
+        assert s.report_kind(junk) == "unknown"

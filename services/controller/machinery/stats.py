@@ -35,15 +35,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import IO, Any
 
-from shared.subjects import report_kind
+from shared.subjects import Subjects
 from shared.wire.columnar import COLUMNAR_MAGIC
 
 DEFAULT_STATS_INTERVAL_S = 1.0
 
 
-def ingest_kind(subject: str, data: bytes) -> str:
+def ingest_kind(subjects: Subjects, subject: str, data: bytes) -> str:
     """`fp.v1.report.{kind}.{app}.{deployment}` -> kind; handle reports split by format."""
-    kind = report_kind(subject)
+    kind = subjects.report_kind(subject)
     if kind == "handle":
         return "handle_columnar" if data[:4] == COLUMNAR_MAGIC else "handle_msgpack"
     return kind
