@@ -29,10 +29,10 @@ import msgpack
 from services.router.call import BAD_RESPONSE, ResponseReader, open_call
 from services.router.config import RouterConfig, default_router_config
 from services.router.errors import RequestFailed
-from services.router.reports import DEFAULT_PROVIDERS, LocalHealthProviders
 from services.router.router import Router
 from shared.bus import Bus
 from shared.clock import SYSTEM_CLOCK, Clock
+from shared.localhealth import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.subjects import DEFAULT_SUBJECTS, Subjects, validate_name
 from shared.wire.codec import encode
 from shared.wire.messages import CallArgs

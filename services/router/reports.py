@@ -25,9 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-# the registry lives in shared/localhealth.py (the replica runtime registers); router names kept
-from shared.localhealth import DEFAULT_PROVIDERS as DEFAULT_PROVIDERS
-from shared.localhealth import LocalHealthProviders as LocalHealthProviders
 from shared.wire.codec import encode
 from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport, HealthStatus, RequestStats

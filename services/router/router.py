@@ -52,12 +52,7 @@ from services.router.core import (
 from services.router.errors import BackPressureError, DeadlineExceeded, RouterClosedError
 from services.router.liveness import Liveness
 from services.router.metrics import RouterMetrics
-from services.router.reports import (
-    DEFAULT_PROVIDERS,
-    LocalHealthProviders,
-    RequestCounters,
-    encode_handle_report,
-)
+from services.router.reports import RequestCounters, encode_handle_report
 from services.router.rise import RiseDetector
 from services.router.window import TimeWeightedCounts, TimeWeightedGauge
 from shared.badinput import BadInput
@@ -67,6 +62,7 @@ from shared.errors import BusError, WireError
 from shared.kv import buckets
 from shared.kv.membership import Member, MembershipView, deployment_pattern
 from shared.kv.view import DocKV, DocWatch
+from shared.localhealth import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.subjects import DEFAULT_SUBJECTS, Subjects, deployment_key
 from shared.wire.limits import REPORT_PART_MAX_BYTES
 from shared.wire.messages import Admission, HandleReport, HealthStatus
