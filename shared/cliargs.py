@@ -78,12 +78,22 @@ def standalone_main(
     add_arguments(parser)
     parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
     args = parser.parse_args()
+    return run_parsed(args, run, prog)
+
+
+def run_parsed(args: argparse.Namespace, run: Command, prog: str, *, nats: bool = True) -> int:
+    """Log at `args.log_level`, apply the NATS flags (`nats`), run; a FleetpulseError is
+    `PROG: error: ...` and exit code 2, Ctrl-C exit code 130."""
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        apply_nats_flags(args)
+        if nats:
+            apply_nats_flags(args)
         return run(args)
     except FleetpulseError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130

@@ -9,12 +9,9 @@ the recorder with nothing but the package installed. `replay` here republishes; 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
-
-from shared.errors import FleetpulseError
 
 from .record import add_record_arguments, run_record
 from .replay import add_replay_arguments, run_replay
@@ -23,7 +20,7 @@ __all__ = ["add_record_arguments", "add_replay_arguments", "main", "run_record",
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from shared.cliargs import add_nats_flag, apply_nats_flags
+    from shared.cliargs import add_nats_flag, run_parsed
 
     parser = argparse.ArgumentParser(prog="python -m services.recorder")
     parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
@@ -37,19 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         add(p)
         p.set_defaults(func=run)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        apply_nats_flags(args)
-        code: int = args.func(args)
-    except FleetpulseError as exc:
-        print(f"fleetpulse {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run_parsed(args, args.func, f"fleetpulse {args.command}")
 
 
 if __name__ == "__main__":

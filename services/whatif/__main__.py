@@ -4,13 +4,13 @@ without the launcher."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.errors import FleetpulseError, UsageError
+from shared.cliargs import run_parsed
+from shared.errors import UsageError
 
 from .run import add_whatif_arguments, run_whatif_args
 from .tune import add_tune_arguments, run_tune
@@ -34,18 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_tune_arguments(tun)
     tun.set_defaults(func=run_tune)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        code: int = args.func(args)
-    except FleetpulseError as exc:
-        print(f"fleetpulse {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+    return run_parsed(args, args.func, f"fleetpulse {args.command}", nats=False)
 
 
 if __name__ == "__main__":
