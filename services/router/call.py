@@ -25,7 +25,9 @@ How it works:
   but busy, so reading continues. After `ASK_FIRST` silent intervals (then 2x, 4x, ... as long,
   at most `ASK_MAX_GAP` apart) the probe names the request instead, unshared: a live replica
   that no longer holds it answers `not_held`, its reply was lost on the way, and the caller gets
-  `ReplicaLostError` too. The request's deadline bounds every wait (`DeadlineExceeded`).
+  `ReplicaLostError` too. The request's deadline bounds every wait (`DeadlineExceeded`). When
+  to probe, and what the answer means for the request, is decided by silence.py's `SilentRead`
+  (pure, with the constants); this reader sends the probes and raises.
 - Lazy frame pump: a caller that reads a stream slowly would leave health frames sitting in the
   inbox while it works. When the admission declared `will_send_health_frames` on a streaming
   request, the reader arms a timer each time it hands a chunk to the caller; if the request is
@@ -53,6 +55,7 @@ from services.router.errors import (
 )
 from services.router.metrics import OK, outcome_of
 from services.router.router import Router
+from services.router.silence import LOST_GRACE_S, After, SilentRead, Step
 from shared.bus import Msg, ResponseStream
 from shared.errors import BusTimeout, NoResponders, WireError
 from shared.wire.codec import decode, decode_as, encode
@@ -68,19 +71,6 @@ from shared.wire.messages import (
 BAD_RESPONSE: Final = "bad_response"
 """`RequestFailed.code` when a replica's response stream breaks the protocol."""
 MIN_TIMEOUT_S: Final = 0.001
-LOST_GRACE_S: Final = 0.25
-"""After a probe found the replica gone: how long a result already in flight may still arrive."""
-INTERRUPTED_PROBES: Final = 3
-"""Silent probes, each answered, after our connection dropped mid-request, before the request is
-taken for lost: what the replica sent while we were away is gone for good (seen when a NATS node
-was restarted during a rolling upgrade: the request waited for ever on a live replica)."""
-ASK_FIRST: Final = 3
-"""Silent intervals on one request before a probe asks the replica whether it still holds that
-request: a reply lost after the replica's own connection (or a NATS route) dropped would
-otherwise wait for ever, since the replica keeps answering for its other requests."""
-ASK_MAX_GAP: Final = 30
-"""Later asks come after twice the silence so far, at most this many intervals apart: a long
-request costs its replica a few probes a minute, not one per interval."""
 
 
 async def open_call(
@@ -383,8 +373,7 @@ class ResponseReader:
             raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
         liveness = router.liveness
         seen = liveness.mark(self.replica_id)
-        alive_but_silent = silent = 0
-        ask_at = ASK_FIRST
+        silence: SilentRead | None = None  # made at the first silent interval, dropped on a message
         while True:
             remaining = self._deadline - clock.monotonic()
             if remaining <= 0:
@@ -393,28 +382,31 @@ class ResponseReader:
             try:
                 msg = await response.next(max(min(liveness.interval_s, remaining), MIN_TIMEOUT_S))
             except BusTimeout:
-                if clock.monotonic() >= self._deadline:
+                if silence is None:
+                    silence = SilentRead(
+                        deadline=self._deadline,
+                        seen=seen,
+                        interruptions_seen=self._interruptions_seen,
+                    )
+                step = silence.timed_out(clock.monotonic(), liveness.mark(self.replica_id))
+                if step is Step.DEADLINE:
                     continue
-                silent += 1
-                if silent == ask_at:
-                    ask_at += min(ask_at, ASK_MAX_GAP)
+                if step is Step.ASK:
                     lost = not await liveness.holds(self.replica_id, self._request_id)
                     why = "it no longer holds the request: its reply was lost"
                 else:
-                    # it spoke on another request meanwhile: connected, no probe needed
-                    spoke = liveness.mark(self.replica_id) != seen
-                    lost = not spoke and await liveness.gone(self.replica_id)
+                    lost = step is Step.PROBE and await liveness.gone(self.replica_id)
                     why = "its connection is gone"
-                seen = liveness.mark(self.replica_id)
-                if not lost:
-                    if response.interruptions > self._interruptions_seen:
-                        alive_but_silent += 1
-                        if alive_but_silent >= INTERRUPTED_PROBES:
-                            self._fail()
-                            raise ReplicaLostError(
-                                self.replica_id,
-                                "the connection to NATS dropped mid-request: its reply was lost",
-                            ) from None
+                after = silence.answered(
+                    lost, liveness.mark(self.replica_id), response.interruptions
+                )
+                if after is After.INTERRUPTED:
+                    self._fail()
+                    raise ReplicaLostError(
+                        self.replica_id,
+                        "the connection to NATS dropped mid-request: its reply was lost",
+                    ) from None
+                if after is After.READ_ON:
                     continue
                 # gone: but a replica that finished and then exited sent its result before it
                 # unsubscribed, so the result may be on its way to us right behind the probe
@@ -427,8 +419,7 @@ class ResponseReader:
                 self._fail()
                 raise ReplicaLostError(self.replica_id, "no responders") from None
             # a message after a reconnect: replies flow again (a lost chunk shows as a gap)
-            self._interruptions_seen, alive_but_silent = response.interruptions, 0
-            silent, ask_at = 0, ASK_FIRST
+            self._interruptions_seen, silence = response.interruptions, None
             liveness.heard(self.replica_id)
             seen = liveness.mark(self.replica_id)
             try:

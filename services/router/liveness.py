@@ -20,6 +20,9 @@ NATS nodes, dropped after it admitted the request). It keeps being heard on othe
 step 1 would wait for ever; a reader silent for several intervals while the replica speaks asks
 `holds(replica, request_id)`: a probe naming the request, answered `not_held` by a replica that
 no longer runs it.
+
+The decisions are pure (silence.py): when a silent reader probes, and what a probe reply says;
+this module keeps the counters and runs the probes.
 """
 
 from __future__ import annotations
@@ -27,15 +30,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
+from services.router.silence import probe_reply
 from shared.badinput import BadInput
 from shared.bus import Bus
 from shared.clock import Clock
-from shared.errors import BusError, NoResponders, WireError
-from shared.probes import NOT_HELD
+from shared.errors import BusError, NoResponders
 from shared.subjects import Subjects
-from shared.wire import reasons
-from shared.wire.codec import decode, encode
-from shared.wire.messages import ErrorReply, HealthStatus, ProbeRequest
+from shared.wire.codec import encode
+from shared.wire.messages import HealthStatus, ProbeRequest
 
 FoldHealth = Callable[[HealthStatus, float], None]
 
@@ -107,14 +109,9 @@ class Liveness:
         except BusError:
             return False  # alive but slow, or the bus hiccuped: keep waiting, probe again later
         self.heard(replica_id)
-        try:
-            answer = decode(reply.data)
-            if isinstance(answer, ErrorReply) and answer.code == NOT_HELD:
-                return request_id is not None
-            if not isinstance(answer, HealthStatus):
-                raise WireError(reasons.UNEXPECTED_KIND, f"{answer.KIND!r}, not a health message")
-        except WireError as exc:
-            self._bad_input.drop(exc.reason, f"probe reply from {replica_id}")
-            return False
-        self._fold(answer, self._clock.monotonic())
-        return False
+        verdict = probe_reply(reply.data, request_id)
+        if verdict.bad is not None:
+            self._bad_input.drop(verdict.bad.reason, f"probe reply from {replica_id}")
+        elif verdict.health is not None:
+            self._fold(verdict.health, self._clock.monotonic())
+        return verdict.gone
