@@ -35,7 +35,6 @@ from services.agent.service import AgentService
 from services.auth.embedded import EmbeddedAuth
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
-from services.ops.deploy import build_apps
 from services.ops.status import Mirror, render_table
 from services.proxy.config import ProxyConfig
 from services.proxy.server import ProxyServer
@@ -43,6 +42,7 @@ from services.router.config import RouterConfig
 from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.up_args import add_up_arguments
+from shared.appbuild import build_apps
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import UsageError
 from shared.kv.status import AppStatusView

@@ -1,6 +1,6 @@
 """An application graph as `fleetpulse deploy` builds it, and its handle markers in `fp_apps`.
 
-`BuiltApp` is what the build step (services/ops/appbuild.py over fleetpulse/serve/graph.py)
+`BuiltApp` is what the build step (shared/appbuild.py over shared/appmodel.py)
 hands the config checker (shared/serveconfig.py): plain data, so the checker imports no code.
 
 `fleetpulse deploy` builds an application graph (fleetpulse.serve) and writes each deployment's

@@ -12,7 +12,7 @@ users write today, and imports nothing:
 - the legacy single-app form (`import_path` at the top) is read as one application, and a
   RayService manifest (Kubernetes YAML) by its `spec.serveConfigV2` string, lines mapped back
   (shared/raymanifest.py).
-Given a `build` function (the deploy step that imports the code, services/ops/appbuild.py),
+Given a `build` function (the deploy step that imports the code, shared/appbuild.py),
 each CodeApp's `BuiltApp` is merged with its overrides (a key set in the file replaces the one
 set in code) and checked like a deployment written out in the file: one set of messages.
 """

@@ -2,7 +2,7 @@
 
 How it works: deploy validates the whole file (shared.serveconfig over shared.appyaml; a custom
 autoscaling policy must import here, as the controller will import it). An app defined in code
-(an app-level `import_path`) is built here, where the code is (services/ops/appbuild.py): its
+(an app-level `import_path`) is built here, where the code is (shared/appbuild.py): its
 module is imported, the graph walked, and the deployments it yields are checked with the file's
 overrides like deployments written out in the file; the controller never imports user code.
 `--dry-run` imports nothing and says what it left unchecked. Then deploy checks every cross-app
@@ -35,16 +35,14 @@ from services.ops import (
     plural,
     run_command,
 )
-from services.ops.appbuild import add_app_dir, build_app
+from shared.appbuild import check_file
 from shared.appconfig import AppConfig
-from shared.appgraph import BuiltApp
-from shared.appyaml import Problem, problems_error, read_app_file
+from shared.appyaml import problems_error
 from shared.bus import KV
 from shared.errors import ConfigError, KVConflict, UsageError
 from shared.kv import envelope
 from shared.kvfollow import existing_kv
-from shared.policyapi import policy_problem
-from shared.serveconfig import Checked, CodeApp, check_config
+from shared.serveconfig import Checked
 from shared.subjects import KV_APPS, validate_name
 
 
@@ -128,38 +126,6 @@ def run_delete(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return run_command("delete", main)
-
-
-def check_file(path: str, *, dry_run: bool, app_dir: str = ".") -> Checked:
-    """The checked file: apps defined in code built (unless a dry run), policies imported
-    (unless a dry run). A file that cannot be read is one problem."""
-    try:
-        text = read_app_file(path)
-    except ConfigError as exc:
-        return Checked(problems=[_unreadable(exc)])
-    if dry_run:
-        return check_config(text)
-    add_app_dir(app_dir)
-
-    def build(code: CodeApp) -> BuiltApp:
-        return build_app(code.import_path, code.args, code.env)
-
-    return check_config(text, check_policy=policy_problem, build=build)
-
-
-def build_apps(path: str, app_dir: str = ".") -> list[AppConfig]:
-    """Every app of the file, those defined in code built (for `fleetpulse up --config`);
-    ConfigError listing every problem. Warnings go to stderr."""
-    checked = check_file(path, dry_run=False, app_dir=app_dir)
-    for warning in checked.warnings:
-        print(f"warning: {warning.render(path)}", file=sys.stderr)
-    if checked.problems:
-        raise problems_error(checked.problems, path)
-    return checked.apps
-
-
-def _unreadable(exc: ConfigError) -> Problem:
-    return Problem("", None, str(exc).split(": ", 1)[-1])
 
 
 def print_dry_run(checked: Checked) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from shared import settings
+from shared.appbuild import build_apps
 from shared.appconfig import AppConfig
 from shared.errors import ConfigError, UsageError
 from shared.recording import iter_batches
@@ -67,9 +68,7 @@ def load_app_configs(path: str | Path) -> list[AppConfig]:
     document, a list of them, or {"applications": [...]})."""
     p = Path(path)
     if p.suffix.lower() != ".json":
-        from services.ops.deploy import build_apps  # apps defined in code are built here
-
-        return build_apps(str(p))
+        return build_apps(str(p))  # apps defined in code are built, as by deploy
     try:
         doc = json.loads(p.read_bytes())
     except OSError as exc:

@@ -1,5 +1,5 @@
 """fleetpulse.serve in Ray Serve's shape: the decorator, options, bind, the graph build, and the
-deploy step that imports an app (services/ops/appbuild.py)."""
+deploy step that imports an app (shared/appbuild.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import pytest
 
 from fleetpulse import serve
-from fleetpulse.serve.graph import GraphError, build
-from services.ops.appbuild import BuildError, build_app
+from shared.appbuild import BuildError, build_app
 from shared.appgraph import handle_ref
+from shared.appmodel import GraphError, build
 from tests.unit.serve_apps import graphs
 
 MOD = "tests.unit.serve_apps.graphs"

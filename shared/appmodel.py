@@ -1,6 +1,11 @@
-"""An application graph -> the deployments `fleetpulse deploy` writes (pure: imports nothing).
+"""Ray Serve's code-first app model as data (`Deployment`, `Application`) and its graph walk ->
+the deployments `fleetpulse deploy` writes (pure: imports nothing but shared/appgraph.py).
 
-How it works: from the ingress node, every bound deployment reachable through constructor
+The user API (`fleetpulse.serve`) re-exports the two types and wraps them in its
+`@serve.deployment` decorator; they live here so the app builder (shared/appbuild.py), which
+`fleetpulse deploy`, `fleetpulse up --config` and `replay --what-if` use, imports no service.
+
+How the walk works: from the ingress node, every bound deployment reachable through constructor
 arguments (at any depth of lists, tuples and mappings) is visited once; a node reached twice is
 one deployment. Each becomes a `BuiltDeployment`: its name, the import path of its class or
 function, its constructor arguments with every bound deployment replaced by a handle marker
@@ -13,11 +18,91 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.appgraph import BuiltApp, BuiltDeployment, handle_ref
 
-from . import Application, Deployment
+OPTION_NAMES = frozenset(
+    [
+        "num_replicas",
+        "max_ongoing_requests",
+        "autoscaling_config",
+        "user_config",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "graceful_shutdown_timeout_s",
+        "push_metrics",
+        "ray_actor_options",
+        "max_queued_requests",
+        "max_replicas_per_node",
+        "logging_config",
+        "placement_group_bundles",
+        "placement_group_strategy",
+        "graceful_shutdown_wait_loop_s",
+        "request_router_config",
+        "version",
+        "route_prefix",
+        "max_concurrent_queries",
+    ]
+)
+"""What `@serve.deployment(...)` and `.options(...)` take: the deployment keys of an app file
+and Ray Serve's others. Whether fleetpulse supports a value is decided at deploy, by the same
+check as for the file, so the message is the same for code and config."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A class or function with deployment options; `.bind()` makes it part of an app."""
+
+    func_or_class: Any
+    name: str
+    options_given: Mapping[str, Any] = field(default_factory=dict)
+    """The options set in code, by their app-file key (not defaults)."""
+
+    def options(self, *, name: str | None = None, **options: Any) -> Deployment:
+        """A copy with these options changed (and perhaps another name)."""
+        check_options(options)
+        return Deployment(
+            self.func_or_class,
+            self.name if name is None else name,
+            {**self.options_given, **options},
+        )
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        """An application node: this deployment with its constructor arguments, which may hold
+        other bound deployments (they become handles in the replica)."""
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"deployment {self.name!r} is not called directly: use {self.name}.bind(...) to build "
+            "an application, and `fleetpulse deploy` to run it"
+        )
+
+    @property
+    def __fleetpulse_target__(self) -> Any:
+        """What the replica runs (services/replica/usercode.py unwraps it)."""
+        return self.func_or_class
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Application:
+    """A bound deployment: the root of an application graph (identity matters: the same node
+    bound twice is one deployment)."""
+
+    deployment: Deployment
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - OPTION_NAMES)
+    if unknown:
+        raise TypeError(
+            f"unknown deployment option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(OPTION_NAMES))}"
+        )
 
 
 class GraphError(Exception):

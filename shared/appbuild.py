@@ -1,7 +1,9 @@
-"""The build step of `fleetpulse deploy`: import an app's `import_path` and build its graph.
+"""The build step of `fleetpulse deploy` (also `fleetpulse up --config` and `replay --what-if`):
+import an app's `import_path` and build its graph; `check_file`/`build_apps` read, check and
+build a whole app file.
 
-This is the one place fleetpulse imports application code outside a replica: where `deploy`
-runs, which must therefore see the code (its working directory, `--app-dir`, PYTHONPATH). The
+This is the one place fleetpulse imports application code outside a replica (besides a custom
+policy's check, shared/policyapi.py): where `deploy` runs, which must therefore see the code (its working directory, `--app-dir`, PYTHONPATH). The
 controller never imports it. `import_path` names a bound application (`module:app`) or a builder
 function (`module:build`) that takes the app's `args` and returns one. While the module is
 imported and the builder runs, the app's `runtime_env.env_vars` are set in the environment, as
@@ -18,9 +20,13 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fleetpulse.serve import Application, Deployment
-from fleetpulse.serve.graph import GraphError, build
+from shared.appconfig import AppConfig
 from shared.appgraph import BuiltApp
+from shared.appmodel import Application, Deployment, GraphError, build
+from shared.appyaml import Problem, problems_error, read_app_file
+from shared.errors import ConfigError
+from shared.policyapi import policy_problem
+from shared.serveconfig import Checked, CodeApp, check_config
 
 
 class BuildError(Exception):
@@ -35,6 +41,38 @@ def build_app(import_path: str, args: Mapping[str, Any] | None, env: Mapping[str
         return build(app)
     except GraphError as exc:
         raise BuildError(str(exc)) from None
+
+
+def check_file(path: str, *, dry_run: bool, app_dir: str = ".") -> Checked:
+    """The checked file: apps defined in code built (unless a dry run), policies imported
+    (unless a dry run). A file that cannot be read is one problem."""
+    try:
+        text = read_app_file(path)
+    except ConfigError as exc:
+        return Checked(problems=[_unreadable(exc)])
+    if dry_run:
+        return check_config(text)
+    add_app_dir(app_dir)
+
+    def build(code: CodeApp) -> BuiltApp:
+        return build_app(code.import_path, code.args, code.env)
+
+    return check_config(text, check_policy=policy_problem, build=build)
+
+
+def build_apps(path: str, app_dir: str = ".") -> list[AppConfig]:
+    """Every app of the file, those defined in code built (for `fleetpulse up --config`);
+    ConfigError listing every problem. Warnings go to stderr."""
+    checked = check_file(path, dry_run=False, app_dir=app_dir)
+    for warning in checked.warnings:
+        print(f"warning: {warning.render(path)}", file=sys.stderr)
+    if checked.problems:
+        raise problems_error(checked.problems, path)
+    return checked.apps
+
+
+def _unreadable(exc: ConfigError) -> Problem:
+    return Problem("", None, str(exc).split(": ", 1)[-1])
 
 
 def add_app_dir(path: str) -> None:
