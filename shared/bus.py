@@ -5,7 +5,8 @@ private inbox, KV buckets). `NatsBus` (shared.natsbus, KV in shared.natskv) maps
 and turns nats-py's errors into ours (`BusTimeout`, `NoResponders`, `KVConflict`,
 `MaxPayloadExceeded`, else `BusError`); `FakeBus` (shared.fakebus) is an in-memory twin with the
 same semantics for unit tests. One contract test suite runs against both. This module holds the
-protocols and what both share; `NatsBus`, `FakeBus` and `FakeServer` are re-exported from it.
+protocols and what both share; it imports neither implementation (they import it): take
+`NatsBus` from shared.natsbus, `FakeBus` and `FakeServer` from shared.fakebus.
 
 Semantics both implementations keep:
 - Delivery is asynchronous and ordered per subscription; each subscription runs its handler on one
@@ -30,27 +31,20 @@ import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, BusTimeout, NoResponders, UsageError
 
-if TYPE_CHECKING:
-    from shared.fakebus import FakeBus, FakeServer
-    from shared.natsbus import NatsBus
-
 __all__ = [
     "KV",
     "Bus",
-    "FakeBus",
-    "FakeServer",
     "Handler",
     "HandlerGuard",
     "KVEntry",
     "KVWatcher",
     "MaxPayloadExceeded",
     "Msg",
-    "NatsBus",
     "QueueResponseStream",
     "RateLimiter",
     "ResponseStream",
@@ -342,16 +336,3 @@ class QueueResponseStream:
             self._closed = True
             if self._closer is not None:
                 await self._closer()
-
-
-def __getattr__(name: str) -> object:
-    # The implementations live in their own modules (which import this one): re-export lazily.
-    if name in ("FakeBus", "FakeServer"):
-        from shared import fakebus
-
-        return getattr(fakebus, name)
-    if name == "NatsBus":
-        from shared import natsbus
-
-        return natsbus.NatsBus
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import nats.errors
 import nats.js.errors
@@ -36,9 +36,6 @@ from nats.js.kv import KeyValue
 from shared.bus import KV, KVEntry, KVWatcher, RateLimiter, validate_key
 from shared.clock import Clock
 from shared.errors import BusError, BusTimeout, KVConflict, NoResponders
-
-if TYPE_CHECKING:
-    from shared.natsbus import NatsBus
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +75,24 @@ def nats_errors(what: str) -> Iterator[None]:
         raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
+class KVHost(Protocol):
+    """What a bucket needs of its bus (`shared.natsbus.NatsBus`, which imports this module): the
+    JetStream context, the clock, and the watchers it closes with its connection."""
+
+    js: JetStreamContext
+    clock: Clock
+
+    def remember(self, watcher: NatsKVWatcher) -> None: ...
+
+    def forget(self, watcher: NatsKVWatcher) -> None: ...
+
+
 class NatsKV:
     """One bound bucket."""
 
     __slots__ = ("bucket", "bus", "raw")
 
-    def __init__(self, bus: NatsBus, bucket: str, raw: KeyValue) -> None:
+    def __init__(self, bus: KVHost, bucket: str, raw: KeyValue) -> None:
         self.bus = bus
         self.bucket = bucket
         self.raw = raw

@@ -58,10 +58,11 @@ from services.router.http import (
     response_header_items,
 )
 from services.router.router import Router
-from shared.bus import Bus, NatsBus
+from shared.bus import Bus
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, UsageError, WireError
 from shared.metrics_catalog import serve_metrics
+from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
 from shared.subjects import Subjects
 from shared.wire.messages import HttpRequest, HttpResponse

@@ -23,7 +23,8 @@ from services.agent.core import (
     advance,
 )
 from services.agent.service import AgentService
-from shared.bus import FakeServer, Msg
+from shared.bus import Msg
+from shared.fakebus import FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.transitions import Refused
 from shared.wire import decode_as

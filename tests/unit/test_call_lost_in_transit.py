@@ -18,8 +18,9 @@ from services.router.errors import RequestFailed, ResponseLostError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.router.http import call_http, failure_of
 from services.router.testing import FakeReplica, lose_in_transit, put_membership
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
 from shared.clock import FakeClock
+from shared.fakebus import FakeBus, FakeServer
 from shared.wire.codec import decode_as, encode
 from shared.wire.messages import (
     Admission,

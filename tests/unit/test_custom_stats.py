@@ -27,8 +27,9 @@ from services.replica.custom_stats import (
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from shared.badinput import BadInput
-from shared.bus import FakeServer, Msg
+from shared.bus import Msg
 from shared.clock import FakeClock
+from shared.fakebus import FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode_as
 from shared.wire.limits import MAX_CUSTOM_METRICS, MAX_CUSTOM_NAME_LEN

@@ -19,7 +19,8 @@ from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
 from shared.appconfig import AppConfig, DeploymentConfig
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
+from shared.fakebus import FakeBus, FakeServer
 from shared.kv.targets import ReplicaTarget
 from shared.localhealth import LocalHealthProviders
 from shared.subjects import DEFAULT_SUBJECTS as S

@@ -9,7 +9,7 @@ from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
-from shared.bus import FakeServer
+from shared.fakebus import FakeServer
 from shared.localhealth import LocalHealthProviders
 
 

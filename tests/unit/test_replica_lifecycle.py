@@ -19,7 +19,8 @@ from services.replica.lifecycle import (
     ProcessState,
     Step,
 )
-from shared.bus import FakeServer, Msg
+from shared.bus import Msg
+from shared.fakebus import FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.transitions import Refused
 from shared.wire import decode_as

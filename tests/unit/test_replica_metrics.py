@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY
 from services.replica.config import ReplicaConfig
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
-from shared.bus import Bus, FakeServer
+from shared.bus import Bus
+from shared.fakebus import FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode, encode
 from shared.wire.messages import Admission, CallArgs, End, ErrorReply, Request

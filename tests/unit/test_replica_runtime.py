@@ -13,8 +13,9 @@ import pytest
 from services.replica.config import ReplicaConfig
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
-from shared.bus import Bus, FakeServer, Msg
+from shared.bus import Bus, Msg
 from shared.errors import BusTimeout, NoResponders
+from shared.fakebus import FakeServer
 from shared.probes import NOT_HELD
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode, decode_as, encode

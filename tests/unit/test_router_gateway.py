@@ -15,8 +15,8 @@ from services.router.config import (
 )
 from services.router.gateway import HDR_ERROR, HDR_RETRYABLE, HDR_STATUS, GatewayCore
 from services.router.testing import FakeReplica, put_membership
-from shared.bus import FakeServer
 from shared.errors import ConfigError
+from shared.fakebus import FakeServer
 from shared.wire.messages import ErrorReply, HttpRequest, HttpResponse
 
 FAST = RouterConfig(admission_timeout_s=0.05, queue_poll_max_s=0.01, metrics_interval_s=60.0)

@@ -22,8 +22,9 @@ from services.router.errors import (
 )
 from services.router.handle import DeploymentHandle, connect_handle
 from services.router.testing import FakeReplica, Seat, put_membership
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
 from shared.clock import FakeClock
+from shared.fakebus import FakeBus, FakeServer
 from shared.wire.codec import decode_as, encode
 from shared.wire.messages import CallArgs, HandleReport
 

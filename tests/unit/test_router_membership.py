@@ -13,8 +13,9 @@ import pytest
 from services.router.config import RouterConfig
 from services.router.router import WATCH_RETRY_S, Router
 from services.router.testing import Seat, members_of
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
 from shared.clock import FakeClock
+from shared.fakebus import FakeBus, FakeServer
 from shared.kv import buckets
 from shared.kv.membership import Member, MembershipView
 from shared.kv.view import DocKV

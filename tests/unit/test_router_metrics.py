@@ -15,8 +15,8 @@ from services.router.handle import DeploymentHandle, connect_handle
 from services.router.http import call_http
 from services.router.metrics import outcome_of
 from services.router.testing import FakeReplica, put_membership
-from shared.bus import FakeBus, FakeServer
 from shared.clock import FakeClock
+from shared.fakebus import FakeBus, FakeServer
 from shared.wire.messages import ErrorReply, HttpRequest
 from tests.waiting import eventually
 

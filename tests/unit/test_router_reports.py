@@ -17,9 +17,10 @@ from services.router.reports import (
 )
 from services.router.router import Router
 from services.router.testing import Seat, members_of
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
 from shared.clock import FakeClock
 from shared.errors import BusError
+from shared.fakebus import FakeBus, FakeServer
 from shared.localhealth import LocalHealthProviders
 from shared.wire.codec import decode_as, encode
 from shared.wire.columnar import (

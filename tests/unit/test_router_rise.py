@@ -15,7 +15,8 @@ from services.router.config import RouterConfig
 from services.router.handle import DeploymentHandle
 from services.router.rise import RISE_FACTOR, RISE_MIN, RISE_SETTLE_S, RiseDetector
 from services.router.testing import FakeReplica, put_membership
-from shared.bus import FakeBus, FakeServer, Msg
+from shared.bus import Msg
+from shared.fakebus import FakeBus, FakeServer
 from shared.wire.codec import decode_as
 from shared.wire.messages import HandleReport
 

@@ -16,8 +16,8 @@ from services.replica.usercode import UserDeployment, load_target
 from services.router.testing import FakeReplica, put_membership
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.appgraph import handle_ref
-from shared.bus import FakeBus, FakeServer
 from shared.errors import ConfigError
+from shared.fakebus import FakeBus, FakeServer
 from shared.subjects import DEFAULT_SUBJECTS
 from tests.unit.serve_apps import replica_apps
 from tests.waiting import eventually as until
