@@ -44,17 +44,21 @@ def _service_table(table: tuple[settings.Setting, ...]) -> str:
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for s in table:
         env = f"`{s.env}`" if s.env else ""
-        rows.append(f"| `{s.flag}` | {env} | {s.default_text()} | {s.help} |")
+        flag = f"`{s.flag}`" if s.flag else ""
+        rows.append(f"| {flag} | {env} | {s.default_text()} | {s.help} |")
     return "\n".join(rows) + "\n"
 
 
 TABLES = {
     "AUTOSCALING": lambda: _yaml_table(settings.AUTOSCALING),
     "SERVICE": lambda: _service_table(settings.SERVICE),
+    "OBSERVABILITY": lambda: _service_table(settings.OBSERVABILITY),
+    "ROUTER": lambda: _service_table(settings.ROUTER),
     "CONTROLLER": lambda: _service_table(settings.CONTROLLER),
     "AGENT": lambda: _service_table(settings.AGENT),
     "INGRESS": lambda: _service_table(settings.INGRESS),
     "AUTH": lambda: _service_table(settings.AUTH),
+    "RECORDER": lambda: _service_table(settings.RECORDER),
 }
 
 

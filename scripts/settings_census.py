@@ -51,6 +51,30 @@ SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("issuer_seed", ("--issuer-seed",), "FLEETPULSE_AUTH_ISSUER_SEED_FILE"),
     ("replica_keys_file", ("--replica-keys-file",), "FLEETPULSE_AUTH_REPLICA_KEYS_FILE"),
     ("role_passwords_dir", ("--role-passwords-dir",), "FLEETPULSE_AUTH_ROLE_PASSWORDS_DIR"),
+    ("log_level", ("--log-level",), "FLEETPULSE_LOG_LEVEL"),
+    ("metrics_port", ("--metrics-port",), "FLEETPULSE_METRICS_PORT"),
+    ("metrics_host", (), "FLEETPULSE_METRICS_HOST"),
+    ("admission_timeout_s", ("--admission-timeout",), None),
+    ("max_queued_requests", ("--max-queued",), None),
+    ("drain_timeout_s", ("--drain-timeout",), None),
+    ("max_held_per_app", ("--max-held",), None),
+    ("max_wait_s", ("--max-wait",), None),
+    ("retry_after_s", ("--retry-after",), None),
+    ("request_timeout_s", ("--request-timeout",), None),
+    ("publish_routes", ("--no-publish-routes",), None),
+    ("partitions", ("--partitions",), None),
+    ("retention_s", ("--retention-s",), None),
+    ("rebuild_s", ("--rebuild-s",), None),
+    ("control_interval_s", ("--control-interval-s",), None),
+    ("member_ttl_s", ("--member-ttl-s",), None),
+    ("heartbeat_s", ("--heartbeat-s",), None),
+    ("policy_timeout_s", ("--custom-policy-timeout-s",), "FLEETPULSE_CUSTOM_POLICY_TIMEOUT_S"),
+    ("stats_file", ("--stats-file",), None),
+    ("workdir", ("--workdir",), None),
+    ("log_dir", ("--log-dir",), None),
+    ("python", ("--python",), None),
+    ("kill_margin_s", ("--kill-margin-s",), None),
+    ("credential_ttl_s", ("--credential-ttl-s",), None),
 )  # fmt: skip
 
 _DERIVED = r"(?:_\w*\[|settings\.|[A-Z][A-Z0-9_]*\b)"
@@ -65,7 +89,7 @@ def _patterns(name: str, flags: tuple[str, ...], env: str | None) -> dict[str, r
         # a config field with a default written out (not taken from a table)
         "default": re.compile(rf"^\s*{n}\s*:\s*[^=\n]+=\s*(?![\s]|{_DERIVED})", re.M),
         # a table row: replicaspec.Param(...), settings.Setting(...)
-        "row": re.compile(rf"(?:Param|Setting)\(\s*\"{n}\"", re.M),
+        "row": re.compile(rf"(?:Param|Setting)\(\s*\"(?:no_)?{n}\"", re.M),
         # a YAML key table entry ("name": conversion) or a name listed for validation
         "key": re.compile(rf"^\s*\"{n}\"\s*(?::\s*\S|,\s*$)", re.M),
         # a validation message naming it

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
+from shared import settings
 from shared.cliargs import (
     Command,
     add_nats_auth_flags,
     add_nats_flag,
     apply_nats_flags,
+    log_level,
 )
 from shared.errors import FleetpulseError
 
@@ -128,12 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Run `fleetpulse COMMAND --help` for a command's options."
         ),
     )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("FLEETPULSE_LOG_LEVEL"),
-        help="DEBUG, INFO, WARNING or ERROR (default: $FLEETPULSE_LOG_LEVEL, else INFO for "
-        "services and WARNING for the deploy/delete/status tools)",
-    )
+    settings.LOG_LEVEL.add_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from services.up_args import add_up_arguments
@@ -262,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = args.log_level or ("WARNING" if args.command in QUIET_COMMANDS else "INFO")
+    level = log_level(args, "WARNING" if args.command in QUIET_COMMANDS else "INFO")
     logging.basicConfig(
         level=getattr(logging, str(level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from shared import settings
+
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -22,7 +24,12 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick", action="store_true", help="a shorter demo (about a minute; used by the tests)"
     )
-    p.add_argument("--max-replicas", type=int, default=8, help="this machine's replica capacity")
+    p.add_argument(
+        "--max-replicas",
+        type=int,
+        default=settings.AGENT_MAX_REPLICAS.default,
+        help="this machine's replica capacity (the local agent's --max-replicas)",
+    )
     p.add_argument(
         "--resource",
         action="append",
@@ -30,7 +37,12 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME=AMOUNT",
         help="a resource the local agent offers, e.g. gpus=1 (repeatable; as `fleetpulse agent`)",
     )
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP ingress port (0: a free port)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=settings.PROXY_PORT.default,
+        help="HTTP ingress port (0: a free port)",
+    )
     p.add_argument(
         "--auth",
         action="store_true",

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from shared import settings
 from shared.errors import FleetpulseError
 from shared.natsauth import ENV_PREFIX, NatsAuth, set_process_auth
 
@@ -76,16 +77,23 @@ def standalone_main(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_nats_flag(parser)
     add_arguments(parser)
-    parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
+    settings.LOG_LEVEL.add_flag(parser)
     args = parser.parse_args()
     return run_parsed(args, run, prog)
+
+
+def log_level(args: argparse.Namespace, default: str = "INFO") -> str:
+    """--log-level, else $FLEETPULSE_LOG_LEVEL (read now, when the command starts), else
+    `default` (INFO; the `fleetpulse` tools' WARNING)."""
+    level: str | None = settings.LOG_LEVEL.resolve(args.log_level, os.environ)
+    return level or default
 
 
 def run_parsed(args: argparse.Namespace, run: Command, prog: str, *, nats: bool = True) -> int:
     """Log at `args.log_level`, apply the NATS flags (`nats`), run; a FleetpulseError is
     `PROG: error: ...` and exit code 2, Ctrl-C exit code 130."""
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, log_level(args).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

@@ -21,6 +21,8 @@ from typing import Final
 
 from prometheus_client import Histogram
 
+from shared import settings
+
 log = logging.getLogger(__name__)
 
 REQUEST_LATENCY_BUCKETS_S: Final = (
@@ -49,7 +51,7 @@ class LatencyByOutcome:
         child.observe(seconds)
 
 
-ENV_METRICS_PORT: Final = "FLEETPULSE_METRICS_PORT"
+ENV_METRICS_PORT: Final = str(settings.METRICS_PORT.env)
 
 METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "controller": (
@@ -133,33 +135,20 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
-    return port
-
-
-ENV_METRICS_HOST: Final = "FLEETPULSE_METRICS_HOST"
-DEFAULT_METRICS_HOST: Final = "127.0.0.1"
-"""Loopback unless asked: a monitoring port is not for the network (compose's image sets
-0.0.0.0, where Prometheus scrapes over the compose network and nothing is published)."""
+ENV_METRICS_HOST: Final = str(settings.METRICS_HOST.env)
 
 
 def add_metrics_port_argument(p: argparse.ArgumentParser) -> None:
-    """`--metrics-port`, defaulting to $FLEETPULSE_METRICS_PORT (a bad value is a usage error of
-    the command that reads it, not of every command)."""
-    p.add_argument(
-        "--metrics-port",
-        type=_port,
-        default=os.environ.get(ENV_METRICS_PORT) or "0",
-        metavar="PORT",
-        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off), "
-        f"on ${ENV_METRICS_HOST} (default {DEFAULT_METRICS_HOST})",
-    )
+    """`--metrics-port` (shared/settings.py METRICS_PORT): default None, the config's builder
+    resolves it (`metrics_port(args, env)`)."""
+    settings.METRICS_PORT.add_flag(p)
+
+
+def metrics_port(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """--metrics-port, else $FLEETPULSE_METRICS_PORT, else 0 (off); read when the config is
+    built. A bad value is a ConfigError naming the flag or the variable."""
+    port: int = settings.METRICS_PORT.resolve(args.metrics_port, os.environ if env is None else env)
+    return port
 
 
 def serve_metrics(port: int, service: str, env: Mapping[str, str] | None = None) -> None:
@@ -169,6 +158,6 @@ def serve_metrics(port: int, service: str, env: Mapping[str, str] | None = None)
         return
     from prometheus_client import start_http_server
 
-    host = (os.environ if env is None else env).get(ENV_METRICS_HOST) or DEFAULT_METRICS_HOST
+    host = settings.METRICS_HOST.resolve(None, os.environ if env is None else env)
     start_http_server(port, addr=host)
     log.info("%s: Prometheus metrics on %s:%d/metrics", service, host, port)

@@ -33,17 +33,18 @@ from typing import Final, Literal
 import numpy as np
 import pyarrow as pa
 
+from shared import settings
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
 from shared.wire.arrow_schemas import RECORDING_SCHEMA, RECORDING_VERSION, RECORDING_VERSION_KEY
 
 FILE_SUFFIX: Final = ".arrows"
 """The registered extension of the Arrow IPC stream format."""
-DEFAULT_BATCH_ROWS: Final = 1000
+DEFAULT_BATCH_ROWS: Final[int] = settings.RECORD_BATCH_ROWS.default
 DEFAULT_BATCH_BYTES: Final = 1024 * 1024
-DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
-DEFAULT_ROTATE_BYTES: Final = 256 * 1024 * 1024
-DEFAULT_ROTATE_S: Final = 3600.0
+DEFAULT_FLUSH_INTERVAL_S: Final[float] = settings.RECORD_FLUSH_INTERVAL.default
+DEFAULT_ROTATE_BYTES: Final = int(settings.RECORD_ROTATE_MB.default * 1024 * 1024)
+DEFAULT_ROTATE_S: Final[float] = settings.RECORD_ROTATE_S.default
 MAX_SUBJECTS_PER_FILE: Final = 65536
 """Each new subject rewrites the file's dictionary; past this many (inbox subjects, say) the
 file rotates rather than let every batch carry a huge dictionary."""

@@ -19,12 +19,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import settings
 from shared.errors import UsageError
 from shared.natsjwt import KeyPair, TokenError, decode, encode
 from shared.subjects import TOKEN_PATTERN, validate_name
 
 CREDENTIAL_TYPE = "fleetpulse-replica"
-DEFAULT_TTL_S = 600.0
+DEFAULT_TTL_S: float = settings.AGENT_CREDENTIAL_TTL.default
 """How long a credential lets its replica connect; the agent refreshes it at a third left."""
 REFRESH_FRACTION = 1 / 3
 INBOX_PREFIX = "_INBOX_"

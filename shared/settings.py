@@ -107,6 +107,9 @@ class Setting:
         assert self.flag is not None, f"{self.name} has no flag"
         shown = self.default_text().strip("`")
         where = f"${self.env} or {shown}" if self.env else shown
+        if self.kind == "bool":
+            p.add_argument(self.flag, action="store_true", default=None, help=self.help)
+            return
         p.add_argument(
             self.flag,
             type=_PARSE[self.kind],
@@ -139,7 +142,16 @@ class Setting:
         return value
 
 
-_PARSE: Mapping[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": bool}
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+_PARSE: Mapping[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _bool}
 
 
 def _show(value: Any) -> str:
@@ -160,6 +172,10 @@ def _name(value: Any) -> str | None:
     except UsageError as exc:
         return str(exc)
     return None
+
+
+def _port(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "must be in 0..65535"
 
 
 def defaults(table: tuple[Setting, ...]) -> Mapping[str, Any]:
@@ -237,6 +253,46 @@ ROUTER_METRICS_INTERVAL = Setting(
 )
 SERVICE: tuple[Setting, ...] = (NAMESPACE, ROUTER_METRICS_INTERVAL)
 
+# logging and Prometheus metrics: every service
+LOG_LEVEL = Setting(
+    "log_level", "str", None, "DEBUG, INFO, WARNING or ERROR", flag="--log-level",
+    env="FLEETPULSE_LOG_LEVEL",
+    doc_default="`INFO` for services, `WARNING` for the deploy/delete/status tools",
+)  # fmt: skip
+METRICS_PORT = Setting(
+    "metrics_port", "int", 0, "serve Prometheus /metrics on this port, on $FLEETPULSE_METRICS_HOST",
+    low=None, validate=_port, flag="--metrics-port", env="FLEETPULSE_METRICS_PORT",
+    metavar="PORT", doc_default="`0`: off",
+)  # fmt: skip
+METRICS_HOST = Setting(
+    "metrics_host", "str", "127.0.0.1", "the address /metrics listens on: loopback unless asked "
+    "(compose's image sets 0.0.0.0, where Prometheus scrapes over the compose network and "
+    "nothing is published)", env="FLEETPULSE_METRICS_HOST",
+)  # fmt: skip
+OBSERVABILITY: tuple[Setting, ...] = (LOG_LEVEL, METRICS_PORT, METRICS_HOST)
+
+# the routers' (handles in any process read the environment once; the gateway also has flags)
+COLUMNAR_MIN_REPLICAS = Setting(
+    "columnar_min_replicas", "int", 128, "report width from which reports go columnar (Arrow), "
+    "narrower ones msgpack (128: the ingest benchmark's crossover, rounded up)", low=1,
+    flag="--columnar-min-replicas", env="FLEETPULSE_COLUMNAR_MIN_REPLICAS",
+)  # fmt: skip
+ROUTER_ADMISSION_TIMEOUT = Setting(
+    "admission_timeout_s", "float", 2.0, "no admission within this long: the request was never "
+    "admitted; retry elsewhere", strict=True, flag="--admission-timeout", metavar="SECONDS",
+)  # fmt: skip
+ROUTER_MAX_QUEUED = Setting(
+    "max_queued_requests", "int", 1000, "requests waiting for a replica at one deployment's "
+    "router; one more is refused (back pressure)", flag="--max-queued",
+)  # fmt: skip
+DRAIN_TIMEOUT = Setting(
+    "drain_timeout_s", "float", 10.0, "on SIGTERM, how long in-flight requests may take",
+    strict=True, flag="--drain-timeout", metavar="SECONDS",
+)  # fmt: skip
+ROUTER: tuple[Setting, ...] = (
+    COLUMNAR_MIN_REPLICAS, ROUTER_ADMISSION_TIMEOUT, ROUTER_MAX_QUEUED, DRAIN_TIMEOUT,
+)  # fmt: skip
+
 # the controller's own settings with an environment variable (compose sets them per member)
 CONTROLLER_MEMBER_ID = Setting(
     "member_id",
@@ -296,7 +352,30 @@ GATEWAY_DEADLINE = Setting(
     "Fp-Deadline-S header says otherwise", strict=True, flag="--deadline",
     env="FLEETPULSE_GATEWAY_DEADLINE_S", metavar="SECONDS",
 )  # fmt: skip
-INGRESS: tuple[Setting, ...] = (PROXY_HOST, PROXY_PORT, GATEWAY_QUEUE_GROUP, GATEWAY_DEADLINE)
+PROXY_MAX_HELD = Setting(
+    "max_held_per_app", "int", 1000, "requests one app may hold while it wakes from zero; one "
+    "more gets 503 at once", flag="--max-held", metavar="N",
+)  # fmt: skip
+PROXY_MAX_WAIT = Setting(
+    "max_wait_s", "float", 60.0, "longest wait for a replica before 503", strict=True,
+    flag="--max-wait", metavar="SECONDS",
+)  # fmt: skip
+PROXY_RETRY_AFTER = Setting(
+    "retry_after_s", "int", 5, "Retry-After of a 503", flag="--retry-after", metavar="SECONDS",
+)  # fmt: skip
+PROXY_REQUEST_TIMEOUT = Setting(
+    "request_timeout_s", "float", None, "deadline of a request unless its Fp-Deadline-S header "
+    "says otherwise", strict=True, flag="--request-timeout", metavar="SECONDS",
+    doc_default="none",
+)  # fmt: skip
+PROXY_NO_PUBLISH_ROUTES = Setting(
+    "no_publish_routes", "bool", False, "do not write the registry to KV fp_routes (e.g. without "
+    "permission to)", flag="--no-publish-routes",
+)  # fmt: skip
+INGRESS: tuple[Setting, ...] = (
+    PROXY_HOST, PROXY_PORT, PROXY_MAX_HELD, PROXY_MAX_WAIT, PROXY_RETRY_AFTER,
+    PROXY_REQUEST_TIMEOUT, PROXY_NO_PUBLISH_ROUTES, GATEWAY_QUEUE_GROUP, GATEWAY_DEADLINE,
+)  # fmt: skip
 
 # the auth callout service's (`fleetpulse auth`)
 AUTH_ISSUER_SEED = Setting(
@@ -346,11 +425,103 @@ AGENT_REPLICA_KEY_SEED = Setting(
     metavar="FILE",
     doc_default="none",
 )
-AGENT: tuple[Setting, ...] = (AGENT_ID, AGENT_REPLICA_KEY_SEED)
+AGENT_MAX_REPLICAS = Setting(
+    "max_replicas", "int", 8, "most replica processes run at once", flag="--max-replicas",
+)  # fmt: skip
+AGENT_WORKDIR = Setting(
+    "workdir", "str", ".", "replicas' working directory", flag="--workdir",
+)  # fmt: skip
+AGENT_LOG_DIR = Setting(
+    "log_dir", "str", None, "per-replica log files", flag="--log-dir", doc_default="a temp dir",
+)  # fmt: skip
+AGENT_PYTHON = Setting(
+    "python", "str", None, "interpreter for replicas", flag="--python",
+    doc_default="the agent's own",
+)  # fmt: skip
+AGENT_KILL_MARGIN = Setting(
+    "kill_margin_s", "float", 5.0, "SIGKILL this long after a replica's "
+    "graceful_shutdown_timeout_s ran out", flag="--kill-margin-s",
+)  # fmt: skip
+AGENT_CREDENTIAL_TTL = Setting(
+    "credential_ttl_s", "float", 600.0, "how long a replica credential lets it connect; renewed "
+    "with a third left", strict=True, flag="--credential-ttl-s",
+)  # fmt: skip
+AGENT: tuple[Setting, ...] = (
+    AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,
+    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL,
+)  # fmt: skip
+
+CONTROLLER_PARTITIONS = Setting(
+    "partitions", "int", 16, "FP_REPORTS partitions", low=None, flag="--partitions",
+)  # fmt: skip
+CONTROLLER_RETENTION = Setting(
+    "retention_s", "float", 600.0, "stream retention", low=None, flag="--retention-s",
+)  # fmt: skip
+CONTROLLER_REBUILD = Setting(
+    "rebuild_s", "float", 60.0, "history replayed from the stream at start (>= the longest "
+    "look-back window)", low=None, flag="--rebuild-s",
+)  # fmt: skip
+CONTROLLER_CONTROL_INTERVAL = Setting(
+    "control_interval_s", "float", 0.1, "how often the controller ticks", low=None,
+    flag="--control-interval-s",
+)  # fmt: skip
+CONTROLLER_MEMBER_TTL = Setting(
+    "member_ttl_s", "float", 2.0, "a member not heard from this long is gone and its partitions "
+    "are taken over", low=None, flag="--member-ttl-s",
+)  # fmt: skip
+CONTROLLER_HEARTBEAT = Setting(
+    "heartbeat_s", "float", 0.5, "how often a member refreshes its group entry (keep several "
+    "per TTL)", low=None, flag="--heartbeat-s",
+)  # fmt: skip
+CONTROLLER_POLICY_TIMEOUT = Setting(
+    "policy_timeout_s", "float", 0.5, "deadline of one custom autoscaling policy call; past it "
+    "the default policy decides that tick, the policy worker process is restarted, and a policy "
+    "that misses it 3 times in a row is quarantined (docs/deploy.md)", strict=True,
+    flag="--custom-policy-timeout-s", env="FLEETPULSE_CUSTOM_POLICY_TIMEOUT_S",
+)  # fmt: skip
+CONTROLLER_STATS_FILE = Setting(
+    "stats_file", "str", "", "append per-tick loop stats as JSON lines (benchmarks; see "
+    "controller/machinery/)", flag="--stats-file", doc_default="none",
+)  # fmt: skip
+# the recorder's (`fleetpulse record`, also run as a compose service)
+RECORD_PREFIX = Setting("prefix", "str", "fleetpulse", "file name prefix", flag="--prefix")
+RECORD_BATCH_ROWS = Setting(
+    "batch_rows", "int", 1000, "rows per batch", low=None, flag="--batch-rows",
+)  # fmt: skip
+RECORD_FLUSH_INTERVAL = Setting(
+    "flush_interval_s", "float", 1.0, "write a batch at least this often (a crash loses at most "
+    "one batch)", low=None, flag="--flush-interval-s",
+)  # fmt: skip
+RECORD_ROTATE_MB = Setting(
+    "rotate_mb", "float", 256.0, "start a new file at this size (MiB)", strict=True,
+    flag="--rotate-mb",
+)  # fmt: skip
+RECORD_ROTATE_S = Setting(
+    "rotate_s", "float", 3600.0, "start a new file at this age", low=None, flag="--rotate-s",
+)  # fmt: skip
+RECORD_ZSTD = Setting(
+    "zstd", "bool", False, "compress record batches with zstd", flag="--zstd",
+)  # fmt: skip
+RECORD_PROGRESS_INTERVAL = Setting(
+    "progress_interval_s", "float", 5.0, "print progress this often (0: off)", low=None,
+    flag="--progress-interval-s",
+)  # fmt: skip
+RECORDER: tuple[Setting, ...] = (
+    RECORD_PREFIX, RECORD_BATCH_ROWS, RECORD_FLUSH_INTERVAL, RECORD_ROTATE_MB, RECORD_ROTATE_S,
+    RECORD_ZSTD, RECORD_PROGRESS_INTERVAL,
+)  # fmt: skip
 
 CONTROLLER: tuple[Setting, ...] = (
     CONTROLLER_MEMBER_ID,
     CONTROLLER_OWNER_EPOCH,
     CONTROLLER_STREAM_REPLICAS,
     CONTROLLER_DECODE_THREADS,
+    CONTROLLER_POLICY_TIMEOUT,
+    CONTROLLER_PARTITIONS,
+    CONTROLLER_RETENTION,
+    CONTROLLER_REBUILD,
+    CONTROLLER_CONTROL_INTERVAL,
+    CONTROLLER_MEMBER_TTL,
+    CONTROLLER_HEARTBEAT,
+    CONTROLLER_STATS_FILE,
 )

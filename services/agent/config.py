@@ -17,7 +17,7 @@ from pathlib import Path
 from shared import resources, settings
 from shared.errors import ConfigError
 from shared.kv.targets import UNPLACED
-from shared.metrics_catalog import add_metrics_port_argument
+from shared.metrics_catalog import add_metrics_port_argument, metrics_port
 from shared.natsauth import REPLICA_ENV_PREFIX, NatsAuth, process_auth
 from shared.natsjwt import KeyPair, read_seed
 from shared.replicacred import DEFAULT_TTL_S
@@ -27,7 +27,7 @@ from .core import KILL_MARGIN_S
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REPLICAS = 8
+DEFAULT_MAX_REPLICAS: int = settings.AGENT_MAX_REPLICAS.default
 _HOST_PREFIX_CHARS = 40  # leaves room for the random suffix within the 64-character token limit
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -47,7 +47,7 @@ class AgentConfig:
     resources: Mapping[str, float] = field(default_factory=dict)
     """Resources given with `--resource` (`gpus`, `cpus`, `memory`, custom); what the agent
     offers placement is `offer` (the machine's cpus and memory filled in)."""
-    workdir: str = "."
+    workdir: str = settings.AGENT_WORKDIR.default
     """The replicas' working directory (user code there imports: `python -m` puts it on sys.path)."""
     pythonpath: tuple[str, ...] = ()
     """Extra PYTHONPATH entries for the replicas, ahead of the inherited PYTHONPATH."""
@@ -56,7 +56,7 @@ class AgentConfig:
     namespace: str = DEFAULT_NAMESPACE
     python: str = sys.executable
     kill_margin_s: float = KILL_MARGIN_S
-    metrics_port: int = 0
+    metrics_port: int = settings.METRICS_PORT.default
     replica_auth: NatsAuth = field(default_factory=NatsAuth)
     """The NATS identity (and TLS) the replicas connect with: their own role's, not ours."""
     replica_key: KeyPair | None = field(default=None, repr=False)
@@ -112,12 +112,7 @@ def machine_resources() -> dict[str, float]:
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     settings.AGENT_ID.add_flag(p)
-    p.add_argument(
-        "--max-replicas",
-        type=int,
-        default=DEFAULT_MAX_REPLICAS,
-        help=f"most replica processes run at once (default {DEFAULT_MAX_REPLICAS})",
-    )
+    settings.AGENT_MAX_REPLICAS.add_flag(p)
     p.add_argument(
         "--resource",
         action="append",
@@ -126,7 +121,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         help="a resource this machine offers, e.g. gpus=2 (whole devices), cpus=8, "
         "memory=BYTES or any name (repeatable; default: the machine's cpus and memory)",
     )
-    p.add_argument("--workdir", default=".", help="replicas' working directory (default: .)")
+    settings.AGENT_WORKDIR.add_flag(p)
     p.add_argument(
         "--pythonpath",
         action="append",
@@ -134,17 +129,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"extra PYTHONPATH entry for replicas (repeatable, or '{os.pathsep}'-separated)",
     )
-    p.add_argument("--log-dir", default=None, help="per-replica log files (default: a temp dir)")
+    settings.AGENT_LOG_DIR.add_flag(p)
     settings.NAMESPACE.add_flag(p)
-    p.add_argument(
-        "--python", default=sys.executable, help="interpreter for replicas (default: this one)"
-    )
-    p.add_argument(
-        "--kill-margin-s",
-        type=float,
-        default=KILL_MARGIN_S,
-        help="SIGKILL this long after a replica's graceful_shutdown_timeout_s ran out",
-    )
+    settings.AGENT_PYTHON.add_flag(p)
+    settings.AGENT_KILL_MARGIN.add_flag(p)
     for name, metavar in (("user", "NAME"), ("password", "SECRET"), ("token", "SECRET"),
                           ("creds", "FILE")):  # fmt: skip
         env = REPLICA_ENV_PREFIX + name.upper()
@@ -155,13 +143,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
             help=f"the replicas' NATS {name} (${env}; default: the agent's own, with a warning)",
         )
     settings.AGENT_REPLICA_KEY_SEED.add_flag(p)
-    p.add_argument(
-        "--credential-ttl-s",
-        type=float,
-        default=DEFAULT_TTL_S,
-        help="how long a replica credential lets it connect; renewed with a third left "
-        f"(default {DEFAULT_TTL_S:g})",
-    )
+    settings.AGENT_CREDENTIAL_TTL.add_flag(p)
     add_metrics_port_argument(p)
 
 
@@ -186,21 +168,23 @@ def _split_paths(items: Sequence[str]) -> tuple[str, ...]:
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    agent_id = settings.AGENT_ID.resolve(args.agent_id, os.environ)
+    env = os.environ
+    agent_id = settings.AGENT_ID.resolve(args.agent_id, env)
     extra = {"agent_id": agent_id} if agent_id else {}
-    seed = settings.AGENT_REPLICA_KEY_SEED.resolve(args.replica_key_seed, os.environ)
+    seed = settings.AGENT_REPLICA_KEY_SEED.resolve(args.replica_key_seed, env)
+    log_dir = settings.AGENT_LOG_DIR.resolve(args.log_dir, env)
     key = read_seed(seed, "--replica-key-seed") if seed else None
     return AgentConfig(
         nats_url=args.nats,
-        max_replicas=args.max_replicas,
+        max_replicas=settings.AGENT_MAX_REPLICAS.resolve(args.max_replicas, env),
         resources=parse_resources(args.resource),
-        workdir=str(Path(args.workdir).resolve()),
+        workdir=str(Path(settings.AGENT_WORKDIR.resolve(args.workdir, env)).resolve()),
         pythonpath=_split_paths(args.pythonpath),
-        log_dir=str(Path(args.log_dir).resolve()) if args.log_dir else None,
-        namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
-        python=args.python,
-        kill_margin_s=args.kill_margin_s,
-        metrics_port=args.metrics_port,
+        log_dir=str(Path(log_dir).resolve()) if log_dir else None,
+        namespace=settings.NAMESPACE.resolve(args.namespace, env),
+        python=settings.AGENT_PYTHON.resolve(args.python, env) or sys.executable,
+        kill_margin_s=settings.AGENT_KILL_MARGIN.resolve(args.kill_margin_s, env),
+        metrics_port=metrics_port(args),
         replica_auth=replica_auth(
             NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX).overridden(
                 user=args.replica_nats_user,
@@ -212,7 +196,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             minted=key is not None,
         ),
         replica_key=key,
-        credential_ttl_s=args.credential_ttl_s,
+        credential_ttl_s=settings.AGENT_CREDENTIAL_TTL.resolve(args.credential_ttl_s, env),
         **extra,
     )
 

@@ -38,12 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from shared import resources
+from shared import resources, settings
 from shared.kv.targets import ReplicaTarget, TargetKey
 from shared.subjects import Subjects
 from shared.transitions import Machine, Refused
 
-KILL_MARGIN_S = 5.0
+KILL_MARGIN_S: float = settings.AGENT_KILL_MARGIN.default
 """SIGKILL comes this long after a replica's graceful_shutdown_timeout_s has run out: the replica
 needs a moment past its drain to unsubscribe and report "exited"."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shared import settings
 from shared.errors import ConfigError
-from shared.metrics_catalog import add_metrics_port_argument
+from shared.metrics_catalog import add_metrics_port_argument, metrics_port
 from shared.natsjwt import (
     PREFIX_ACCOUNT,
     PREFIX_USER,
@@ -120,5 +120,5 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
             trusted_replica_keys=keys, role_passwords=role_passwords(env, passwords_dir)
         ),
         account=settings.AUTH_ACCOUNT.resolve(args.account, env) or GLOBAL_ACCOUNT,
-        metrics_port=args.metrics_port,
+        metrics_port=metrics_port(args, env),
     )

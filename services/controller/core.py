@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from shared import settings
 from shared.appconfig import AppConfig
 from shared.errors import UsageError, WireError
 from shared.kv import buckets
@@ -59,10 +60,10 @@ REPROBE_AFTER_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    namespace: str = "fp"
+    namespace: str = settings.NAMESPACE.default
     member_id: str = "controller"
-    owner_epoch: int = 1
-    control_interval_s: float = 0.1
+    owner_epoch: int = settings.CONTROLLER_OWNER_EPOCH.default
+    control_interval_s: float = settings.CONTROLLER_CONTROL_INTERVAL.default
     status_refresh_s: float = 2.0
     """How often an app's status is looked at for changed figures (demand, counts) that no
     event marked; an unchanged status is not rewritten (status_book.py)..."""

@@ -23,13 +23,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from shared import settings
 from shared.kv import envelope
 from shared.kv.group import PartitionLease
 from shared.kv.group import lease_key as lease_key  # the key shape is the contract's
 from shared.kv.group import lease_partition as lease_partition
 
-DEFAULT_HEARTBEAT_S = 0.5
-DEFAULT_MEMBER_TTL_S = 2.0
+DEFAULT_HEARTBEAT_S: float = settings.CONTROLLER_HEARTBEAT.default
+DEFAULT_MEMBER_TTL_S: float = settings.CONTROLLER_MEMBER_TTL.default
 
 
 @dataclass(frozen=True, slots=True)

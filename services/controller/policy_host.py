@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import msgpack
 
+from shared import settings
 from shared.appconfig import AutoscalingConfig
 from shared.procutil import die_with_parent
 
@@ -71,7 +72,7 @@ from .policy_worker import HEADER, MAX_FRAME, PROGRESS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S: Final = 0.5
+DEFAULT_TIMEOUT_S: Final[float] = settings.CONTROLLER_POLICY_TIMEOUT.default
 """A custom policy call's deadline unless the operator sets one (--custom-policy-timeout-s)."""
 START_TIMEOUT_S: Final = 30.0
 """A worker not ready this long after its start is killed (an interpreter starts in < 1 s)."""

@@ -27,6 +27,7 @@ from typing import Any, cast
 from nats.aio.msg import Msg as NatsMsg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from shared import settings
 from shared.appconfig import AppConfig
 from shared.badinput import BadInput
 from shared.bus import RateLimiter
@@ -108,15 +109,15 @@ class ServiceConfig:
     core: ControllerConfig
     partitions: int = DEFAULT_PARTITIONS
     retention_s: float = DEFAULT_RETENTION_S
-    rebuild_s: float = 60.0
+    rebuild_s: float = settings.CONTROLLER_REBUILD.default
     probe_timeout_s: float = 1.0
-    metrics_port: int = 0
-    stream_replicas: int = 1
+    metrics_port: int = settings.METRICS_PORT.default
+    stream_replicas: int = settings.CONTROLLER_STREAM_REPLICAS.default
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     member_ttl_s: float = DEFAULT_MEMBER_TTL_S
-    stats_file: str = ""
+    stats_file: str = settings.CONTROLLER_STATS_FILE.default
     """Append per-tick loop stats as JSON lines here (see stats.py); empty: off."""
-    decode_threads: int = 0
+    decode_threads: int = settings.CONTROLLER_DECODE_THREADS.default
     """1: decode columnar parts on a worker thread (decode_pipeline.py); 0: on the loop."""
     policy_timeout_s: float = DEFAULT_POLICY_TIMEOUT_S
     """A custom policy call's deadline (policy_host.py): past it the default policy decides."""

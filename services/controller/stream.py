@@ -26,6 +26,7 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from shared import settings
 from shared.natskv import nats_errors
 from shared.subjects import Subjects, partition_prefix, report_stream_name
 
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 
 _V1_TOKENS = 9
 
-DEFAULT_PARTITIONS = 16
-DEFAULT_RETENTION_S = 600.0
+DEFAULT_PARTITIONS: int = settings.CONTROLLER_PARTITIONS.default
+DEFAULT_RETENTION_S: float = settings.CONTROLLER_RETENTION.default
 
 
 def stream_config(

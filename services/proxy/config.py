@@ -10,15 +10,15 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from services.proxy.holding import DEFAULT_MAX_HELD_PER_APP, DEFAULT_MAX_WAIT_S
-from services.router.config import RouterConfig, first_given
+from services.router.config import RouterConfig
 from shared import settings
 from shared.errors import ConfigError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
 DEFAULT_HOST: Final = settings.PROXY_HOST.default
 DEFAULT_PORT: Final = settings.PROXY_PORT.default
-DEFAULT_RETRY_AFTER_S: Final = 5
-DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
+DEFAULT_RETRY_AFTER_S: Final[int] = settings.PROXY_RETRY_AFTER.default
+DEFAULT_DRAIN_TIMEOUT_S: Final[float] = settings.DRAIN_TIMEOUT.default
 DEFAULT_BACKLOG: Final = 2048
 """Listen backlog: a burst of new connections to a cold app must not overflow the accept queue."""
 MAX_HEADER_OVERHEAD_BYTES: Final = 64 * 1024
@@ -84,12 +84,14 @@ class ProxyConfig:
             host=settings.PROXY_HOST.resolve(args.host, env),
             port=settings.PROXY_PORT.resolve(args.port, env),
             namespace=settings.NAMESPACE.resolve(args.namespace, env),
-            max_held_per_app=first_given(args.max_held, DEFAULT_MAX_HELD_PER_APP),
-            max_wait_s=first_given(args.max_wait, DEFAULT_MAX_WAIT_S),
-            retry_after_s=first_given(args.retry_after, DEFAULT_RETRY_AFTER_S),
-            request_timeout_s=args.request_timeout,
-            publish_routes=not args.no_publish_routes,
-            drain_timeout_s=args.drain_timeout,
+            max_held_per_app=settings.PROXY_MAX_HELD.resolve(args.max_held, env),
+            max_wait_s=settings.PROXY_MAX_WAIT.resolve(args.max_wait, env),
+            retry_after_s=settings.PROXY_RETRY_AFTER.resolve(args.retry_after, env),
+            request_timeout_s=settings.PROXY_REQUEST_TIMEOUT.resolve(args.request_timeout, env),
+            publish_routes=not settings.PROXY_NO_PUBLISH_ROUTES.resolve(
+                args.no_publish_routes, env
+            ),
+            drain_timeout_s=settings.DRAIN_TIMEOUT.resolve(args.drain_timeout, env),
             router=router,
         )
 
@@ -99,44 +101,10 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
     settings.PROXY_HOST.add_flag(p)
     settings.PROXY_PORT.add_flag(p)
     settings.NAMESPACE.add_flag(p)
-    p.add_argument(
-        "--max-held",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"requests one app may hold while it wakes from zero (default {DEFAULT_MAX_HELD_PER_APP})",
-    )
-    p.add_argument(
-        "--max-wait",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help=f"longest wait for a replica before 503 (default {DEFAULT_MAX_WAIT_S:g})",
-    )
-    p.add_argument(
-        "--retry-after",
-        type=int,
-        default=None,
-        metavar="SECONDS",
-        help=f"Retry-After of a 503 (default {DEFAULT_RETRY_AFTER_S})",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="deadline of a request unless its Fp-Deadline-S header says otherwise (default: none)",
-    )
+    settings.PROXY_MAX_HELD.add_flag(p)
+    settings.PROXY_MAX_WAIT.add_flag(p)
+    settings.PROXY_RETRY_AFTER.add_flag(p)
+    settings.PROXY_REQUEST_TIMEOUT.add_flag(p)
     settings.ROUTER_METRICS_INTERVAL.add_flag(p)
-    p.add_argument(
-        "--no-publish-routes",
-        action="store_true",
-        help="do not write the registry to KV fp_routes (e.g. without permission to)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=DEFAULT_DRAIN_TIMEOUT_S,
-        metavar="SECONDS",
-        help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
-    )
+    settings.PROXY_NO_PUBLISH_ROUTES.add_flag(p)
+    settings.DRAIN_TIMEOUT.add_flag(p)

@@ -21,8 +21,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Final
 
-DEFAULT_MAX_HELD_PER_APP: Final = 1000
-DEFAULT_MAX_WAIT_S: Final = 60.0
+from shared import settings
+
+DEFAULT_MAX_HELD_PER_APP: Final[int] = settings.PROXY_MAX_HELD.default
+DEFAULT_MAX_WAIT_S: Final[float] = settings.PROXY_MAX_WAIT.default
 
 
 @dataclass(frozen=True, slots=True)

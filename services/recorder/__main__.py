@@ -9,9 +9,10 @@ the recorder with nothing but the package installed. `replay` here republishes; 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
+
+from shared import settings
 
 from .record import add_record_arguments, run_record
 from .replay import add_replay_arguments, run_replay
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.cliargs import add_nats_flag, run_parsed
 
     parser = argparse.ArgumentParser(prog="python -m services.recorder")
-    parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
+    settings.LOG_LEVEL.add_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, add, run, help_ in (
         ("record", add_record_arguments, run_record, "record NATS subjects to Arrow IPC files"),

@@ -38,13 +38,9 @@ from shared import settings
 from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
-from shared.metrics_catalog import add_metrics_port_argument, serve_metrics
+from shared.metrics_catalog import add_metrics_port_argument, metrics_port, serve_metrics
 from shared.natsbus import NatsBus
 from shared.recording import (
-    DEFAULT_BATCH_ROWS,
-    DEFAULT_FLUSH_INTERVAL_S,
-    DEFAULT_ROTATE_BYTES,
-    DEFAULT_ROTATE_S,
     RecordingError,
     RecordingWriter,
     WriterConfig,
@@ -56,7 +52,7 @@ from shared.subjects import REPORT_STREAM as STREAM_NAME
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROGRESS_INTERVAL_S = 5.0
+DEFAULT_PROGRESS_INTERVAL_S: float = settings.RECORD_PROGRESS_INTERVAL.default
 EXPORT_IDLE_TIMEOUT_S = 2.0
 """An export that receives nothing for this long has read everything there is."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -352,35 +348,8 @@ def add_record_arguments(p: argparse.ArgumentParser) -> None:
         "(default: every report, '{namespace}.v1.report.>')",
     )
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
-    p.add_argument("--prefix", default="fleetpulse", help="file name prefix")
-    p.add_argument(
-        "--batch-rows", type=int, default=DEFAULT_BATCH_ROWS, help="rows per batch (%(default)s)"
-    )
-    p.add_argument(
-        "--flush-interval-s",
-        type=float,
-        default=DEFAULT_FLUSH_INTERVAL_S,
-        help="write a batch at least this often (a crash loses at most one batch)",
-    )
-    p.add_argument(
-        "--rotate-mb",
-        type=float,
-        default=DEFAULT_ROTATE_BYTES / _MIB,
-        help="start a new file at this size (%(default)s)",
-    )
-    p.add_argument(
-        "--rotate-s",
-        type=float,
-        default=DEFAULT_ROTATE_S,
-        help="start a new file at this age (%(default)s)",
-    )
-    p.add_argument("--zstd", action="store_true", help="compress record batches with zstd")
-    p.add_argument(
-        "--progress-interval-s",
-        type=float,
-        default=DEFAULT_PROGRESS_INTERVAL_S,
-        help="print progress this often (0: off)",
-    )
+    for row in settings.RECORDER:
+        row.add_flag(p)
     p.add_argument("--duration-s", type=float, default=None, help="stop after this long")
     p.add_argument("--max-messages", type=int, default=None, help="stop after this many")
     settings.NAMESPACE.add_flag(p)
@@ -403,16 +372,15 @@ def add_record_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _writer_config(args: argparse.Namespace) -> WriterConfig:
-    if not (args.rotate_mb > 0):
-        raise UsageError(f"--rotate-mb must be positive, not {args.rotate_mb}")
+    env = os.environ
     return WriterConfig(
         out_dir=args.out,
-        prefix=args.prefix,
-        batch_rows=args.batch_rows,
-        flush_interval_s=args.flush_interval_s,
-        rotate_bytes=max(1, int(args.rotate_mb * _MIB)),
-        rotate_s=args.rotate_s,
-        compression="zstd" if args.zstd else None,
+        prefix=settings.RECORD_PREFIX.resolve(args.prefix, env),
+        batch_rows=settings.RECORD_BATCH_ROWS.resolve(args.batch_rows, env),
+        flush_interval_s=settings.RECORD_FLUSH_INTERVAL.resolve(args.flush_interval_s, env),
+        rotate_bytes=max(1, int(settings.RECORD_ROTATE_MB.resolve(args.rotate_mb, env) * _MIB)),
+        rotate_s=settings.RECORD_ROTATE_S.resolve(args.rotate_s, env),
+        compression="zstd" if settings.RECORD_ZSTD.resolve(args.zstd, env) else None,
     )
 
 
@@ -430,7 +398,9 @@ def run_record(args: argparse.Namespace) -> int:
             start_s=None if args.start is None else parse_time(args.start, now),
             end_s=None if args.end is None else parse_time(args.end, now),
             subjects=tuple(args.subject or ()),
-            progress_interval_s=args.progress_interval_s,
+            progress_interval_s=settings.RECORD_PROGRESS_INTERVAL.resolve(
+                args.progress_interval_s, os.environ
+            ),
         )
         stats = asyncio.run(export_stream(export))
         verb = "exported"
@@ -441,10 +411,12 @@ def run_record(args: argparse.Namespace) -> int:
             nats_url=args.nats,
             writer=writer,
             subjects=tuple(args.subject or (Subjects(args.namespace).reports_wildcard(),)),
-            progress_interval_s=args.progress_interval_s,
+            progress_interval_s=settings.RECORD_PROGRESS_INTERVAL.resolve(
+                args.progress_interval_s, os.environ
+            ),
             duration_s=args.duration_s,
             max_messages=args.max_messages,
-            metrics_port=args.metrics_port,
+            metrics_port=metrics_port(args),
         )
         serve_metrics(cfg.metrics_port, "recorder")
         stats = asyncio.run(_record_until_signal(cfg))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import replicaspec, settings
-from shared.metrics_catalog import add_metrics_port_argument
+from shared.metrics_catalog import add_metrics_port_argument, metrics_port
 from shared.replicaspec import ReplicaSpec
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
 
@@ -64,6 +64,6 @@ def config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         version=args.code_version,
         namespace=settings.NAMESPACE.resolve(args.namespace, os.environ),
         nats_url=args.nats,
-        metrics_port=args.metrics_port,
+        metrics_port=metrics_port(args),
         **extra,
     )

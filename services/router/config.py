@@ -11,19 +11,16 @@ import argparse
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from shared import settings
 from shared.errors import ConfigError
-from shared.metrics_catalog import ENV_METRICS_PORT
+from shared.metrics_catalog import add_metrics_port_argument, metrics_port
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
-from shared.wire.columnar import DEFAULT_COLUMNAR_MIN_REPLICAS
 
-T = TypeVar("T")
-
-ENV_COLUMNAR_MIN_REPLICAS: Final = "FLEETPULSE_COLUMNAR_MIN_REPLICAS"
+ENV_COLUMNAR_MIN_REPLICAS: Final = str(settings.COLUMNAR_MIN_REPLICAS.env)
 ENV_METRICS_INTERVAL_S: Final = settings.ROUTER_METRICS_INTERVAL.env
 ENV_NAMESPACE: Final = settings.NAMESPACE.env
 
@@ -31,16 +28,16 @@ GATEWAY_SERVICE_NAME: Final = "fleetpulse-router"
 GATEWAY_SERVICE_VERSION: Final = "0.1.0"
 DEFAULT_GATEWAY_QUEUE_GROUP: Final = settings.GATEWAY_QUEUE_GROUP.default
 DEFAULT_GATEWAY_DEADLINE_S: Final = settings.GATEWAY_DEADLINE.default
-DEFAULT_DRAIN_TIMEOUT_S: Final = 10.0
+DEFAULT_DRAIN_TIMEOUT_S: Final[float] = settings.DRAIN_TIMEOUT.default
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Knobs of one in-process router (shared by every handle of a deployment)."""
 
-    admission_timeout_s: float = 2.0
+    admission_timeout_s: float = settings.ROUTER_ADMISSION_TIMEOUT.default
     """No admission within this long: the request was never admitted; retry elsewhere."""
-    max_queued_requests: int = 1000
+    max_queued_requests: int = settings.ROUTER_MAX_QUEUED.default
     """Requests waiting for a replica at this handle; one more raises BackPressureError."""
     frame_pump_delay_s: float = 0.2
     """A stream with declared health frames gets a pump only if still pending after this long."""
@@ -50,7 +47,7 @@ class RouterConfig:
     metrics_interval_s: float = settings.ROUTER_METRICS_INTERVAL.default
     """Handle report cadence until the deployment's members carry its own `metrics_interval_s`
     (then that governs; see Router.report_interval_s)."""
-    columnar_min_replicas: int = DEFAULT_COLUMNAR_MIN_REPLICAS
+    columnar_min_replicas: int = settings.COLUMNAR_MIN_REPLICAS.default
     """Reports covering at least this many replicas go columnar (Arrow), narrower ones msgpack."""
     backoff_initial_s: float = 0.010
     backoff_max_s: float = 0.500
@@ -66,10 +63,8 @@ class RouterConfig:
                 isinstance(value, int | float) and math.isfinite(value) and value > 0
             ):
                 raise ConfigError(f"must be a positive number, not {value!r}", field=f.name)
-        if self.max_queued_requests < 0:
-            raise ConfigError("must be >= 0", field="max_queued_requests")
-        if self.columnar_min_replicas < 1:
-            raise ConfigError("must be >= 1", field="columnar_min_replicas")
+        settings.ROUTER_MAX_QUEUED.check(self.max_queued_requests)
+        settings.COLUMNAR_MIN_REPLICAS.check(self.columnar_min_replicas)
         if self.backoff_max_s < self.backoff_initial_s:
             raise ConfigError("must be >= backoff_initial_s", field="backoff_max_s")
 
@@ -77,12 +72,9 @@ class RouterConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
-        columnar = env_value(env, ENV_COLUMNAR_MIN_REPLICAS, int)
-        if columnar is not None:
-            values["columnar_min_replicas"] = columnar
-        interval = settings.ROUTER_METRICS_INTERVAL
-        if env.get(str(interval.env)):
-            values["metrics_interval_s"] = interval.resolve(None, env)
+        for s in (settings.COLUMNAR_MIN_REPLICAS, settings.ROUTER_METRICS_INTERVAL):
+            if env.get(str(s.env)):
+                values[s.name] = s.resolve(None, env)
         values.update(overrides)
         return cls(**values)
 
@@ -124,21 +116,21 @@ class GatewayConfig:
     ) -> GatewayConfig:
         env = os.environ if env is None else env
         router = RouterConfig.from_env(env)
-        overrides = {
-            "admission_timeout_s": args.admission_timeout,
-            "max_queued_requests": args.max_queued,
-            "metrics_interval_s": args.metrics_interval,
-            "columnar_min_replicas": args.columnar_min_replicas,
-        }
-        router = replace(router, **{k: v for k, v in overrides.items() if v is not None})
+        flags = (
+            (settings.ROUTER_ADMISSION_TIMEOUT, args.admission_timeout),
+            (settings.ROUTER_MAX_QUEUED, args.max_queued),
+            (settings.ROUTER_METRICS_INTERVAL, args.metrics_interval),
+            (settings.COLUMNAR_MIN_REPLICAS, args.columnar_min_replicas),
+        )
+        router = replace(router, **{s.name: s.resolve(v, {}) for s, v in flags if v is not None})
         return cls(
             nats_url=args.nats,
             namespace=settings.NAMESPACE.resolve(args.namespace, env),
             queue_group=settings.GATEWAY_QUEUE_GROUP.resolve(args.queue_group, env),
             deadline_s=settings.GATEWAY_DEADLINE.resolve(args.deadline, env),
-            drain_timeout_s=args.drain_timeout,
+            drain_timeout_s=settings.DRAIN_TIMEOUT.resolve(args.drain_timeout, env),
             router=router,
-            metrics_port=first_given(args.metrics_port, env_value(env, ENV_METRICS_PORT, int), 0),
+            metrics_port=metrics_port(args, env),
         )
 
 
@@ -147,48 +139,9 @@ def add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     settings.NAMESPACE.add_flag(p)
     settings.GATEWAY_QUEUE_GROUP.add_flag(p)
     settings.GATEWAY_DEADLINE.add_flag(p)
-    p.add_argument(
-        "--admission-timeout", type=float, default=None, metavar="SECONDS", help="default: 2"
-    )
-    p.add_argument("--max-queued", type=int, default=None, help="per deployment; default: 1000")
+    settings.ROUTER_ADMISSION_TIMEOUT.add_flag(p)
+    settings.ROUTER_MAX_QUEUED.add_flag(p)
     settings.ROUTER_METRICS_INTERVAL.add_flag(p)
-    p.add_argument(
-        "--columnar-min-replicas",
-        type=int,
-        default=None,
-        help=f"report width from which reports go columnar (default: ${ENV_COLUMNAR_MIN_REPLICAS}"
-        f" or {DEFAULT_COLUMNAR_MIN_REPLICAS})",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=DEFAULT_DRAIN_TIMEOUT_S,
-        metavar="SECONDS",
-        help="on SIGTERM, how long in-flight requests may take (default: %(default)s)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help=f"serve Prometheus /metrics on this port (default: ${ENV_METRICS_PORT}, else 0: off)",
-    )
-
-
-def env_value(env: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:
-    """`env[name]` parsed, None when unset or empty; ConfigError naming the variable if bad."""
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return parse(raw)
-    except ValueError:
-        raise ConfigError(f"cannot parse {raw!r}", source="environment", field=name) from None
-
-
-def first_given(*values: T | None) -> T:
-    """The first value that is not None (flag, then environment, then default)."""
-    for v in values:
-        if v is not None:
-            return v
-    raise ConfigError("no value")  # unreachable: the last argument is a default
+    settings.COLUMNAR_MIN_REPLICAS.add_flag(p)
+    settings.DRAIN_TIMEOUT.add_flag(p)
+    add_metrics_port_argument(p)

@@ -4,11 +4,11 @@ without the launcher."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from shared import settings
 from shared.cliargs import run_parsed
 from shared.errors import UsageError
 
@@ -24,7 +24,7 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.whatif")
-    parser.add_argument("--log-level", default=os.environ.get("FLEETPULSE_LOG_LEVEL", "INFO"))
+    settings.LOG_LEVEL.add_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("replay", help="run a recording through an autoscaling config")
     rep.add_argument("path", type=Path, metavar="FILE|DIR", help="a recording file or directory")

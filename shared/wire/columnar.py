@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shared import settings
 from shared.errors import UsageError, WireError
 from shared.wire import reasons
 from shared.wire._columnar_check import (
@@ -53,7 +54,7 @@ from shared.wire.limits import (
 from shared.wire.messages import HandleReport, HealthStatus, RequestStats
 
 COLUMNAR_MAGIC: Final = b"FPC1"
-DEFAULT_COLUMNAR_MIN_REPLICAS: Final = 128
+DEFAULT_COLUMNAR_MIN_REPLICAS: Final[int] = settings.COLUMNAR_MIN_REPLICAS.default
 """Reports covering at least this many replicas go columnar (services read the env override
 FLEETPULSE_COLUMNAR_MIN_REPLICAS in their config). The power of two above the controller-ingest
 crossover `python -m scripts.bench.ingest` measures (64-96 replicas in three runs, where

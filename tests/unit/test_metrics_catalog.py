@@ -28,7 +28,8 @@ from services.proxy.metrics import ProxyMetrics
 from services.recorder.record import add_record_arguments
 from services.replica.config import add_replica_arguments
 from services.router.config import GatewayConfig, add_gateway_arguments
-from shared.metrics_catalog import ENV_METRICS_PORT, METRIC_NAMES
+from shared.errors import ConfigError
+from shared.metrics_catalog import ENV_METRICS_PORT, METRIC_NAMES, metrics_port
 
 MODULES: dict[str, ModuleType] = {
     "controller": services.controller.metrics,
@@ -102,18 +103,23 @@ ADDERS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], list[str]]] =
 
 
 @pytest.mark.parametrize("service", sorted(ADDERS))
-def test_metrics_port_defaults_to_the_environment(
+def test_metrics_port_flag_then_environment_read_when_the_config_is_built(
     service: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     add, required = ADDERS[service]
-    monkeypatch.delenv(ENV_METRICS_PORT, raising=False)
-    assert _parse(add, required).metrics_port == 0
     monkeypatch.setenv(ENV_METRICS_PORT, "9464")
-    assert _parse(add, required).metrics_port == 9464
-    assert _parse(add, [*required, "--metrics-port", "0"]).metrics_port == 0
-    monkeypatch.setenv(ENV_METRICS_PORT, "many")
-    with pytest.raises(SystemExit):
-        _parse(add, required)
+    args = _parse(add, required)
+    assert args.metrics_port is None  # the parser reads no environment
+    assert metrics_port(args, {}) == 0
+    assert metrics_port(args, {ENV_METRICS_PORT: "9464"}) == 9464
+    assert (
+        metrics_port(_parse(add, [*required, "--metrics-port", "0"]), {ENV_METRICS_PORT: "1"}) == 0
+    )
+    with pytest.raises(ConfigError) as bad:
+        metrics_port(args, {ENV_METRICS_PORT: "many"})
+    assert bad.value.field == ENV_METRICS_PORT
+    with pytest.raises(ConfigError):
+        metrics_port(_parse(add, [*required, "--metrics-port", "70000"]), {})
 
 
 def test_gateway_metrics_port_from_flag_then_environment() -> None:

@@ -111,6 +111,7 @@ _OWNERS = {
     "queue_group": {"router"},
     "deadline_s": {"router"},
     "issuer_seed": {"auth"},
+    "max_replicas": {"agent"},
     "role_passwords_dir": {"auth"},
 }
 """Settings of one command whose flag name another command uses for something else."""
@@ -118,7 +119,17 @@ _OWNERS = {
 
 @pytest.mark.parametrize(
     "setting",
-    settings.SERVICE + settings.CONTROLLER + settings.AGENT + settings.INGRESS,
+    [
+        s
+        for s in settings.SERVICE
+        + settings.OBSERVABILITY
+        + settings.ROUTER
+        + settings.CONTROLLER
+        + settings.AGENT
+        + settings.INGRESS
+        + settings.RECORDER
+        if s.flag is not None and s is not settings.LOG_LEVEL
+    ],
     ids=lambda s: s.name,
 )
 def test_a_service_flag_has_one_help_and_one_behaviour(setting: settings.Setting) -> None:
@@ -133,7 +144,8 @@ def test_a_service_flag_has_one_help_and_one_behaviour(setting: settings.Setting
                 found.append(name)
                 assert action.default is None, name
                 assert action.help is not None and action.help.startswith(setting.help), name
-                assert f"${setting.env}" in action.help, name
+                if setting.env is not None:
+                    assert f"${setting.env}" in action.help, name
     assert found, f"no command takes {setting.flag}"
 
 
@@ -170,3 +182,29 @@ def test_the_controller_reads_its_environment_when_it_builds_its_config(
     assert (config.core.member_id, config.core.owner_epoch) == ("c-env", 7)
     assert config.core.namespace == "ns2"
     assert config.decode_threads == 1  # the flag wins
+
+
+def test_log_level_flag_then_environment_then_the_commands_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.cli import build_parser
+    from shared.cliargs import log_level
+
+    monkeypatch.setenv("FLEETPULSE_LOG_LEVEL", "DEBUG")
+    args = build_parser().parse_args(["status"])
+    assert args.log_level is None  # read when the command starts, not when the parser is built
+    assert log_level(args) == "DEBUG"
+    monkeypatch.delenv("FLEETPULSE_LOG_LEVEL")
+    assert log_level(args, "WARNING") == "WARNING"
+    assert log_level(build_parser().parse_args(["--log-level", "ERROR", "status"])) == "ERROR"
+
+
+def test_the_columnar_gate_reads_its_row() -> None:
+    from services.router.config import RouterConfig
+
+    row = settings.COLUMNAR_MIN_REPLICAS
+    assert RouterConfig().columnar_min_replicas == row.default
+    assert RouterConfig.from_env({str(row.env): "4"}).columnar_min_replicas == 4
+    with pytest.raises(ConfigError) as bad:
+        RouterConfig.from_env({str(row.env): "0"})
+    assert bad.value.field == row.env
