@@ -75,6 +75,14 @@ SETTINGS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("python", ("--python",), None),
     ("kill_margin_s", ("--kill-margin-s",), None),
     ("credential_ttl_s", ("--credential-ttl-s",), None),
+    ("published_nats_url", ("--nats-url",), "FP_PUBLISHED_NATS_URL"),
+    ("prefix", ("--prefix",), None),
+    ("batch_rows", ("--batch-rows",), None),
+    ("flush_interval_s", ("--flush-interval-s",), None),
+    ("rotate_mb", ("--rotate-mb",), None),
+    ("rotate_s", ("--rotate-s",), None),
+    ("zstd", ("--zstd",), None),
+    ("progress_interval_s", ("--progress-interval-s",), None),
 )  # fmt: skip
 
 _DERIVED = r"(?:_\w*\[|settings\.|[A-Z][A-Z0-9_]*\b)"

@@ -400,8 +400,14 @@ AUTH_ACCOUNT = Setting(
     env="FLEETPULSE_AUTH_ACCOUNT",
     doc_default="`$G`, the account of a server without an accounts block",
 )  # fmt: skip
+AUTH_PUBLISHED_NATS_URL = Setting(
+    "published_nats_url", "str", None, "`fleetpulse auth-credentials`: the server URL as the "
+    "caller reaches it (exported as FLEETPULSE_NATS_URL)", flag="--nats-url",
+    env="FP_PUBLISHED_NATS_URL", metavar="URL", doc_default="none (not exported)",
+)  # fmt: skip
 AUTH: tuple[Setting, ...] = (
     AUTH_ISSUER_SEED, AUTH_REPLICA_KEYS_FILE, AUTH_ROLE_PASSWORDS_DIR, AUTH_ACCOUNT,
+    AUTH_PUBLISHED_NATS_URL,
 )  # fmt: skip
 
 # the agent's (and its replicas')

@@ -25,6 +25,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from shared import settings
 from shared.errors import ConfigError
 from shared.natsjwt import PREFIX_ACCOUNT, PREFIX_USER, KeyPair, read_seed
 from shared.passwords import checked_password, new_password, read_password, write_secret
@@ -224,20 +225,19 @@ def add_credentials_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where auth-init keeps the role passwords",
     )
-    p.add_argument(
-        "--nats-url",
-        default=os.environ.get("FP_PUBLISHED_NATS_URL"),
-        metavar="URL",
-        help="the server URL as the caller reaches it ($FP_PUBLISHED_NATS_URL)",
+    settings.AUTH_PUBLISHED_NATS_URL.add_flag(p)
+
+
+def run_credentials(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """Shell exports for `eval`: the role's user and password, and the URL when known
+    (--nats-url, else $FP_PUBLISHED_NATS_URL, read now)."""
+    url = settings.AUTH_PUBLISHED_NATS_URL.resolve(
+        args.nats_url, os.environ if env is None else env
     )
-
-
-def run_credentials(args: argparse.Namespace) -> int:
-    """Shell exports for `eval`: the role's user and password, and the URL when known."""
     password = read_password(Path(args.role_passwords_dir) / args.role, "--role-passwords-dir")
     exports = {"FLEETPULSE_NATS_USER": args.role, "FLEETPULSE_NATS_PASSWORD": password}
-    if args.nats_url:
-        exports["FLEETPULSE_NATS_URL"] = args.nats_url
+    if url:
+        exports["FLEETPULSE_NATS_URL"] = url
     for name, value in exports.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0

@@ -208,3 +208,18 @@ def test_the_columnar_gate_reads_its_row() -> None:
     with pytest.raises(ConfigError) as bad:
         RouterConfig.from_env({str(row.env): "0"})
     assert bad.value.field == row.env
+
+
+def test_auth_credentials_reads_the_published_url_when_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.auth.keys import run_credentials
+
+    (tmp_path / "operator").write_text("pw\n")
+    monkeypatch.setenv("FP_PUBLISHED_NATS_URL", "nats://env:1")
+    args = _parsers()["auth-credentials"].parse_args(
+        ["operator", "--role-passwords-dir", str(tmp_path)]
+    )
+    assert args.nats_url is None  # not read when the parser is built
+    assert run_credentials(args, {"FP_PUBLISHED_NATS_URL": "nats://env:2"}) == 0
+    assert "export FLEETPULSE_NATS_URL=nats://env:2" in capsys.readouterr().out.splitlines()
