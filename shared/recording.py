@@ -104,7 +104,7 @@ def wall_to_us(wall_s: float) -> int:
 @dataclass(frozen=True, slots=True)
 class WriterConfig:
     out_dir: Path
-    prefix: str = "fleetpulse"
+    prefix: str = settings.RECORD_PREFIX.default
     batch_rows: int = DEFAULT_BATCH_ROWS
     batch_bytes: int = DEFAULT_BATCH_BYTES
     flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S

@@ -73,10 +73,8 @@ class AgentConfig:
         validate_name(self.namespace, "namespace")
         if not self.credential_ttl_s > 0:
             raise ConfigError("must be > 0", field="credential_ttl_s")
-        if self.max_replicas < 0:
-            raise ConfigError("must be >= 0", field="max_replicas")
-        if not self.kill_margin_s >= 0:
-            raise ConfigError("must be >= 0", field="kill_margin_s")
+        settings.AGENT_MAX_REPLICAS.check(self.max_replicas)
+        settings.AGENT_KILL_MARGIN.check(self.kill_margin_s)
         if not Path(self.workdir).is_dir():
             raise ConfigError(f"{self.workdir!r} is not a directory", field="workdir")
         for name, amount in self.resources.items():

@@ -44,7 +44,7 @@ class AuthConfig:
     issuer: KeyPair = field(repr=False)
     policy: AuthPolicy
     account: str = GLOBAL_ACCOUNT
-    metrics_port: int = 0
+    metrics_port: int = settings.METRICS_PORT.default
 
     def __post_init__(self) -> None:
         if self.issuer.prefix != PREFIX_ACCOUNT:

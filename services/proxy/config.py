@@ -52,10 +52,8 @@ class ProxyConfig:
         validate_name(self.namespace, "namespace")
         if not 0 <= self.port <= 65535:
             raise ConfigError("must be in 0..65535", field="port")
-        if self.max_held_per_app < 0:
-            raise ConfigError("must be >= 0", field="max_held_per_app")
-        if self.retry_after_s < 0:
-            raise ConfigError("must be >= 0", field="retry_after_s")
+        settings.PROXY_MAX_HELD.check(self.max_held_per_app)
+        settings.PROXY_RETRY_AFTER.check(self.retry_after_s)
         if self.backlog < 1:
             raise ConfigError("must be >= 1", field="backlog")
         for name in ("max_wait_s", "drain_timeout_s", "request_timeout_s"):

@@ -71,7 +71,7 @@ class RecordConfig:
     duration_s: float | None = None
     max_messages: int | None = None
     name: str = "fleetpulse-recorder"
-    metrics_port: int = 0
+    metrics_port: int = settings.METRICS_PORT.default
     """Serve Prometheus /metrics here while recording (0: off)."""
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ class ReplicaConfig:
     version: str = ""
     namespace: str = DEFAULT_NAMESPACE
     nats_url: str = "nats://127.0.0.1:4222"
-    metrics_port: int = 0
+    metrics_port: int = settings.METRICS_PORT.default
 
     def __post_init__(self) -> None:
         validate_name(self.app, "app")

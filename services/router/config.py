@@ -96,7 +96,7 @@ class GatewayConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     """On SIGTERM, how long in-flight requests may take to finish."""
     router: RouterConfig = field(default_factory=RouterConfig)
-    metrics_port: int = 0
+    metrics_port: int = settings.METRICS_PORT.default
     """Serve Prometheus /metrics here (0: off)."""
 
     def __post_init__(self) -> None:
