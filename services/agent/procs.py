@@ -23,8 +23,6 @@ from shared.procutil import die_with_parent
 
 log = logging.getLogger(__name__)
 
-METRICS_PORT_ENV = "FLEETPULSE_METRICS_PORT"
-
 
 def child_env(
     base: Mapping[str, str], pythonpath: Sequence[str], auth: NatsAuth | None = None
@@ -33,7 +31,6 @@ def child_env(
     replicas' own (`auth`) instead, extra PYTHONPATH entries first, unbuffered output (so a log
     file shows a crash's last lines)."""
     env = scrubbed_env(base)
-    env.pop(METRICS_PORT_ENV, None)  # the agent's port: a replica must not try to bind it too
     env.update((auth or NatsAuth()).to_env())
     # the agent's metrics port: every replica inheriting it would fight over one port
     env.pop(ENV_METRICS_PORT, None)
