@@ -24,7 +24,6 @@ last word must still count when the successor's delay runs out, however slow the
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 from collections.abc import Iterator
@@ -34,7 +33,6 @@ from pathlib import Path
 import pytest
 
 from services.controller.group import partition_of
-from services.controller.group_shell import KV_LEASES
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.bus import Msg
 from shared.errors import BusError
@@ -46,6 +44,7 @@ from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.subjects import KV_APPS, KV_STATUS, KV_TARGETS
 from shared.wire import encode
 from shared.wire.messages import HandleReport, HealthStatus, Lifecycle
+from tests.integration.test_controller_group import leases
 from tests.procs import ServiceProcesses
 from tests.waiting import eventually as until
 
@@ -82,17 +81,6 @@ def procs(tmp_path: Path) -> Iterator[ServiceProcesses]:
         p.stop_all(timeout=15)
         for log in sorted(tmp_path.glob("*.log")):  # shown by pytest only when the test fails
             print(f"--- {log.name} (tail)\n" + "\n".join(log.read_text().splitlines()[-40:]))
-
-
-async def leases(bus: NatsBus) -> dict[int, tuple[str, int]]:
-    kv = await bus.kv(KV_LEASES)
-    out: dict[int, tuple[str, int]] = {}
-    for key in await kv.keys():
-        entry = await kv.get(key)
-        if entry is not None:
-            doc = json.loads(entry.value)
-            out[int(key[1:])] = (doc["owner"], doc["epoch"])
-    return out
 
 
 async def balanced(bus: NatsBus) -> bool:

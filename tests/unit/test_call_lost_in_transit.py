@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the router fixtures imported from test_router_handle are test arguments)
 """Part of a response stream lost in transit (a NATS node restarted between a replica and its
 router): the reader says so (`ResponseLostError`, retryable, the request ran) instead of
 "ended without a result", a broken stream, or a silently short result (docs/dataplane.md,
@@ -7,13 +8,12 @@ router): the reader says so (`ResponseLostError`, retryable, the request ran) in
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from services.router.config import RouterConfig
 from services.router.errors import RequestFailed, ResponseLostError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.router.http import call_http, failure_of
@@ -31,40 +31,9 @@ from shared.wire.messages import (
     Request,
     WireMessage,
 )
+from tests.unit.test_router_handle import FAST, bus, clock, rbus, server  # noqa: F401 (fixtures)
 
 APP, DEP = "shop", "lossy"
-FAST = RouterConfig(
-    admission_timeout_s=0.05,
-    liveness_interval_s=0.02,
-    probe_timeout_s=0.02,
-    queue_poll_max_s=0.01,
-    frame_pump_delay_s=0.02,
-    metrics_interval_s=60.0,
-)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def server(clock: FakeClock) -> FakeServer:
-    return FakeServer(clock=clock)
-
-
-@pytest.fixture
-async def bus(server: FakeServer) -> AsyncIterator[FakeBus]:
-    b = server.connect("router")
-    yield b
-    await b.close()
-
-
-@pytest.fixture
-async def rbus(server: FakeServer) -> AsyncIterator[FakeBus]:
-    b = server.connect("replicas")
-    yield b
-    await b.close()
 
 
 def answers(rid: str) -> Callable[[str, tuple[Any, ...], dict[str, Any]], Any]:
