@@ -102,6 +102,7 @@ MEMBER = Member(
     report_interval_s=2.5,
     max_queued_requests=100,
     max_ongoing_requests=8,
+    http_address="10.0.0.7:41234",
 )
 STATUS = AppStatusView(
     "shop",
@@ -158,7 +159,7 @@ def canonical() -> list[tuple[str, str, envelope.Document, str]]:
     return [
         ("app", "shop", AppDoc(SHOP), "two deployments, one autoscaled to zero"),
         ("replica_target", TARGET.key, TARGET, "one replica of agent-a"),
-        ("member", MEMBER.key, MEMBER, "slot 3 of shop.ranker"),
+        ("member", MEMBER.key, MEMBER, "slot 3 of shop.ranker, serving HTTP itself"),
         ("app_status", "shop", STATUS, ""),
         ("agent", "agent-a", AGENT, "with a named resource"),
         ("lease", lease_key(5), PartitionLease("c-1a2b3c4d", 7), "partition 5 held at epoch 7"),
@@ -198,7 +199,7 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
     member = {
         k: v
         for k, v in _as_doc(MEMBER).items()
-        if k not in ("owner_epoch", "report_interval_s", "max_queued_requests")
+        if k not in ("owner_epoch", "report_interval_s", "max_queued_requests", "http_address")
     }
     agent = {k: v for k, v in _as_doc(AGENT).items() if k != "resources"}
     status = _as_doc(STATUS)
@@ -228,7 +229,14 @@ def lenient() -> list[tuple[str, str, str, dict[str, Any], str]]:
             "member",
             MEMBER.key,
             {**member, **extra},
-            "owner_epoch, report_interval_s and max_queued_requests absent",
+            "owner_epoch, report_interval_s, max_queued_requests and http_address absent",
+        ),
+        (
+            "member_nil_http_address",
+            "member",
+            MEMBER.key,
+            {**member, "http_address": None},
+            "http_address null: serves no HTTP itself",
         ),
         (
             "app_status_lenient",
@@ -302,6 +310,10 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
         ("member_dotted_replica", "member", with_(member, replica_id="a.b"), "bad_value", ""),
         ("member_zero_queue", "member", with_(member, max_queued_requests=0), "bad_value", ""),
         ("member_zero_ongoing", "member", with_(member, max_ongoing_requests=0), "bad_value", ""),
+        ("member_http_no_port", "member", with_(member, http_address="h"), "bad_value", ""),
+        ("member_http_port_0", "member", with_(member, http_address="h:0"), "bad_value", ""),
+        ("member_http_no_host", "member", with_(member, http_address=":80"), "bad_value", ""),
+        ("member_http_int", "member", with_(member, http_address=80), "wrong_type", ""),
         (
             "replica_target_device_twice",
             "replica_target",

@@ -182,6 +182,11 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             dataclasses.replace(READY, max_ongoing_requests=5),
             "optional admission limit, sent on ready",
         ),
+        (
+            "lifecycle_ready_http_address",
+            dataclasses.replace(READY, max_ongoing_requests=5, http_address="10.0.0.7:41234"),
+            "a replica of an ingress deployment: where it serves HTTP itself, sent on ready",
+        ),
         ("lifecycle_exited", EXITED, "killed by SIGKILL (negative exit code = signal)"),
     ]
 
@@ -251,6 +256,11 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "lifecycle_nil_max_ongoing",
             {**codec.to_wire_map(READY), "max_ongoing_requests": None},
             "optional max_ongoing_requests nil instead of omitted",
+        ),
+        (
+            "lifecycle_nil_http_address",
+            {**codec.to_wire_map(READY), "http_address": None},
+            "optional http_address nil: serves no HTTP itself",
         ),
         (
             "probe_nil_request_id",
@@ -429,6 +439,30 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             _pack({**codec.to_wire_map(EXITED), "state": "zombie"}),
             "bad_value",
             "state not in the enum",
+        ),
+        (
+            "lifecycle_http_address_no_port",
+            _pack({**codec.to_wire_map(READY), "http_address": "10.0.0.7"}),
+            "bad_value",
+            "http_address must be host:port",
+        ),
+        (
+            "lifecycle_http_address_port_zero",
+            _pack({**codec.to_wire_map(READY), "http_address": "10.0.0.7:0"}),
+            "bad_value",
+            "http_address port must be 1..65535",
+        ),
+        (
+            "lifecycle_http_address_empty_host",
+            _pack({**codec.to_wire_map(READY), "http_address": ":8080"}),
+            "bad_value",
+            "http_address host must not be empty",
+        ),
+        (
+            "lifecycle_http_address_int",
+            _pack({**codec.to_wire_map(READY), "http_address": 8080}),
+            "wrong_type",
+            "http_address is a string",
         ),
         (
             "huge_str_header",

@@ -187,7 +187,14 @@ class DeploymentState:
     # -- lifecycle input ---------------------------------------------------------------------
 
     def on_lifecycle(
-        self, replica_id: str, state: str, now: float, *, rpc_subject: str = "", agent_id: str = ""
+        self,
+        replica_id: str,
+        state: str,
+        now: float,
+        *,
+        rpc_subject: str = "",
+        agent_id: str = "",
+        http_address: str = "",
     ) -> list[StateEvent]:
         rec = self.replicas.get(replica_id)
         if rec is None:
@@ -196,6 +203,8 @@ class DeploymentState:
             rec.agent_id = agent_id
         if rpc_subject:
             rec.rpc_subject = rpc_subject
+        if http_address:  # sent on "ready" only: later messages leave it as it was
+            rec.http_address = http_address
         try:
             event = LifecycleState(state)
         except ValueError:  # the decoder lets none through; a caller in process might

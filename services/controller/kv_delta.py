@@ -51,6 +51,7 @@ class DeleteDoc:
 
 KVChange = PutDoc | DeleteDoc
 RpcFor = Callable[[str], str]
+_Written = tuple[int, str, float | None, int | None, int | None, str | None]
 
 
 class KVDelta:
@@ -66,9 +67,9 @@ class KVDelta:
         """Replica id -> its slot, while it needs a key."""
         self.targets: dict[str, str] = {}
         """Replica id -> the fp_targets key written for it."""
-        self.members: dict[str, tuple[int, str, float | None, int | None, int | None]] = {}
-        """Replica id -> (slot, rpc subject, report interval, queue bound, its max ongoing)
-        written to fp_membership."""
+        self.members: dict[str, _Written] = {}
+        """Replica id -> (slot, rpc subject, report interval, queue bound, its max ongoing, its
+        http address) written to fp_membership."""
         self._free: list[int] = []
         self._next_slot = 0
         self._specs: dict[str, ReplicaSpec] = {}
@@ -148,7 +149,8 @@ class KVDelta:
                 out.append(PutDoc(buckets.TARGETS.name, key, self._target(rec, slot, rpc)))
             spec = self._specs.get(rec.version)
             ongoing = spec.max_ongoing_requests if spec is not None else None
-            written = (slot, rpc, self.report_interval_s, self.max_queued_requests, ongoing)
+            http = rec.http_address or None
+            written = (slot, rpc, self.report_interval_s, self.max_queued_requests, ongoing, http)
             if member and self.members.get(rid) != written:
                 self.members[rid] = written
                 m = Member(
@@ -156,6 +158,7 @@ class KVDelta:
                     report_interval_s=self.report_interval_s,
                     max_queued_requests=self.max_queued_requests,
                     max_ongoing_requests=ongoing,
+                    http_address=http,
                 )  # fmt: skip
                 out.append(PutDoc(buckets.MEMBERSHIP.name, m.key, m))
                 members_changed = True
@@ -194,7 +197,7 @@ class KVDelta:
             if self.slots.setdefault(m.replica_id, m.slot) == m.slot:
                 self.members[m.replica_id] = (
                     m.slot, m.rpc_subject, m.report_interval_s, m.max_queued_requests,
-                    m.max_ongoing_requests,
+                    m.max_ongoing_requests, m.http_address,
                 )  # fmt: skip
         used = set(self.slots.values())
         self._next_slot = max(used, default=-1) + 1

@@ -76,6 +76,7 @@ def land(
                 recv,
                 rpc_subject=report.rpc_subject,
                 agent_id=report.agent_id,
+                http_address=report.http_address or "",
             )
             return Landed(events=tuple(events))
     except WireError as exc:

@@ -492,7 +492,7 @@ class ManagedDeployment:
     def restore(self, targets: list[ReplicaTarget], members: list[Member], now: float) -> None:
         """Take over what a previous owner left in KV: its replicas (RUNNING when they are
         members, else PENDING until they speak), their slots and the membership epoch."""
-        running = {m.replica_id for m in members}
+        running = {m.replica_id: m for m in members}
         by_id = {t.replica_id: t for t in targets}
         # a member without a target is being stopped by its agent: not ours to adopt
         for t in sorted(by_id.values(), key=lambda t: t.order):
@@ -503,8 +503,10 @@ class ManagedDeployment:
             self.state.adopt(t.replica_id, t.version, now, id_number=number, order=t.order)
             rec = self.state.replicas[t.replica_id]
             rec.agent_id, rec.rpc_subject, rec.devices = t.agent_id, t.rpc_subject, t.devices
-            if t.replica_id in running:
+            member = running.get(t.replica_id)
+            if member is not None:
                 rec.state = ReplicaState.RUNNING
+                rec.http_address = member.http_address or ""
         known = [m for m in members if m.replica_id in by_id]
         self.kv.restore(by_id.values(), known)
         self.state.membership_epoch = max(

@@ -67,6 +67,9 @@ class ReplicaRecord:
     order: int
     rpc_subject: str = ""
     agent_id: str = ""
+    http_address: str = ""
+    """Where it serves HTTP itself (its "ready" lifecycle; empty: it serves none): copied into
+    its member value for the proxy's HAProxy."""
     devices: tuple[int, ...] = ()
     """GPU device indices on its agent (placement.py); written into its target."""
     verdict: str = ""

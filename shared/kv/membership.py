@@ -26,6 +26,7 @@ from shared.errors import UsageError, WireError
 from shared.kv import envelope as e
 from shared.subjects import validate_name
 from shared.wire import reasons
+from shared.wire.address import http_address_problem
 
 
 def member_key(app: str, deployment: str, slot: int) -> str:
@@ -72,6 +73,10 @@ class Member:
     """This replica's `max_ongoing_requests` (its version's): a router sends it no more at once
     than that and queues the rest itself, oldest first (absent: the router learns it is full from
     its refusals)."""
+    http_address: str | None = None
+    """"host:port" where this replica serves HTTP itself (a replica of its app's ingress
+    deployment: the proxy's HAProxy sends it HTTP requests there; absent: it serves none).
+    Rules: shared.wire.address."""
 
     def __post_init__(self) -> None:
         if self.report_interval_s is not None and not self.report_interval_s > 0:
@@ -80,6 +85,10 @@ class Member:
             raise UsageError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
             raise UsageError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
+        if self.http_address is not None:
+            problem = http_address_problem(self.http_address)
+            if problem is not None:
+                raise UsageError(f"http_address {self.http_address!r}: {problem}")
 
     @property
     def key(self) -> str:
@@ -112,6 +121,7 @@ class Member:
                 if self.max_ongoing_requests is None
                 else {"max_ongoing_requests": self.max_ongoing_requests}
             )
+            | ({} if self.http_address is None else {"http_address": self.http_address})
         )
 
     @classmethod
@@ -128,6 +138,7 @@ class Member:
             report_interval_s=e.optional_positive(doc, "report_interval_s"),
             max_queued_requests=_at_least_one(doc, "max_queued_requests"),
             max_ongoing_requests=_at_least_one(doc, "max_ongoing_requests"),
+            http_address=_http_address(doc),
         )
 
     def check_key(self, key: str) -> None:
@@ -171,9 +182,10 @@ class MembershipView:
             self.max_queued_requests, self._queue_epoch = member.max_queued_requests, member.epoch
         old = self._by_slot.get(member.slot)
         self._by_slot[member.slot] = member
-        return old is None or (old.replica_id, old.rpc_subject) != (
+        return old is None or (old.replica_id, old.rpc_subject, old.http_address) != (
             member.replica_id,
             member.rpc_subject,
+            member.http_address,
         )
 
     def delete(self, key: str) -> bool:
@@ -206,3 +218,13 @@ def _at_least_one(doc: dict[str, Any], field: str) -> int | None:
     if n < 1:
         raise WireError(reasons.BAD_VALUE, f"member.{field} must be >= 1")
     return n
+
+
+def _http_address(doc: dict[str, Any]) -> str | None:
+    value = e.optional_string(doc, "http_address")
+    if value is None:
+        return None
+    problem = http_address_problem(value)
+    if problem is not None:
+        raise WireError(reasons.BAD_VALUE, f"member.http_address: {problem}")
+    return value

@@ -20,6 +20,7 @@ import msgpack
 from shared.errors import UsageError, WireError
 from shared.wire import _fields as f
 from shared.wire import reasons
+from shared.wire.address import http_address_problem
 from shared.wire.limits import MAX_CONTAINERS, MAX_MESSAGE_BYTES, WIRE_VERSION
 from shared.wire.messages import (
     BODY_KINDS,
@@ -215,6 +216,8 @@ def _e_lifecycle(m: Lifecycle) -> Map:
     }
     if m.max_ongoing_requests is not None:
         out["max_ongoing_requests"] = m.max_ongoing_requests
+    if m.http_address is not None:
+        out["http_address"] = m.http_address
     return out
 
 
@@ -469,7 +472,20 @@ def _d_lifecycle(m: Map) -> Lifecycle:
         app=f.get_str(m, "app", w),
         deployment=f.get_str(m, "deployment", w),
         max_ongoing_requests=_opt_positive(m, "max_ongoing_requests", w),
+        http_address=_opt_http_address(m, "http_address", w),
     )
+
+
+def _opt_http_address(m: Map, key: str, w: str) -> str | None:
+    v = m.get(key)
+    if v is None:
+        return None
+    if type(v) is not str:
+        f.wrong_type(w, key, "str or nil", v)
+    problem = http_address_problem(v)
+    if problem is not None:
+        f.fail(reasons.BAD_VALUE, w, key, problem)
+    return v
 
 
 def _opt_positive(m: Map, key: str, w: str) -> int | None:

@@ -253,6 +253,9 @@ class Lifecycle:
     deployment: str
     max_ongoing_requests: int | None = None
     """Optional: the replica's admission limit (sent by replicas on "ready"; None when unknown)."""
+    http_address: str | None = None
+    """Optional: "host:port" where the replica serves HTTP itself (sent on "ready" by replicas of
+    an app's ingress deployment; None: it serves none). Rules: shared.wire.address."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,7 @@ SAMPLES: list[WireMessage] = [
     EXITED,
     Lifecycle("r-1", "", "starting", 4.0, "fp.v1.rpc.a.d.r-1", "v1", None, "a", "d"),
     dataclasses.replace(EXITED, state="ready", exit_code=None, max_ongoing_requests=5),
+    dataclasses.replace(EXITED, state="ready", exit_code=None, http_address="[::1]:8080"),
     dataclasses.replace(HR, stats=RequestStats(10, 8, 1.5, 0.5, 0.25, 1, 1, 12, 20, 2.5)),
     PROBE,
     ProbeRequest(5.0, "req-1"),
@@ -126,7 +127,7 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
 
 
-OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id", "chunks"}
+OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id", "chunks", "http_address"}
 
 
 def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
