@@ -35,13 +35,20 @@ from shared.appmodel import OPTION_NAMES, Application, Deployment, check_options
 
 from .api import Request, Response
 from .batching import batch
-from .context import (
-    ReplicaContext,
+from .context import ReplicaContext, get_replica_context
+from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from .ingress import ingress
+from .run import (
+    RayServeException,
+    ServeStatus,
+    delete,
     get_app_handle,
     get_deployment_handle,
-    get_replica_context,
+    run,
+    shutdown,
+    start,
+    status,
 )
-from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 
 
 @overload
@@ -66,21 +73,6 @@ def deployment(
     return wrap if _func_or_class is None else wrap(_func_or_class)
 
 
-def _not_offered(name: str, instead: str) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"serve.{name}() is not offered by fleetpulse: {instead}")
-
-    refuse.__name__ = name
-    return refuse
-
-
-# Ray Serve's driver-side calls: fleetpulse's CLI does their jobs (docs/deploy.md, "Porting")
-run = _not_offered("run", "deploy the app's config file with `fleetpulse deploy`")
-start = _not_offered("start", "start the services with `fleetpulse up` or docker compose")
-status = _not_offered("status", "use `fleetpulse status`")
-delete = _not_offered("delete", "use `fleetpulse delete APP`")
-shutdown = _not_offered("shutdown", "stop the services (`fleetpulse up` stops on Ctrl-C)")
-
 __all__ = [
     "OPTION_NAMES",
     "Application",
@@ -88,15 +80,18 @@ __all__ = [
     "DeploymentHandle",
     "DeploymentResponse",
     "DeploymentResponseGenerator",
+    "RayServeException",
     "ReplicaContext",
     "Request",
     "Response",
+    "ServeStatus",
     "batch",
     "delete",
     "deployment",
     "get_app_handle",
     "get_deployment_handle",
     "get_replica_context",
+    "ingress",
     "run",
     "shutdown",
     "start",

@@ -94,13 +94,15 @@ def test_build_errors_name_the_module_and_the_exception(
         build_app(path, args, {})
 
 
-def test_the_replica_context_exists_only_in_a_replica() -> None:
+def test_the_replica_context_exists_only_in_a_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETPULSE_NATS_URL", raising=False)
     with pytest.raises(RuntimeError, match="only be called inside a deployment's replica"):
         serve.get_replica_context()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(serve.RayServeException, match="specify an application name"):
         serve.get_deployment_handle("Model")
-    with pytest.raises(NotImplementedError, match="get_deployment_handle"):
+    with pytest.raises(serve.RayServeException, match="no system is running"):
         serve.get_app_handle("shop")
+    assert serve.status() == serve.ServeStatus()  # nothing started by asking
 
 
 class Embedder:
@@ -132,6 +134,8 @@ async def test_batch_groups_calls_and_answers_each_caller() -> None:
         serve.batch(lambda items: items)
 
 
-def test_driver_calls_point_at_the_cli() -> None:
-    with pytest.raises(NotImplementedError, match="fleetpulse deploy"):
-        serve.run(graphs.app)
+def test_serve_run_takes_an_application_and_starts_nothing_otherwise() -> None:
+    with pytest.raises(TypeError, match=r"pass Leaf.bind\(...\), not the deployment"):
+        serve.run(graphs.Leaf)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not str"):
+        serve.run("graphs:app")  # type: ignore[arg-type]
