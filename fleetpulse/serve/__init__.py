@@ -38,6 +38,7 @@ from .batching import batch
 from .context import ReplicaContext, get_replica_context
 from .handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from .ingress import ingress
+from .multiplex import get_multiplexed_model_id, multiplexed
 from .run import (
     RayServeException,
     ServeStatus,
@@ -90,8 +91,10 @@ __all__ = [
     "deployment",
     "get_app_handle",
     "get_deployment_handle",
+    "get_multiplexed_model_id",
     "get_replica_context",
     "ingress",
+    "multiplexed",
     "run",
     "shutdown",
     "start",
