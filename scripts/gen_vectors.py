@@ -122,6 +122,13 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             Request("req-0002", "__call__", False, True, None, codec.encode(HTTP_REQ), "http"),
             "streaming HTTP request without deadline; body is the 'http_request' vector",
         ),
+        (
+            "request_model",
+            Request(
+                "req-0003", "__call__", True, False, None, codec.encode(ARGS), "args", "model-7"
+            ),
+            "for the multiplexed model 'model-7' (optional, added after v1)",
+        ),
         ("http_request", HTTP_REQ, "repeated header names keep order"),
         (
             "http_response",
@@ -130,6 +137,11 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
         ),
         ("admission_accepted", Admission(True, 3, GOOD, True), "frames declared"),
         ("admission_rejected", Admission(False, 5, GOOD, False), "rejection ends the stream"),
+        (
+            "admission_models",
+            Admission(True, 1, GOOD, False, ("model-7", "model-2")),
+            "a multiplexing replica lists the models it holds (optional, added after v1)",
+        ),
         ("health_frame", HealthFrame(BAD), ""),
         ("chunk", Chunk(0, b"hello"), "first chunk"),
         ("end", End(), "no chunk count: what replicas sent before end.chunks"),
@@ -271,6 +283,19 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "end_nil_chunks",
             {**codec.to_wire_map(End()), "chunks": None},
             "chunks nil: the sender does not say how many chunks it sent",
+        ),
+        (
+            "admission_nil_models",
+            {**codec.to_wire_map(Admission(True, 1, GOOD, False)), "models": None},
+            "models nil: the deployment multiplexes no models",
+        ),
+        (
+            "request_nil_model",
+            {
+                **codec.to_wire_map(Request("req-0004", "f", False, False, None, b"", "args")),
+                "multiplexed_model_id": None,
+            },
+            "multiplexed_model_id nil: no model",
         ),
     ]
 
@@ -427,6 +452,23 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             _pack({**codec.to_wire_map(HANDLE_STATS), "stats": {**stats, "arrived": -1}}),
             "bad_value",
             "stats v1 counters are >= 0",
+        ),
+        (
+            "admission_model_int",
+            _pack({**codec.to_wire_map(Admission(True, 1, GOOD, False)), "models": ["a", 7]}),
+            "wrong_type",
+            "admission.models holds str ids",
+        ),
+        (
+            "request_empty_model",
+            _pack(
+                {
+                    **codec.to_wire_map(Request("req-0005", "f", False, False, None, b"", "args")),
+                    "multiplexed_model_id": "",
+                }
+            ),
+            "bad_value",
+            "a model id is not empty",
         ),
         (
             "negative_end_chunks",

@@ -3,22 +3,32 @@
     result = await self.model.remote(x)                    # __call__
     result = await self.model.predict.remote(x)            # a method
     async for item in self.model.options(stream=True).tokens.remote(prompt): ...
+    for item in self.model.options(stream=True).tokens.remote(prompt): ...   # sync user code
     total = await self.adder.remote(self.doubler.remote(2))  # a response as an argument
+    await self.models.options(multiplexed_model_id="m7").remote(x)  # a multiplexed model
 
 How it works: a handle wraps `services.router.handle.DeploymentHandle` (one shared router per
 deployment and process). `.remote()` starts the call at once on the replica's event loop and
 returns a `DeploymentResponse`; awaiting it gives the result, and `result()` blocks for it from
-synchronous user code (which runs in a worker thread). A response passed as an argument is
-awaited before the call is sent, so pipelines compose without an await between stages.
-Arguments and results travel as msgpack.
+synchronous user code (which runs in a worker thread). With `stream=True` it returns a
+`DeploymentResponseGenerator` that starts the call at once too and yields the items with
+`async for` (on the loop) or `for` (from a worker thread).
+
+Responses as arguments (Ray's semantics, its router's `_resolve_request_arguments`): a
+`DeploymentResponse` passed as a top-level positional or keyword argument is awaited before the
+call is sent, all of them concurrently, and the callee receives its result; when it failed, the
+call fails with that error and is never sent. One nested inside a list or dict is not resolved
+(Ray refuses to serialise it): the call raises TypeError naming where it is. A response
+generator cannot be an argument (as in Ray). Arguments and results travel as msgpack.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import AsyncIterator, Coroutine, Generator
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from services.router.handle import DeploymentHandle as RouterHandle
@@ -26,16 +36,22 @@ if TYPE_CHECKING:
     from shared.subjects import Subjects
 
 DEFAULT_METHOD = "__call__"
+_NESTED_DEPTH: Final = 4
+"""How deep inside list/tuple/dict arguments a nested response is looked for (to name it in the
+error; msgpack would refuse it later with a less clear message)."""
 
 
 class DeploymentHandle:
     """A handle to one deployment (created by the replica for bound arguments, or by
     `serve.get_deployment_handle`)."""
 
-    __slots__ = ("_inner", "_loop", "_method", "_stream", "app_name", "deployment_name")
+    __slots__ = (
+        "_inner", "_loop", "_method", "_model_id", "_stream", "app_name", "deployment_name",
+    )  # fmt: skip
     _inner: RouterHandle
     _loop: asyncio.AbstractEventLoop
     _method: str
+    _model_id: str | None
     _stream: bool
     app_name: str
     deployment_name: str
@@ -59,27 +75,44 @@ class DeploymentHandle:
         from shared.subjects import DEFAULT_SUBJECTS
 
         inner = RouterHandle(app, deployment, bus=bus, subjects=subjects or DEFAULT_SUBJECTS)
-        return cls._make(inner, loop, DEFAULT_METHOD, False)
+        return cls._make(inner, loop, DEFAULT_METHOD, False, None)
 
     @classmethod
     def _make(
-        cls, inner: RouterHandle, loop: asyncio.AbstractEventLoop, method: str, stream: bool
+        cls,
+        inner: RouterHandle,
+        loop: asyncio.AbstractEventLoop,
+        method: str,
+        stream: bool,
+        model_id: str | None,
     ) -> DeploymentHandle:
         h = object.__new__(cls)
         h._inner, h._loop, h._method, h._stream = inner, loop, method, stream
+        h._model_id = model_id
         h.app_name, h.deployment_name = inner.app, inner.deployment
         return h
 
     def options(
-        self, *, method_name: str | None = None, stream: bool | None = None, **ignored: Any
+        self,
+        *,
+        method_name: str | None = None,
+        stream: bool | None = None,
+        multiplexed_model_id: str | None = None,
+        **ignored: Any,
     ) -> DeploymentHandle:
-        """Another method or streaming. Ray's other handle options (multiplexed_model_id,
-        use_new_handle_api, ...) are accepted and have no effect."""
+        """Another method, streaming, or a multiplexed model (its requests go to a replica
+        holding it; `serve.get_multiplexed_model_id()` there returns it). Ray's other handle
+        options (use_new_handle_api, ...) are accepted and have no effect."""
+        if multiplexed_model_id is not None and type(multiplexed_model_id) is not str:
+            raise TypeError(
+                f"multiplexed_model_id is a str, got {type(multiplexed_model_id).__name__}"
+            )
         return DeploymentHandle._make(
             self._inner,
             self._loop,
             self._method if method_name is None else method_name,
             self._stream if stream is None else stream,
+            self._model_id if multiplexed_model_id is None else (multiplexed_model_id or None),
         )
 
     def __getattr__(self, name: str) -> DeploymentHandle:
@@ -89,7 +122,8 @@ class DeploymentHandle:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Start the call: a `DeploymentResponse`, or with `stream=True` a
-        `DeploymentResponseGenerator` to iterate with `async for`."""
+        `DeploymentResponseGenerator` to iterate with `async for` or `for`."""
+        _check_arguments(args, kwargs)
         if self._stream:
             return DeploymentResponseGenerator(self, args, kwargs)
         return DeploymentResponse(self._start(self._call(args, kwargs)))
@@ -104,15 +138,18 @@ class DeploymentHandle:
         # synchronous user code runs in a worker thread: the call runs on the replica's loop
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
+    def _router(self) -> RouterHandle:
+        return self._inner.options(method=self._method, model_id=self._model_id or "")
+
     async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args, kwargs = await _resolve(args, kwargs)
-        return await self._inner.options(method=self._method, stream=False).remote(*args, **kwargs)
+        return await self._router().options(stream=False).remote(*args, **kwargs)
 
     async def _stream_items(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> AsyncIterator[Any]:
         args, kwargs = await _resolve(args, kwargs)
-        async for item in self._inner.options(method=self._method).stream(*args, **kwargs):
+        async for item in self._router().stream(*args, **kwargs):
             yield item
 
     def __repr__(self) -> str:
@@ -147,30 +184,157 @@ class DeploymentResponse:
         self._future.cancel()
 
 
-class DeploymentResponseGenerator:
-    """The items of a streaming call, with `async for` (the call starts on first iteration)."""
+_END: Final = object()
 
-    __slots__ = ("_args", "_handle", "_items", "_kwargs")
+
+class DeploymentResponseGenerator:
+    """The items of a streaming call (`options(stream=True)` on a generator method): `async for`
+    on the event loop, `for` from synchronous user code (a worker thread). The call starts when
+    `.remote()` returns, as in Ray; `cancel()` stops it."""
+
+    __slots__ = ("_done", "_handle", "_items", "_started")
 
     def __init__(
         self, handle: DeploymentHandle, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        self._handle, self._args, self._kwargs = handle, args, kwargs
-        self._items: AsyncIterator[Any] | None = None
+        self._handle = handle
+        self._items: asyncio.Queue[Any] | None = None
+        self._done = False
+        # the call runs in its own task that fills a queue, so it starts now and either kind of
+        # iteration (on the loop or from a thread) reads the same items in order
+        self._started = handle._start(self._pump(args, kwargs))
 
+    async def _pump(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        queue = self._queue()
+        try:
+            async for item in self._handle._stream_items(args, kwargs):
+                await queue.put(item)
+        except Exception as exc:
+            await queue.put(_Failure(exc))
+        else:
+            await queue.put(_END)
+
+    def _queue(self) -> asyncio.Queue[Any]:
+        if self._items is None:
+            self._items = asyncio.Queue(maxsize=1)  # bounded: a slow reader holds the stream
+        return self._items
+
+    async def _next(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue().get()
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, _Failure):
+            self._done = True
+            raise item.exc
+        return item
+
+    # -- async iteration, on the event loop ----------------------------------------------------
     def __aiter__(self) -> DeploymentResponseGenerator:
         return self
 
     async def __anext__(self) -> Any:
-        if self._items is None:
-            self._items = self._handle._stream_items(self._args, self._kwargs)
-        return await self._items.__anext__()
+        loop = self._handle._loop
+        if asyncio.get_running_loop() is loop:
+            return await self._next()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._next(), loop))
+
+    # -- sync iteration, from a worker thread ----------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        loop = self._handle._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("`for` would block the event loop; use `async for`")
+        try:
+            return asyncio.run_coroutine_threadsafe(self._next(), loop).result()
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def cancel(self) -> None:
+        """Stop the call (from any thread); iterating afterwards ends or raises CancelledError."""
+        started = self._started
+        if isinstance(started, concurrent.futures.Future):
+            started.cancel()
+        elif not started.done():
+            started.get_loop().call_soon_threadsafe(started.cancel)
+
+    def __del__(self) -> None:
+        # a caller that stopped iterating early must not leave the call held open (in flight)
+        started = getattr(self, "_started", None)
+        if started is not None and not started.done():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nothing runs any more
+                self.cancel()
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _check_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse what Ray refuses, at the call: a response generator as an argument, and a
+    response nested inside a container argument (only top-level ones are resolved)."""
+    for where, value in [*((f"argument {i}", a) for i, a in enumerate(args)),
+                         *((f"argument {k!r}", v) for k, v in kwargs.items())]:  # fmt: skip
+        if isinstance(value, DeploymentResponseGenerator):
+            raise TypeError(
+                f"{where} is a DeploymentResponseGenerator: a streaming response cannot be "
+                "passed to another call (iterate it and pass the items)"
+            )
+        if not isinstance(value, DeploymentResponse):
+            nested = _find_nested(value, _NESTED_DEPTH)
+            if nested is not None:
+                raise TypeError(
+                    f"{where} holds a DeploymentResponse inside a {nested}: only responses "
+                    "passed as top-level arguments are resolved (as in Ray); await it first "
+                    "or pass it directly"
+                )
+
+
+def _find_nested(value: Any, depth: int) -> str | None:
+    if depth <= 0:
+        return None
+    if isinstance(value, list | tuple | set | frozenset):
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        return None
+    for item in items:
+        if isinstance(item, DeploymentResponse | DeploymentResponseGenerator):
+            return type(value).__name__
+        found = _find_nested(item, depth - 1)
+        if found is not None:
+            return found
+    return None
 
 
 async def _resolve(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Responses passed as arguments are awaited first (top-level arguments, as in Ray)."""
-    out_args = [await a if isinstance(a, DeploymentResponse) else a for a in args]
-    out_kwargs = {k: await v if isinstance(v, DeploymentResponse) else v for k, v in kwargs.items()}
-    return tuple(out_args), out_kwargs
+    """Top-level responses among the arguments are awaited, concurrently (as in Ray); the first
+    failure fails the call."""
+    pending = [a for a in args if isinstance(a, DeploymentResponse)]
+    pending += [v for v in kwargs.values() if isinstance(v, DeploymentResponse)]
+    if not pending:
+        return args, kwargs
+    results = iter(await asyncio.gather(*(_awaited(r) for r in pending)))
+    out_args = tuple(next(results) if isinstance(a, DeploymentResponse) else a for a in args)
+    out_kwargs = {
+        k: next(results) if isinstance(v, DeploymentResponse) else v for k, v in kwargs.items()
+    }
+    return out_args, out_kwargs
+
+
+async def _awaited(response: DeploymentResponse) -> Any:
+    return await response

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from fleetpulse.serve.multiplex import held_models, set_request_model_id
 from shared.badinput import BadInput
 from shared.bus import Bus, Msg, Subscription
 from shared.clock import SYSTEM_CLOCK, Clock
@@ -374,14 +375,18 @@ class ReplicaRuntime:
             self.stats.rejected += 1
             self.prom.rejected.inc()
             self.carriage.carried(latest, now, Via.ADMISSION)
-            await self._send(msg.reply, Admission(False, self.admission.ongoing, latest, False))
+            models = held_models(self.user.instance)  # multiplexing: what it holds rides along
+            rejected = Admission(False, self.admission.ongoing, latest, False, models)
+            await self._send(msg.reply, rejected)
             return
         self.stats.admitted += 1
         self.prom.accepted.inc()
         frames = req.supports_health_frames and not self.carriage.reports_carry_health
         self.carriage.carried(latest, now, Via.ADMISSION)
         self.running.set(self.admission.ongoing, now)
-        admitted = Admission(True, self.admission.ongoing, latest, frames)
+        # the models held here ride along (multiplexing): routers send a model's requests here
+        models = held_models(self.user.instance)
+        admitted = Admission(True, self.admission.ongoing, latest, frames, models)
         self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
         # the task sends the admission itself: a quick result then leaves in the same socket
         # write (one syscall, not two), and the admission can never trail the first chunk
@@ -396,6 +401,8 @@ class ReplicaRuntime:
         started = self.clock.monotonic()
         outcome = OK
         self.prom.ongoing.inc()
+        if req.multiplexed_model_id is not None:  # serve.get_multiplexed_model_id(), this task
+            set_request_model_id(req.multiplexed_model_id)
         try:
             await self._send(reply, admitted)
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()

@@ -81,13 +81,17 @@ async def open_call(
     body_kind: str,
     stream: bool,
     deadline_s: float | None,
+    model_id: str | None = None,
 ) -> ResponseReader:
     """Send one request and return its reader once a replica admitted it. The request's
-    latency is observed when it fails here, else when its reader closes."""
+    latency is observed when it fails here, else when its reader closes. `model_id`: the
+    multiplexed model the request is for (routed to a replica holding it when one has room)."""
     start = router.clock.monotonic()
     router.counters.arrived += 1
     try:
-        return await _open_call(router, start, method, body, body_kind, stream, deadline_s)
+        return await _open_call(
+            router, start, method, body, body_kind, stream, deadline_s, model_id or None
+        )
     except BaseException as exc:
         outcome = outcome_of(exc)
         router.counters.failed(outcome)
@@ -103,6 +107,7 @@ async def _open_call(
     body_kind: str,
     stream: bool,
     deadline_s: float | None,
+    model_id: str | None,
 ) -> ResponseReader:
     clock = router.clock
     if deadline_s is None:
@@ -110,25 +115,27 @@ async def _open_call(
     else:
         deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
     request_id = uuid.uuid4().hex
-    payload = encode(Request(request_id, method, True, stream, deadline_wall, body, body_kind))
+    payload = encode(
+        Request(request_id, method, True, stream, deadline_wall, body, body_kind, model_id)
+    )
     exclude: set[str] = set()
     retry = False
     while True:
         if clock.monotonic() >= deadline_mono:
             raise DeadlineExceeded(f"no replica of {router.key} admitted the request in time")
-        rid = await router.acquire(deadline_mono, exclude, retry=retry)
+        rid = await router.acquire(deadline_mono, exclude, retry=retry, model_id=model_id)
         retry = True
         member = router.members.get(rid)
         if member is None:  # left the membership while we waited
             continue
         now = clock.monotonic()
-        router.dispatched(rid, now)
+        router.dispatched(rid, now, model_id)
         try:
             response = await router.bus.request_stream(member.rpc_subject, payload)
         except BaseException:
             router.finished(rid, clock.monotonic())
             raise
-        admission = await _await_admission(router, rid, response, deadline_mono)
+        admission = await _await_admission(router, rid, response, deadline_mono, model_id)
         if isinstance(admission, _AdmissionLost):  # admitted all the same: read on
             return ResponseReader(
                 router,
@@ -199,7 +206,11 @@ class _Replay:
 
 
 async def _await_admission(
-    router: Router, rid: str, response: ResponseStream, deadline_mono: float
+    router: Router,
+    rid: str,
+    response: ResponseStream,
+    deadline_mono: float,
+    model_id: str | None = None,
 ) -> Admission | _AdmissionLost | None:
     """The admission; `_AdmissionLost` when the stream went on without it; None when the
     request was never admitted (the replica is backed off)."""
@@ -227,7 +238,7 @@ async def _await_admission(
         await response.close()
         router.finished(rid, clock.monotonic())
         raise
-    router.admitted(rid, admission, clock.monotonic())
+    router.admitted(rid, admission, clock.monotonic(), model_id)
     return admission
 
 

@@ -12,6 +12,15 @@ A replica whose `max_ongoing_requests` is known (its member value carries it) is
 queue length is at that limit: `choose` skips it, so a router does not send what the replica
 would refuse, and the request waits in the router's own queue (oldest first) for a finish.
 
+Multiplexed models: a replica that multiplexes lists the models it holds (or is loading) on each
+admission (`models`); the chooser keeps that list per replica and an index from model to the
+replicas holding it. A request for a model (`model_id`) goes to a holder that has room (not full,
+not backing off, not excluded): the shorter queue of two holders drawn at random. When no holder
+has room it falls back to the usual choice, a tie in queue length going to the replica holding
+fewer models (the new model then loads where it evicts the least). Dispatching a model's request
+counts the replica as holding it at once, so a burst for a new model lands on one replica instead
+of loading it everywhere; the replica's next admission corrects the list (it may have evicted).
+
 A replica that rejected a request (full or draining) or never answered one is unavailable for a
 backoff that starts at `backoff_initial_s` and doubles per consecutive failure up to
 `backoff_max_s`; an accepted admission resets it. When every member is backing off, `choose`
@@ -45,10 +54,14 @@ class ReplicaLoad:
     backoff_until: float = -math.inf
     limit: int = 0
     """The replica's `max_ongoing_requests` (0: not known, never counted full)."""
+    models: frozenset[str] = frozenset()
+    """The multiplexed models it holds, as its last admission said (plus ones sent since)."""
 
 
 class ReplicaChooser:
-    __slots__ = ("_backoff_initial", "_backoff_max", "_loads", "_members", "_rng")
+    __slots__ = (
+        "_backoff_initial", "_backoff_max", "_holders", "_loads", "_member_set", "_members", "_rng",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -61,7 +74,11 @@ class ReplicaChooser:
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
         self._members: list[str] = []
+        self._member_set: set[str] = set()
+        """The members again, for lookups: only members' models are indexed."""
         self._loads: dict[str, ReplicaLoad] = {}
+        self._holders: dict[str, set[str]] = {}
+        """model id -> member replicas holding it (as far as this router knows)."""
 
     # -- membership -------------------------------------------------------------------------
     def set_members(
@@ -71,7 +88,10 @@ class ReplicaChooser:
         keep their state; a departed replica keeps its entry only while requests are still in
         flight there (they finish and are counted down)."""
         self._members = list(dict.fromkeys(replica_ids))
-        members = set(self._members)
+        members = self._member_set = set(self._members)
+        for rid, gone in self._loads.items():
+            if rid not in members and gone.models:
+                self._set_models(rid, gone, frozenset())  # departed: it holds nothing for us
         idle_gone = [r for r, ld in self._loads.items() if r not in members and not ld.in_flight]
         for rid in idle_gone:
             del self._loads[rid]
@@ -97,8 +117,18 @@ class ReplicaChooser:
             return 0.0
         return load.in_flight + _decayed(load, now)
 
-    def choose(self, now: float, exclude: Collection[str] = ()) -> str | None:
-        """Pick a replica for one request, or None if every member is excluded or backing off."""
+    def choose(
+        self, now: float, exclude: Collection[str] = (), model_id: str | None = None
+    ) -> str | None:
+        """Pick a replica for one request, or None if every member is excluded or backing off.
+        `model_id`: the request's multiplexed model (a holder with room first)."""
+        if model_id is not None:
+            return self._choose_for_model(now, exclude, model_id)
+        return self._two_choices(now, exclude, False)
+
+    def _two_choices(self, now: float, exclude: Collection[str], fewer_models: bool) -> str | None:
+        """Power of two choices; `fewer_models`: a tie in queue length goes to the replica that
+        holds fewer models."""
         members = self._members
         n = len(members)
         if n == 0:
@@ -126,9 +156,35 @@ class ReplicaChooser:
                 return candidates[0]
             first, second = self._rng.sample(candidates, 2)
         assert first is not None
-        if self.queue_length(second, now) < self.queue_length(first, now):
+        q1, q2 = self.queue_length(first, now), self.queue_length(second, now)
+        if q2 < q1:
             return second
+        if fewer_models and q2 == q1:
+            loads = self._loads
+            return second if len(loads[second].models) < len(loads[first].models) else first
         return first
+
+    def _choose_for_model(self, now: float, exclude: Collection[str], model_id: str) -> str | None:
+        holders = self._holders.get(model_id)
+        if holders:
+            loads = self._loads
+            room = [r for r in holders if r not in exclude and _open(loads[r], now)]
+            if len(room) == 1:
+                return room[0]
+            if room:
+                first, second = self._rng.sample(room, 2)
+                if self.queue_length(second, now) < self.queue_length(first, now):
+                    return second
+                return first
+        # no holder with room: the usual choice; the model loads where it evicts the least
+        return self._two_choices(now, exclude, True)
+
+    def models_of(self, replica_id: str) -> frozenset[str]:
+        load = self._loads.get(replica_id)
+        return load.models if load is not None else frozenset()
+
+    def holders(self, model_id: str) -> frozenset[str]:
+        return frozenset(self._holders.get(model_id, ()))
 
     def next_available_at(self, now: float) -> float | None:
         """When the earliest unavailable member may be tried again (None: no members, or only
@@ -137,11 +193,13 @@ class ReplicaChooser:
         return None if math.isinf(at) else max(now, at)
 
     # -- events -----------------------------------------------------------------------------
-    def on_dispatch(self, replica_id: str) -> None:
+    def on_dispatch(self, replica_id: str, model_id: str | None = None) -> None:
         load = self._loads.get(replica_id)
         if load is None:
             load = self._loads[replica_id] = ReplicaLoad()
         load.in_flight += 1
+        if model_id is not None and model_id not in load.models and replica_id in self._member_set:
+            self._set_models(replica_id, load, load.models | {model_id})
 
     def on_finish(self, replica_id: str) -> None:
         load = self._loads.get(replica_id)
@@ -151,12 +209,28 @@ class ReplicaChooser:
         if not load.in_flight and replica_id not in self._members:
             del self._loads[replica_id]
 
-    def on_admission(self, replica_id: str, accepted: bool, num_ongoing: int, now: float) -> None:
+    def on_admission(
+        self,
+        replica_id: str,
+        accepted: bool,
+        num_ongoing: int,
+        now: float,
+        models: Collection[str] | None = None,
+        model_id: str | None = None,
+    ) -> None:
         """Fold an admission in: its `num_ongoing` replaces the external-load estimate; a
-        rejection starts (or doubles) the backoff, an acceptance clears it."""
+        rejection starts (or doubles) the backoff, an acceptance clears it. `models` (when the
+        replica multiplexes) replaces what it holds, plus `model_id`, the admitted request's
+        model, which loads there now."""
         load = self._loads.get(replica_id)
         if load is None:
             return
+        if models is not None and replica_id in self._member_set:
+            held = frozenset(models)
+            if accepted and model_id is not None:
+                held |= {model_id}
+            if held != load.models:
+                self._set_models(replica_id, load, held)
         load.external = float(max(0, num_ongoing - load.in_flight))
         load.external_at = now
         if accepted:
@@ -188,6 +262,18 @@ class ReplicaChooser:
 
     def in_flight_total(self) -> int:
         return sum(load.in_flight for load in self._loads.values())
+
+    def _set_models(self, replica_id: str, load: ReplicaLoad, models: frozenset[str]) -> None:
+        holders = self._holders
+        for m in load.models - models:
+            ids = holders.get(m)
+            if ids is not None:
+                ids.discard(replica_id)
+                if not ids:
+                    del holders[m]
+        for m in models - load.models:
+            holders.setdefault(m, set()).add(replica_id)
+        load.models = models
 
     def _back_off(self, load: ReplicaLoad, now: float) -> None:
         step = self._backoff_initial if load.backoff_s <= 0 else load.backoff_s * 2

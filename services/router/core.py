@@ -7,7 +7,8 @@ the bus or reads a clock, so a sequence of events gives the same decisions every
 
 - Choosing (`choose`, the hot path): while nobody waits, a request takes a replica from the
   chooser (choice.py: power of two choices; a replica backing off after a rejection, or full at
-  its `max_ongoing_requests`, is never chosen). Once someone waits, a newcomer queues behind them;
+  its `max_ongoing_requests`, is never chosen; a request for a multiplexed model goes to a replica
+  holding it when one has room). Once someone waits, a newcomer queues behind them;
   a refused request (`retry`) is older than the waiters and may take a replica at once.
 - Queueing (`queue_step`, `leave_queue`): a request that found no replica calls `queue_step`
   each time it looks; the answer is `Take` (a replica), `Expired` (its deadline passed), `Refuse`
@@ -290,21 +291,38 @@ class RouterCore(Generic[T]):
         return MembersChanged(self.epoch, members, self.probe_subjects)
 
     # -- per request (the hot path) ---------------------------------------------------------------
-    def choose(self, now: float, exclude: Collection[str], *, retry: bool = False) -> str | None:
-        """A replica for a request that has not queued yet; None: it queues (`queue_step`)."""
+    def choose(
+        self,
+        now: float,
+        exclude: Collection[str],
+        *,
+        retry: bool = False,
+        model_id: str | None = None,
+    ) -> str | None:
+        """A replica for a request that has not queued yet; None: it queues (`queue_step`).
+        `model_id`: the request's multiplexed model (choice.py: a holder with room first)."""
         if self.line and not retry:
             return None  # a newcomer never overtakes a waiter
-        return self.chooser.choose(now, exclude)
+        return self.chooser.choose(now, exclude, model_id)
 
-    def dispatched(self, replica_id: str, now: float) -> Actions:
-        self.chooser.on_dispatch(replica_id)
+    def dispatched(self, replica_id: str, now: float, model_id: str | None = None) -> Actions:
+        self.chooser.on_dispatch(replica_id, model_id)
         self.running.add(replica_id, 1.0, now)
         self.in_flight_now += 1
         return self._load_rose(now)
 
-    def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
+    def admitted(
+        self, replica_id: str, admission: Admission, now: float, model_id: str | None = None
+    ) -> None:
         self.health.observe(admission.health, now)
-        self.chooser.on_admission(replica_id, admission.accepted, admission.num_ongoing, now)
+        self.chooser.on_admission(
+            replica_id,
+            admission.accepted,
+            admission.num_ongoing,
+            now,
+            admission.models,
+            model_id,
+        )
 
     def unreachable(self, replica_id: str, now: float) -> None:
         self.chooser.on_unreachable(replica_id, now)
@@ -332,6 +350,7 @@ class RouterCore(Generic[T]):
         exclude: set[str],
         *,
         front: bool = False,
+        model_id: str | None = None,
     ) -> Look:
         """One look of a request that found no replica (`joined`: `token` is in the line).
         `front`: a refused request, older than every waiter. When every replica but the excluded
@@ -339,10 +358,10 @@ class RouterCore(Generic[T]):
         this request once: all may be tried again)."""
         line = self.line
         if line.is_head(token) if joined else front or not line:
-            rid = self.chooser.choose(now, exclude)
+            rid = self.chooser.choose(now, exclude, model_id)
             if rid is None and exclude:
                 exclude.clear()
-                rid = self.chooser.choose(now)
+                rid = self.chooser.choose(now, (), model_id)
             if rid is not None:
                 return Take(rid)
         if now >= deadline:

@@ -9,8 +9,8 @@
 How it works: handles are cheap views. Every handle of one (bus, namespace, app, deployment) in the
 process shares one `Router` (router.py), which owns membership, the queue, carried health and the
 reports loop; the router starts on first use and stops when the last handle that holds it is
-closed. `options()` returns a view on the same router with another method, stream flag or
-deadline; a view holds no reference of its own, so it needs no `close()`. The first handle's
+closed. `options()` returns a view on the same router with another method, stream flag,
+deadline or multiplexed model (`model_id`: its requests go to a replica holding that model); a view holds no reference of its own, so it needs no `close()`. The first handle's
 `RouterConfig`, clock and providers win for a shared router.
 
 A unary call returns the msgpack value of chunk 0; a stream yields each chunk's value. Errors are
@@ -119,7 +119,7 @@ async def release_router(router: Router) -> None:
 
 
 class DeploymentHandle:
-    __slots__ = ("_closed", "_owner", "deadline_s", "method", "router", "streaming")
+    __slots__ = ("_closed", "_owner", "deadline_s", "method", "model_id", "router", "streaming")
 
     def __init__(
         self,
@@ -149,18 +149,25 @@ class DeploymentHandle:
         self.method = method
         self.streaming = stream
         self.deadline_s = deadline_s
+        self.model_id: str | None = None
         self._owner = True
         self._closed = False
 
     @classmethod
     def _view(
-        cls, router: Router, method: str, stream: bool, deadline_s: float | None
+        cls,
+        router: Router,
+        method: str,
+        stream: bool,
+        deadline_s: float | None,
+        model_id: str | None = None,
     ) -> DeploymentHandle:
         handle = cls.__new__(cls)
         handle.router = router
         handle.method = method
         handle.streaming = stream
         handle.deadline_s = deadline_s
+        handle.model_id = model_id
         handle._owner = False
         handle._closed = False
         return handle
@@ -179,14 +186,19 @@ class DeploymentHandle:
         method: str | None = None,
         stream: bool | None = None,
         deadline_s: float | _Unset | None = _UNSET,
+        model_id: str | None = None,
     ) -> DeploymentHandle:
-        """A view calling another method, streaming or not, or with another deadline in seconds
-        (None: no deadline). Unset arguments keep this handle's values."""
+        """A view calling another method, streaming or not, with another deadline in seconds
+        (None: no deadline), or for a multiplexed model (`model_id`; "" clears it). Unset
+        arguments keep this handle's values."""
+        if model_id is not None and type(model_id) is not str:
+            raise TypeError(f"a multiplexed model id is a str, got {type(model_id).__name__}")
         return DeploymentHandle._view(
             self.router,
             method if method is not None else self.method,
             stream if stream is not None else self.streaming,
             self.deadline_s if isinstance(deadline_s, _Unset) else deadline_s,
+            self.model_id if model_id is None else (model_id or None),
         )
 
     async def remote(self, *args: Any, **kwargs: Any) -> Any:
@@ -220,6 +232,7 @@ class DeploymentHandle:
             body_kind="args",
             stream=stream,
             deadline_s=self.deadline_s,
+            model_id=self.model_id,
         )
 
     async def close(self) -> None:

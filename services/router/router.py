@@ -303,13 +303,15 @@ class Router:
                 await watch.stop()
 
     # -- per-request bookkeeping (the fast path: O(1), no awaits) ------------------------------
-    def dispatched(self, replica_id: str, now: float) -> None:
-        actions = self.core.dispatched(replica_id, now)
+    def dispatched(self, replica_id: str, now: float, model_id: str | None = None) -> None:
+        actions = self.core.dispatched(replica_id, now, model_id)
         if actions:
             self._perform(actions, now)
 
-    def admitted(self, replica_id: str, admission: Admission, now: float) -> None:
-        self.core.admitted(replica_id, admission, now)
+    def admitted(
+        self, replica_id: str, admission: Admission, now: float, model_id: str | None = None
+    ) -> None:
+        self.core.admitted(replica_id, admission, now, model_id)
         self.liveness.heard(replica_id)
         if not admission.accepted:
             self.metrics.rejected.inc()
@@ -327,17 +329,25 @@ class Router:
         self.core.fold_health(status, now)
 
     # -- choosing, or waiting in the queue ------------------------------------------------------
-    async def acquire(self, deadline_mono: float, exclude: set[str], *, retry: bool = False) -> str:
+    async def acquire(
+        self,
+        deadline_mono: float,
+        exclude: set[str],
+        *,
+        retry: bool = False,
+        model_id: str | None = None,
+    ) -> str:
         """A replica to send to now; waits in the queue when none is available or others wait
-        already. `retry`: a replica refused this request, which is older than the waiters."""
+        already. `retry`: a replica refused this request, which is older than the waiters.
+        `model_id`: its multiplexed model (a replica holding it first)."""
         if not self._ready.is_set():
             await self._wait_ready_until(deadline_mono)
         if self.closed:
             raise RouterClosedError(f"router for {self.key} is closed")
-        rid = self.core.choose(self.clock.monotonic(), exclude, retry=retry)
+        rid = self.core.choose(self.clock.monotonic(), exclude, retry=retry, model_id=model_id)
         if rid is not None:
             return rid
-        return await self._wait_in_queue(deadline_mono, exclude, front=retry)
+        return await self._wait_in_queue(deadline_mono, exclude, front=retry, model_id=model_id)
 
     async def _wait_ready_until(self, deadline_mono: float) -> None:
         await self.start()
@@ -348,7 +358,9 @@ class Router:
         except TimeoutError:
             raise DeadlineExceeded("waiting for the deployment's membership") from None
 
-    async def _wait_in_queue(self, deadline_mono: float, exclude: set[str], *, front: bool) -> str:
+    async def _wait_in_queue(
+        self, deadline_mono: float, exclude: set[str], *, front: bool, model_id: str | None
+    ) -> str:
         clock, core = self.clock, self.core
         waiter = asyncio.Event()
         joined = False
@@ -357,7 +369,9 @@ class Router:
                 if self.closed:
                     raise RouterClosedError(f"router for {self.key} is closed")
                 now = clock.monotonic()
-                look = core.queue_step(waiter, joined, now, deadline_mono, exclude, front=front)
+                look = core.queue_step(
+                    waiter, joined, now, deadline_mono, exclude, front=front, model_id=model_id
+                )
                 if isinstance(look, Take):
                     return look.replica_id
                 if isinstance(look, Expired):

@@ -25,6 +25,7 @@ from shared.wire.limits import MAX_CONTAINERS, MAX_MESSAGE_BYTES, WIRE_VERSION
 from shared.wire.messages import (
     BODY_KINDS,
     LIFECYCLE_STATES,
+    MAX_MODELS,
     Admission,
     CallArgs,
     Chunk,
@@ -72,7 +73,7 @@ def _e_health(m: HealthStatus) -> Map:
 
 
 def _e_request(m: Request) -> Map:
-    return {
+    out: Map = {
         "v": _V,
         "kind": "request",
         "request_id": m.request_id,
@@ -83,6 +84,9 @@ def _e_request(m: Request) -> Map:
         "body": m.body,
         "body_kind": m.body_kind,
     }
+    if m.multiplexed_model_id is not None:  # optional: absent keeps older readers as they were
+        out["multiplexed_model_id"] = m.multiplexed_model_id
+    return out
 
 
 def _e_args(m: CallArgs) -> Map:
@@ -112,7 +116,7 @@ def _e_http_response(m: HttpResponse) -> Map:
 
 
 def _e_admission(m: Admission) -> Map:
-    return {
+    out: Map = {
         "v": _V,
         "kind": "admission",
         "accepted": m.accepted,
@@ -120,6 +124,9 @@ def _e_admission(m: Admission) -> Map:
         "health": _health_map(m.health),
         "will_send_health_frames": m.will_send_health_frames,
     }
+    if m.models is not None:  # optional: only multiplexing replicas send it
+        out["models"] = m.models
+    return out
 
 
 def _e_health_frame(m: HealthFrame) -> Map:
@@ -321,7 +328,33 @@ def _d_request(m: Map) -> Request:
         deadline=f.get_opt_float(m, "deadline", w),
         body=f.get_bytes(m, "body", w),
         body_kind=f.get_choice(m, "body_kind", w, BODY_KINDS),
+        multiplexed_model_id=_opt_model_id(m, "multiplexed_model_id", w),
     )
+
+
+def _opt_model_id(m: Map, key: str, w: str) -> str | None:
+    v = m.get(key)
+    if v is None:
+        return None
+    if type(v) is not str:
+        f.wrong_type(w, key, "str or nil", v)
+    if not v:
+        f.fail(reasons.BAD_VALUE, w, key, "a model id is not empty")
+    return v
+
+
+def _opt_models(m: Map, w: str) -> tuple[str, ...] | None:
+    raw = m.get("models")
+    if raw is None:
+        return None
+    if type(raw) is not list:
+        f.wrong_type(w, "models", "list of str or nil", raw)
+    if len(raw) > MAX_MODELS:
+        f.fail(reasons.BAD_VALUE, w, "models", f"{len(raw)} ids, at most {MAX_MODELS}")
+    for v in raw:
+        if type(v) is not str or not v:
+            f.wrong_type(w, "models", "non-empty str items", v)
+    return tuple(raw)
 
 
 def _d_args(m: Map) -> CallArgs:
@@ -361,6 +394,7 @@ def _d_admission(m: Map) -> Admission:
         num_ongoing=f.get_count(m, "num_ongoing", w),
         health=_health(f.require(m, "health", w), w),
         will_send_health_frames=f.get_bool(m, "will_send_health_frames", w),
+        models=_opt_models(m, w),
     )
 
 

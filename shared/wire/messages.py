@@ -60,6 +60,10 @@ class Request:
     deadline: float | None
     body: bytes
     body_kind: str
+    multiplexed_model_id: str | None = None
+    """Optional (added after v1, left out of the bytes when None): the model the request is for
+    (`handle.options(multiplexed_model_id=...)`, or the `serve_multiplexed_model_id` HTTP
+    header); user code reads it with `serve.get_multiplexed_model_id()`. None: no model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,14 @@ class Admission:
     num_ongoing: int
     health: HealthStatus
     will_send_health_frames: bool
+    models: tuple[str, ...] | None = None
+    """Optional (added after v1, left out of the bytes when None): the multiplexed models the
+    replica holds or is loading when it answers (at most `MAX_MODELS`), so routers send a
+    model's requests where it is loaded. None: the deployment multiplexes no models."""
+
+
+MAX_MODELS: Final = 1024
+"""Most model ids one `Admission.models` may list (a replica holding more lists its newest)."""
 
 
 @dataclass(frozen=True, slots=True)

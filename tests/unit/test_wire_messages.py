@@ -127,7 +127,10 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
 
 
-OPTIONAL_ADDED = {"stats", "max_ongoing_requests", "request_id", "chunks", "http_address"}
+OPTIONAL_ADDED = {
+    "stats", "max_ongoing_requests", "request_id", "chunks", "http_address",
+    "multiplexed_model_id", "models",
+}  # fmt: skip
 
 
 def test_stats_of_an_unknown_version_are_skipped_and_bad_counts_refused() -> None:
