@@ -142,6 +142,16 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             Admission(True, 1, GOOD, False, ("model-7", "model-2")),
             "a multiplexing replica lists the models it holds (optional, added after v1)",
         ),
+        (
+            "admission_inline_result",
+            Admission(True, 1, GOOD, False, inline_result=b"\x93\x01\x02\x03"),
+            "a unary result riding on the admission: nothing follows (optional, added after v1)",
+        ),
+        (
+            "request_inline_result",
+            Request("req-0005", "echo", True, False, None, b"", "args", accepts_inline_result=True),
+            "the router takes a unary result on the admission (optional, added after v1)",
+        ),
         ("health_frame", HealthFrame(BAD), ""),
         ("chunk", Chunk(0, b"hello"), "first chunk"),
         ("end", End(), "no chunk count: what replicas sent before end.chunks"),
@@ -283,6 +293,19 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "end_nil_chunks",
             {**codec.to_wire_map(End()), "chunks": None},
             "chunks nil: the sender does not say how many chunks it sent",
+        ),
+        (
+            "admission_nil_inline_result",
+            {**codec.to_wire_map(Admission(True, 1, GOOD, False)), "inline_result": None},
+            "inline_result nil: the result follows as chunks and an end",
+        ),
+        (
+            "request_nil_inline_result",
+            {
+                **codec.to_wire_map(Request("req-0006", "f", False, False, None, b"", "args")),
+                "accepts_inline_result": None,
+            },
+            "accepts_inline_result nil: false",
         ),
         (
             "admission_nil_models",
@@ -452,6 +475,18 @@ def invalid_vectors() -> list[tuple[str, bytes, str, str, str]]:
             _pack({**codec.to_wire_map(HANDLE_STATS), "stats": {**stats, "arrived": -1}}),
             "bad_value",
             "stats v1 counters are >= 0",
+        ),
+        (
+            "admission_rejected_inline_result",
+            _pack({**codec.to_wire_map(Admission(False, 1, GOOD, False)), "inline_result": b"x"}),
+            "bad_value",
+            "a result rides only on an accepted admission",
+        ),
+        (
+            "admission_inline_result_text",
+            _pack({**codec.to_wire_map(Admission(True, 1, GOOD, False)), "inline_result": "x"}),
+            "wrong_type",
+            "admission.inline_result is bin",
         ),
         (
             "admission_model_int",

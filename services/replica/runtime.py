@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,6 @@ from shared.wire.messages import (
     HealthStatus,
     Heartbeat,
     HttpRequest,
-    HttpResponse,
     Lifecycle,
     LifecycleState,
     ReplicaReport,
@@ -45,23 +44,17 @@ from shared.wire.messages import (
 )
 
 from .admission import Admission as AdmissionControl
+from .asgi import ReplicaAsgi, build_asgi_app, serve_carried
 from .config import ReplicaConfig
 from .custom_stats import TIMEOUT_S as STATS_TIMEOUT_S
 from .custom_stats import CustomStats
 from .health import HealthTracker, next_check_delay
+from .inline import PendingAdmission
 from .lifecycle import PROCESS_LIFECYCLE, ProcessState, Step
 from .logsetup import ACCESS_LOGGER, access_enabled
 from .metrics import OK, ReplicaMetrics
 from .suppression import HealthCarriage, Via
-from .usercode import (
-    MethodNotFound,
-    UserDeployment,
-    invoke,
-    is_stream,
-    to_http_response,
-    to_stream_chunk_bytes,
-    to_user_request,
-)
+from .usercode import MethodNotFound, UserDeployment, invoke, is_stream
 from .window import LevelAverage
 
 log = logging.getLogger(__name__)
@@ -74,6 +67,9 @@ class _Held:
     reply: str
     frames: bool
     sent_checked_at: float
+    pending: PendingAdmission | None = None
+    """An admission waiting one loop turn for a unary result to ride on it (inline.py)."""
+    admitting: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +101,7 @@ class ReplicaRuntime:
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         providers: LocalHealthProviders = DEFAULT_PROVIDERS,
+        serves_http: bool = False,
     ) -> None:
         self.cfg = cfg
         self._providers = providers
@@ -117,8 +114,11 @@ class ReplicaRuntime:
         self.rpc_subject = self.subjects.rpc(cfg.app, cfg.deployment, cfg.replica_id)
         self.admission = AdmissionControl(cfg.spec.max_ongoing_requests)
         self.tracker = HealthTracker(cfg.replica_id)
-        # custom metrics exist only in the replica's own reports: a deployment with them pushes
-        self.push_metrics = cfg.spec.push_metrics or user.autoscaling_stats is not None
+        # custom metrics exist only in the replica's own reports: a deployment with them pushes;
+        # so does a replica serving HTTP itself (no router sees that load, http_server.py)
+        self.push_metrics = (
+            cfg.spec.push_metrics or user.autoscaling_stats is not None or serves_http
+        )
         # own reports carry every check only when they come at least once a period
         every_check = (
             self.push_metrics and cfg.spec.metrics_interval_s <= cfg.spec.health_check_period_s
@@ -151,13 +151,22 @@ class ReplicaRuntime:
             logging.getLogger(ACCESS_LOGGER) if access_enabled(cfg.spec.logging_config) else None
         )
         """The access log (logging_config.enable_access_log): one line per request."""
+        self.http_address: str | None = None
+        """Where this replica serves HTTP itself (http_server.py), announced on "ready"."""
+        self.drain_also: list[Callable[[], Awaitable[None]]] = []
+        """Run alongside the in-flight requests while draining, each bounding itself by the
+        grace timeout (the HTTP server's drain: no new connections, in-flight requests end)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, serve_http: Callable[[], Awaitable[str]] | None = None) -> None:
+        """Announce "starting", check health, serve; `serve_http` starts the HTTP server and
+        returns its address, announced with "ready" (it raises: the start fails)."""
         if not self._step(Step.START):
             return
         await self._lifecycle(LifecycleState.STARTING)
+        # an @serve.ingress app's lifespan runs before anything is served (asgi.py)
+        await build_asgi_app(self.user).startup()
         await self._check_once()
         self._subs.append(await self.bus.subscribe(self.rpc_subject, self._on_rpc))
         self._subs.append(
@@ -173,6 +182,8 @@ class ReplicaRuntime:
             self._unregister_provider = self._providers.register(
                 self.local_health, app=self.cfg.app
             )
+        if serve_http is not None:
+            self.http_address = await serve_http()
         if self._step(Step.READY):  # refused when a drain came while it started
             await self._lifecycle(LifecycleState.READY)
             log.info("replica %s ready on %s", self.cfg.replica_id, self.rpc_subject)
@@ -183,6 +194,7 @@ class ReplicaRuntime:
             return
         self.admission.draining = True
         await self._lifecycle(LifecycleState.DRAINING)
+        also = [asyncio.create_task(fn()) for fn in self.drain_also]
         pending = set(self._tasks)
         if pending:
             log.info("draining %d in-flight request(s)", len(pending))
@@ -193,6 +205,7 @@ class ReplicaRuntime:
                 task.cancel()
             if still:
                 await asyncio.wait(still)
+        await asyncio.gather(*also, return_exceptions=True)
         await self.stop(exit_code=0)
 
     async def stop(self, exit_code: int | None = 0) -> None:
@@ -205,6 +218,8 @@ class ReplicaRuntime:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):  # the app's lifespan shutdown, after the requests
+            await build_asgi_app(self.user).shutdown()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -236,6 +251,7 @@ class ReplicaRuntime:
             deployment=self.cfg.deployment,
             # what the what-if model needs of this replica's capacity (docs/recording.md)
             max_ongoing_requests=self.cfg.spec.max_ongoing_requests if state == "ready" else None,
+            http_address=self.http_address if state == "ready" else None,
         )
         subject = self.subjects.report(
             "lifecycle", self.cfg.app, self.cfg.deployment, self.cfg.replica_id
@@ -264,7 +280,7 @@ class ReplicaRuntime:
 
     async def _frame_tick(self) -> None:
         for held in list(self._held.values()):
-            if not held.frames:
+            if not held.frames or (held.pending is not None and not held.pending.gone):
                 continue
             status = self.carriage.frame_due(held.sent_checked_at, self.clock.monotonic())
             if status is None:
@@ -387,12 +403,48 @@ class ReplicaRuntime:
         # the models held here ride along (multiplexing): routers send a model's requests here
         models = held_models(self.user.instance)
         admitted = Admission(True, self.admission.ongoing, latest, frames, models)
-        self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
+        held = self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
+        if req.accepts_inline_result and not req.stream and req.body_kind == "args":
+            held.pending = PendingAdmission(admitted)
         # the task sends the admission itself: a quick result then leaves in the same socket
         # write (one syscall, not two), and the admission can never trail the first chunk
         task = asyncio.create_task(self._serve(req, msg.reply, admitted))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # -- HTTP requests (http_server.py): counted exactly as requests over NATS --------------------
+
+    def admit_http(self) -> bool:
+        """An HTTP request asks to run: admitted under the same `max_ongoing_requests` as NATS
+        requests (a draining replica still runs what reaches it: its server takes no new
+        connections and closes idle ones, so only requests already on their way arrive)."""
+        if not self.admission.try_admit(while_draining=True):
+            self.stats.rejected += 1
+            self.prom.rejected.inc()
+            return False
+        self.stats.admitted += 1
+        self.prom.accepted.inc()
+        self.prom.ongoing.inc()
+        self.running.set(self.admission.ongoing, self.clock.monotonic())
+        return True
+
+    def release_http(self, started: float, outcome: str, what: str) -> None:
+        """An admitted HTTP request ended (`started`: this clock's monotonic time)."""
+        self.admission.release()
+        now = self.clock.monotonic()
+        self.running.set(self.admission.ongoing, now)
+        self.prom.ongoing.dec()
+        self.prom.observe(outcome, now - started)
+        if outcome == OK:
+            self.stats.completed += 1
+        else:
+            self.stats.failed += 1
+        if self.access is not None:
+            ms = round((now - started) * 1000.0, 3)
+            self.access.info(
+                "%s %s %.1f ms", what, outcome, ms,
+                extra={"method": what, "outcome": outcome, "duration_ms": ms, "request_id": ""},
+            )  # fmt: skip
 
     async def _send(self, reply: str, message: Any) -> None:
         await self.bus.publish(reply, encode(message))
@@ -403,25 +455,31 @@ class ReplicaRuntime:
         self.prom.ongoing.inc()
         if req.multiplexed_model_id is not None:  # serve.get_multiplexed_model_id(), this task
             set_request_model_id(req.multiplexed_model_id)
+        held = self._held.get(req.request_id)
         try:
-            await self._send(reply, admitted)
+            if held is not None and held.pending is not None:
+                asyncio.get_running_loop().call_soon(self._admission_due, reply, held)
+            else:
+                await self._send(reply, admitted)
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()
             if timeout is not None and timeout <= 0:
                 raise _RequestError("deadline_exceeded", "deadline passed before the request ran")
             try:
                 async with asyncio.timeout(timeout):  # not wait_for: see usercode.check_health
-                    await self._execute(req, reply)
+                    await self._execute(req, reply, held)
             except TimeoutError:
                 raise _RequestError("deadline_exceeded", "request deadline exceeded") from None
             self.stats.completed += 1
         except _RequestError as exc:
             self.stats.failed += 1
             outcome = exc.code
+            await self._admitted(reply, held)
             await self._send(reply, ErrorReply(exc.code, str(exc), exc.retryable))
         except asyncio.CancelledError:
             self.stats.failed += 1
             outcome = "replica_shutdown"
             with contextlib.suppress(Exception):
+                await self._admitted(reply, held)
                 msg = "replica stopped before the request finished"
                 await self._send(reply, ErrorReply("replica_shutdown", msg, True))
             raise
@@ -429,6 +487,7 @@ class ReplicaRuntime:
             self.stats.failed += 1
             outcome = "user_error"
             log.debug("user code raised", exc_info=True)
+            await self._admitted(reply, held)
             await self._send(reply, ErrorReply("user_error", f"{type(exc).__name__}: {exc}", False))
         finally:
             self._held.pop(req.request_id, None)
@@ -445,49 +504,102 @@ class ReplicaRuntime:
                            "request_id": req.request_id},
                 )  # fmt: skip
 
-    async def _execute(self, req: Request, reply: str) -> None:
+    def _admission_due(self, reply: str, held: _Held) -> None:
+        """One loop turn after admitting: a call still running sends its admission on its own."""
+        pending = held.pending
+        if pending is not None and pending.due():
+            task = held.admitting = asyncio.create_task(self._send_admission(reply, pending))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_admission(self, reply: str, pending: PendingAdmission) -> None:
+        await self._send(reply, pending.admission)
+        pending.sent()
+
+    async def _admitted(self, reply: str, held: _Held | None) -> None:
+        """The admission has left (or rode): anything else may follow it on the stream now."""
+        pending = None if held is None else held.pending
+        if pending is None or pending.gone:
+            return
+        if pending.due():
+            await self._send_admission(reply, pending)
+        elif held is not None and held.admitting is not None:
+            await held.admitting
+
+    async def _unary(self, reply: str, data: bytes, held: _Held | None) -> None:
+        """A whole result: on the admission when it has not left, else as chunk 0 and end."""
+        pending = None if held is None else held.pending
+        rider = None if pending is None else pending.ride(data)
+        if rider is not None:
+            await self._send(reply, rider)
+            return
+        await self._admitted(reply, held)
+        await self._send(reply, Chunk(0, data))
+        await self._send(reply, End(1))
+
+    async def _execute(self, req: Request, reply: str, held: _Held | None = None) -> None:
+        if req.body_kind == "http":
+            await self._execute_http(req, reply)
+            return
         try:
             fn = self.user.resolve(req.method)
         except MethodNotFound as exc:
             raise _RequestError("method_not_found", str(exc)) from None
-        http = req.body_kind == "http"
         try:
-            if http:
-                args: tuple[Any, ...] = (to_user_request(decode_as(req.body, HttpRequest)),)
-                kwargs: dict[str, Any] = {}
-            elif req.body_kind == "args":
-                call = decode_as(req.body, CallArgs)
-                args, kwargs = tuple(call.args), dict(call.kwargs)
-            else:
+            if req.body_kind != "args":
                 raise _RequestError("bad_request", f"unknown body_kind {req.body_kind!r}")
+            call = decode_as(req.body, CallArgs)
+            args, kwargs = tuple(call.args), dict(call.kwargs)
         except WireError as exc:
             raise _RequestError("bad_request", str(exc)) from None
         result = await invoke(fn, args, kwargs)
         if is_stream(result):
-            sent = await self._stream(result, reply, http=http, collect=not req.stream)
-        elif http:
-            await self._send(reply, Chunk(0, encode(to_http_response(result))))
-            sent = 1
+            await self._admitted(reply, held)
+            sent = await self._stream(result, reply, collect=not req.stream)
         else:
-            await self._send(reply, Chunk(0, _pack(result)))
-            sent = 1
+            await self._unary(reply, _pack(result), held)
+            return
         # the count lets the router tell a chunk lost in transit from a short result
         await self._send(reply, End(sent))
 
-    async def _stream(self, items: Any, reply: str, *, http: bool, collect: bool) -> int:
+    async def _execute_http(self, req: Request, reply: str) -> None:
+        """An HTTP request carried over NATS (the Python proxy, the gateway) goes through the
+        same ASGI app as the replica's HTTP server (asgi.py): user code sees one request model."""
+        try:
+            app = self._asgi_for(req.method)
+        except MethodNotFound as exc:
+            raise _RequestError("method_not_found", str(exc)) from None
+        seq = 0
+
+        async def emit(data: bytes) -> None:
+            nonlocal seq
+            await self._send(reply, Chunk(seq, data))
+            seq += 1
+
+        try:
+            http = decode_as(req.body, HttpRequest)
+            await app.startup()  # once (the lifespan of an ingress app); then a no-op
+            sent = await serve_carried(app, http, emit=emit, collect=not req.stream)
+        except WireError as exc:  # ScopeError too: no HTTP server would have taken it
+            raise _RequestError("bad_request", str(exc)) from None
+        await self._send(reply, End(sent))
+
+    def _asgi_for(self, method: str) -> ReplicaAsgi:
+        """The replica's app for `__call__`; a gateway call naming another method (Fp-Method)
+        gets that method served the same way."""
+        if method == "__call__":
+            return build_asgi_app(self.user)
+        return build_asgi_app(self.user.resolve(method))
+
+    async def _stream(self, items: Any, reply: str, *, collect: bool) -> int:
         """Send the items as chunks; returns how many chunks went out."""
-        if collect and not http:
+        if collect:
             values = [item async for item in items]
             await self._send(reply, Chunk(0, _pack(values)))
             return 1
         seq = 0
-        if http:
-            head = HttpResponse(200, (("content-type", "application/octet-stream"),), b"")
-            await self._send(reply, Chunk(0, encode(head)))
-            seq = 1
         async for item in items:
-            data = to_stream_chunk_bytes(item) if http else _pack(item)
-            await self._send(reply, Chunk(seq, data))
+            await self._send(reply, Chunk(seq, _pack(item)))
             seq += 1
         return seq
 

@@ -115,8 +115,9 @@ async def _open_call(
     else:
         deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
     request_id = uuid.uuid4().hex
+    inline = not stream and body_kind == "args"  # a unary result may ride on the admission
     payload = encode(
-        Request(request_id, method, True, stream, deadline_wall, body, body_kind, model_id)
+        Request(request_id, method, True, stream, deadline_wall, body, body_kind, model_id, inline)
     )
     exclude: set[str] = set()
     retry = False
@@ -160,6 +161,7 @@ async def _open_call(
                 dispatched=now,
                 concurrency=admission.num_ongoing,
                 first_due=not stream or body_kind == "http",
+                inline=admission.inline_result,
             )
         await response.close()
         router.finished(rid, clock.monotonic())
@@ -269,6 +271,7 @@ class ResponseReader:
         "_done",
         "_expected_seq",
         "_first_due",
+        "_inline",
         "_interruptions_seen",
         "_outcome",
         "_pump_armed",
@@ -296,6 +299,7 @@ class ResponseReader:
         dispatched: float,
         concurrency: int = 0,
         first_due: bool = False,
+        inline: bytes | None = None,
     ) -> None:
         self._router = router
         self._started = started
@@ -311,6 +315,8 @@ class ResponseReader:
         self._first_due = first_due
         """The call always has a chunk 0 (unary, or HTTP): an `End` before it, from a replica
         that does not count its chunks, means chunk 0 was lost."""
+        self._inline = inline
+        """A unary result that rode on the admission (nothing follows it on the stream)."""
         self._interruptions_seen = response.interruptions
         self._done = False  # End or an error was read (or the reader was closed)
         self._waiting = False
@@ -382,6 +388,12 @@ class ResponseReader:
         response = self._response
         if response is None or self._done:
             raise RequestFailed(BAD_RESPONSE, "the response was already read to its end", False)
+        if self._inline is not None:  # the result rode on the admission: chunk 0, then the end
+            if self._expected_seq:
+                self._done = True
+                return None
+            self._expected_seq = 1
+            return Chunk(0, self._inline)
         liveness = router.liveness
         seen = liveness.mark(self.replica_id)
         silence: SilentRead | None = None  # made at the first silent interval, dropped on a message

@@ -86,6 +86,8 @@ def _e_request(m: Request) -> Map:
     }
     if m.multiplexed_model_id is not None:  # optional: absent keeps older readers as they were
         out["multiplexed_model_id"] = m.multiplexed_model_id
+    if m.accepts_inline_result:  # optional: absent is False
+        out["accepts_inline_result"] = True
     return out
 
 
@@ -126,6 +128,8 @@ def _e_admission(m: Admission) -> Map:
     }
     if m.models is not None:  # optional: only multiplexing replicas send it
         out["models"] = m.models
+    if m.inline_result is not None:  # optional: a unary result riding on the admission
+        out["inline_result"] = m.inline_result
     return out
 
 
@@ -329,7 +333,12 @@ def _d_request(m: Map) -> Request:
         body=f.get_bytes(m, "body", w),
         body_kind=f.get_choice(m, "body_kind", w, BODY_KINDS),
         multiplexed_model_id=_opt_model_id(m, "multiplexed_model_id", w),
+        accepts_inline_result=_opt_bool(m, "accepts_inline_result", w),
     )
+
+
+def _opt_bool(m: Map, key: str, w: str) -> bool:
+    return False if m.get(key) is None else f.get_bool(m, key, w)
 
 
 def _opt_model_id(m: Map, key: str, w: str) -> str | None:
@@ -395,7 +404,18 @@ def _d_admission(m: Map) -> Admission:
         health=_health(f.require(m, "health", w), w),
         will_send_health_frames=f.get_bool(m, "will_send_health_frames", w),
         models=_opt_models(m, w),
+        inline_result=_inline_result(m, w),
     )
+
+
+def _inline_result(m: Map, w: str) -> bytes | None:
+    if m.get("inline_result") is None:
+        return None
+    if not f.get_bool(m, "accepted", w):
+        f.fail(
+            reasons.BAD_VALUE, w, "inline_result", "a result rides only on an accepted admission"
+        )
+    return f.get_bytes(m, "inline_result", w)
 
 
 def _d_health_frame(m: Map) -> HealthFrame:

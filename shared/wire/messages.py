@@ -64,6 +64,11 @@ class Request:
     """Optional (added after v1, left out of the bytes when None): the model the request is for
     (`handle.options(multiplexed_model_id=...)`, or the `serve_multiplexed_model_id` HTTP
     header); user code reads it with `serve.get_multiplexed_model_id()`. None: no model."""
+    accepts_inline_result: bool = False
+    """Optional (added after v1, left out of the bytes when False): the router takes a unary
+    result riding on the admission (`Admission.inline_result`) in place of admission, chunk 0
+    and end: one message back instead of three for a call that finishes before the replica's
+    loop turns. False: the replica always sends the three."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,10 @@ class Admission:
     """Optional (added after v1, left out of the bytes when None): the multiplexed models the
     replica holds or is loading when it answers (at most `MAX_MODELS`), so routers send a
     model's requests where it is loaded. None: the deployment multiplexes no models."""
+    inline_result: bytes | None = None
+    """Optional (added after v1, left out of the bytes when None): the whole unary result, chunk
+    0's data, when the request `accepts_inline_result` and the call finished before the
+    admission left; nothing follows it on the stream. Only on an accepted admission."""
 
 
 MAX_MODELS: Final = 1024

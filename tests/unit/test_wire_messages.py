@@ -123,13 +123,13 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
     assert m["v"] == 1 and m["kind"] == msg.KIND
     # optional fields added after v1 are omitted when unset, so older vectors stay byte-identical
     optional = {f.name for f in dataclasses.fields(msg) if f.name in OPTIONAL_ADDED}
-    unset = {n for n in optional if getattr(msg, n) is None}
+    unset = {n for n in optional if getattr(msg, n) in (None, False)}  # False: a bool's unset
     assert set(m) - {"v", "kind"} == {f.name for f in dataclasses.fields(msg)} - unset
 
 
 OPTIONAL_ADDED = {
-    "stats", "max_ongoing_requests", "request_id", "chunks", "http_address",
-    "multiplexed_model_id", "models",
+    "stats", "max_ongoing_requests", "request_id", "chunks", "multiplexed_model_id", "models",
+    "accepts_inline_result", "inline_result", "http_address",
 }  # fmt: skip
 
 
