@@ -25,8 +25,8 @@ class Greeter:
         self.punctuation = punctuation
         self.built_with_model = built_with_model
 
-    def __call__(self, request: serve.Request) -> dict[str, str]:
-        name = request.text() or "world"
+    async def __call__(self, request: serve.Request) -> dict[str, str]:
+        name = (await request.body()).decode() or "world"
         return {
             "message": f"{self.greeting}, {name}{self.punctuation}",
             "model_id": os.environ.get("MODEL_ID", ""),

@@ -36,7 +36,7 @@ class Ingress:
         self.model = model
 
     async def __call__(self, request: serve.Request) -> dict[str, object]:
-        cleaned = self.preprocessor.transform.remote(request.text())
+        cleaned = self.preprocessor.transform.remote((await request.body()).decode())
         result: dict[str, object] = await self.model.predict.remote(cleaned)
         return {**result, "via": serve.get_replica_context().deployment}
 

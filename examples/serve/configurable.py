@@ -23,7 +23,7 @@ class Classifier:
         self.reconfigures += 1
 
     def __call__(self, request: serve.Request) -> dict[str, Any]:
-        x = float(request.query_params.get("x", ["0"])[0])
+        x = float(request.query_params.get("x", "0"))
         return {
             "positive": x >= self.threshold,
             "threshold": self.threshold,

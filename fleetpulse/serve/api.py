@@ -1,39 +1,30 @@
-"""What user code sees for calls from the gateway or the HTTP ingress.
+"""What user code sees of an HTTP request, and one way to answer it.
 
-A deployment's `__call__(self, request)` receives a `Request`; it may return bytes, str, a
-JSON-serialisable value, or a `Response`. Python callers through a DeploymentHandle pass ordinary
-(msgpack-serialisable) arguments instead and get the return value back as it is.
+`Request` is Starlette's (`starlette.requests.Request`), as in Ray Serve: awaitable `body()`,
+`json()`, `form()`, `stream()`; `query_params` (a multi-dict whose `[name]` is the last value),
+`path_params`, `headers`, `client`, `url`. A deployment's `__call__(self, request)` receives one
+for every HTTP request, whether it came to the replica's own HTTP server or over NATS (the Python
+proxy, the gateway); a `__call__(self)` without a parameter is called without one. It may return
+bytes, str, a JSON-serialisable value, a `Response` below, any Starlette/FastAPI response
+(`JSONResponse`, `StreamingResponse`, ...), or be a generator whose items are streamed. Python
+callers through a DeploymentHandle pass ordinary (msgpack-serialisable) arguments instead and get
+the return value back as it is.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qs
 
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
-
-    def text(self) -> str:
-        return self.body.decode("utf-8")
-
-    @property
-    def query_params(self) -> dict[str, list[str]]:
-        return parse_qs(self.query)
+from starlette.requests import Request
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
+    """A body, a status and headers (Starlette's `Response` does the same, with more)."""
+
     body: bytes | str = b""
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+
+
+__all__ = ["Request", "Response"]

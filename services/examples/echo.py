@@ -23,7 +23,7 @@ class Echo:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         headers = {"x-echo-method": request.method}
-        return Response(body=request.body, headers=headers)
+        return Response(body=await request.body(), headers=headers)
 
     async def echo(self, value: Any) -> Any:
         if self.delay_s:
@@ -58,5 +58,5 @@ class Echo:
             raise RuntimeError("health file says fail")
 
 
-def echo_function(request: Request) -> bytes:
-    return request.body
+async def echo_function(request: Request) -> bytes:
+    return await request.body()

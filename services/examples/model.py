@@ -28,7 +28,8 @@ class Model:
             self.in_flight -= 1
 
     async def __call__(self, request: Request) -> Response:
-        body = request.json() if request.body else {}
+        raw = await request.body()
+        body = json.loads(raw) if raw else {}
         x = float(body.get("x", 1.0)) if isinstance(body, dict) else 1.0
         out = await self.predict(x)
         return Response(json.dumps(out), headers={"content-type": "application/json"})

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from fleetpulse.serve.api import Request, Response
 from shared.appgraph import referenced, replace_refs
 from shared.errors import ConfigError
-from shared.wire.messages import HttpRequest, HttpResponse
 
 from .custom_stats import stats_method
 
@@ -68,6 +65,8 @@ class UserDeployment:
         self._reconfigure: Callable[[Any], Any] | None = found if callable(found) else None
         self.reconfigure_error: str | None = None
         """Why the last reconfigure() failed (health checks fail meanwhile), or None."""
+        self._asgi: Any = None
+        """The replica's ASGI app once built (asgi.build_asgi_app caches it here)."""
 
     @property
     def instance(self) -> Any:
@@ -185,7 +184,7 @@ async def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     if inspect.isasyncgenfunction(fn):
         return fn(*args, **kwargs)
     if inspect.isgeneratorfunction(fn):
-        return _thread_iter(fn(*args, **kwargs))
+        return thread_iter(fn(*args, **kwargs))
     result = await asyncio.to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):  # a sync wrapper around a coroutine
         result = await result
@@ -195,7 +194,7 @@ async def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
 _DONE = object()
 
 
-async def _thread_iter(gen: Any) -> AsyncIterator[Any]:
+async def thread_iter(gen: Any) -> AsyncIterator[Any]:
     """Drive a sync generator in the thread pool, one item at a time."""
     try:
         while True:
@@ -209,35 +208,3 @@ async def _thread_iter(gen: Any) -> AsyncIterator[Any]:
 
 def is_stream(value: Any) -> bool:
     return inspect.isasyncgen(value) or hasattr(value, "__anext__")
-
-
-def to_user_request(req: HttpRequest) -> Request:
-    return Request(
-        method=req.method,
-        path=req.path,
-        query=req.query,
-        headers=dict(req.headers),
-        body=req.body,
-    )
-
-
-def to_http_response(value: Any) -> HttpResponse:
-    """Turn what user code returned into an HttpResponse (see api.py for the accepted kinds)."""
-    if isinstance(value, Response):
-        body = value.body.encode() if isinstance(value.body, str) else bytes(value.body)
-        return HttpResponse(value.status, tuple(value.headers.items()), body)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return HttpResponse(200, (("content-type", "application/octet-stream"),), bytes(value))
-    if isinstance(value, str):
-        return HttpResponse(200, (("content-type", "text/plain; charset=utf-8"),), value.encode())
-    body = json.dumps(value).encode()
-    return HttpResponse(200, (("content-type", "application/json"),), body)
-
-
-def to_stream_chunk_bytes(value: Any) -> bytes:
-    """One item of a streamed HTTP body."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    return json.dumps(value).encode() + b"\n"
