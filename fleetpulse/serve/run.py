@@ -44,14 +44,11 @@ import re
 import sys
 import threading
 import time
-import urllib.request
 import warnings
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import yaml
 
 from shared.appconfig import AppConfig
 from shared.appgraph import BuiltApp
@@ -278,7 +275,12 @@ def start(
     """Ray Serve's `serve.start`: here, where the local system's HTTP proxy listens
     (`http_options={"host": ..., "port": ...}`), then start it. Applies to a system this process
     starts; a running one keeps its address (as in Ray)."""
-    options = _as_dict(http_options)
+    if http_options is None or isinstance(http_options, Mapping):
+        options = dict(http_options or {})
+    else:  # Ray's HTTPOptions: only where it listens applies here
+        options = {
+            k: getattr(http_options, k) for k in ("host", "port") if hasattr(http_options, k)
+        }
     for key in sorted(set(options) - {"host", "port"}):
         _ignored(f"http_options[{key!r}]")
     for name, value in (
@@ -507,6 +509,8 @@ def _app_config(
     driver: _Driver,
 ) -> tuple[AppConfig, str]:
     """The checked AppConfig of the bound application and its ingress deployment's name."""
+    import yaml  # here, not at the top: a replica imports this package and never runs a script
+
     from shared.policyapi import policy_problem
     from shared.serveconfig import check_config
 
@@ -559,13 +563,16 @@ async def _write_app(bus: Bus, app: AppConfig) -> tuple[bool, int | None]:
     for other, entry in current.items():
         if other == app.name or app.route_prefix is None:
             continue
-        with contextlib.suppress(Exception):
-            if AppConfig.from_json(entry.value).route_prefix == app.route_prefix:
-                raise ValueError(
-                    f"serve.run: route_prefix {app.route_prefix!r} is already used by the "
-                    f"application {other!r}; pass another route_prefix, or serve.delete("
-                    f"{other!r}) first"
-                )
+        try:
+            prefix = AppConfig.from_json(entry.value).route_prefix
+        except Exception:
+            continue  # the controller ignores a bad value too; it holds no route
+        if prefix == app.route_prefix:
+            raise ValueError(
+                f"serve.run: route_prefix {app.route_prefix!r} is already used by the "
+                f"application {other!r}; pass another route_prefix, or serve.delete("
+                f"{other!r}) first"
+            )
     try:
         value = app.to_json()
     except UsageError as exc:
@@ -743,6 +750,8 @@ def _replica_log_tail(driver: _Driver, app: str, view: Any) -> str:
 def _wait_routed(driver: _Driver, name: str, prefix: str) -> None:
     """Until the local proxy routes the app (its /-/routes lists it): a request sent right after
     serve.run returns must not find the route missing."""
+    import urllib.request  # here: a replica imports this package and never runs a script
+
     url = f"{driver.http_url}/-/routes"
     deadline = time.monotonic() + ROUTE_WAIT_S
     while time.monotonic() < deadline:

@@ -1,0 +1,377 @@
+"""`serve.run` scripts written as Ray Serve's docs write them, run as processes.
+
+Each test writes a script (the Ray shape: deployments in `__main__`, `serve.run(app)`, then
+`requests.post(...)` or `handle.remote(...).result()`), runs it with `python script.py` and
+checks what it printed, that the script's top level ran once (replicas got its deployments by
+value, not by importing it again), and that every process the script started is gone after it
+ended: normally, on Ctrl-C (SIGINT to its process group, as a terminal sends it) and on SIGKILL.
+Ports: the HTTP port is a free one, given by $FLEETPULSE_PROXY_PORT or serve.start(http_options=).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT_TIMEOUT_S = 150
+
+PROBE = """
+# -- put first by the test: the processes serve.run started (descendants of this one)
+def _fp_descendants():
+    import os
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for kid in children.get(todo.pop(), []):
+            out.append(kid)
+            todo.append(kid)
+    return out
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for kid in children.get(todo.pop(), []):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as gone: it runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
+
+
+def wait_gone(pids: list[int], within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(
+        f"processes left behind after {within_s:g} s: "
+        + "; ".join(f"{p}: {command(p)}" for p in pids if alive(p))
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Script:
+    def __init__(self, tmp: Path, name: str, body: str) -> None:
+        self.dir = tmp
+        self.path = tmp / f"{name}.py"
+        self.path.write_text(PROBE + textwrap.dedent(body))
+        self.port = free_port()
+        self.out = tmp / f"{name}.out"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_")}
+        self.env.update(
+            PYTHONPATH=str(ROOT), FLEETPULSE_PROXY_PORT=str(self.port), PYTHONUNBUFFERED="1"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with open(self.out, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(self.path)],
+                cwd=self.dir,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, as a terminal's foreground job
+            )
+        return self.proc
+
+    def run(self) -> tuple[int, str]:
+        proc = self.start()
+        try:
+            code = proc.wait(SCRIPT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the script did not finish:\n{self.output()}") from None
+        return code, self.output()
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with_group = [self.proc.pid, *descendants(self.proc.pid)]
+            for pid in with_group:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Iterator[list[Script]]:
+    made: list[Script] = []
+    yield made
+    for s in made:
+        s.kill()
+
+
+def pids_printed(output: str, tag: str) -> list[int]:
+    for line in output.splitlines():
+        if line.startswith(tag + " "):
+            return [int(p) for p in line.split()[1:]]
+    raise AssertionError(f"no {tag} line in:\n{output}")
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
+
+
+QUICKSTART = """
+    import os
+
+    import requests
+    from starlette.requests import Request
+
+    from fleetpulse import serve
+
+    with open("ran.txt", "a") as f:  # the script's top level: it must run once
+        f.write("ran\\n")
+
+
+    @serve.deployment(num_replicas=2)
+    class Translator:
+        def __init__(self, suffix: str) -> None:
+            self.suffix = suffix
+
+        def translate(self, text: str) -> str:
+            return text.upper() + self.suffix
+
+        async def __call__(self, http_request: Request) -> str:
+            english_text: str = await http_request.json()
+            return self.translate(english_text)
+
+
+    translator_app = Translator.bind("!")
+    handle = serve.run(translator_app)
+
+    port = os.environ["FLEETPULSE_PROXY_PORT"]
+    response = requests.post(f"http://127.0.0.1:{port}/", json="Hello world")
+    print("HTTP", response.status_code, response.text)
+    print("HANDLE", handle.translate.remote("by handle").result())
+    print("STATUS", serve.status().applications["default"].status)
+    print("KIDS", *_fp_descendants())
+"""
+
+
+def test_a_quickstart_script_serves_http_and_handles_and_leaves_nothing(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    s = Script(tmp_path, "quickstart", QUICKSTART)
+    scripts.append(s)
+    code, out = s.run()
+    assert code == 0, out
+    assert "HTTP 200 HELLO WORLD!" in out, out
+    assert "HANDLE BY HANDLE!" in out, out
+    assert "STATUS RUNNING" in out, out
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"  # never imported again by a replica
+    kids = pids_printed(out, "KIDS")
+    # supervisor, nats-server, controller, agent, proxy, two replicas
+    assert len(kids) >= 7, out
+    wait_gone(kids, 5)  # the script waited for the stop: nothing outlives it
+
+
+APPS = """
+    import os
+    import time
+
+    from fleetpulse import serve
+
+
+    @serve.deployment
+    def double(val: int) -> int:
+        return val * 2
+
+
+    @serve.deployment
+    class Adder:
+        def __init__(self, increment: int) -> None:
+            self.increment = increment
+
+        def __call__(self, val: int) -> int:
+            return val + self.increment
+
+
+    @serve.deployment
+    class Broken:
+        def __init__(self) -> None:
+            raise ValueError("this constructor fails on purpose")
+
+        def __call__(self) -> str:
+            return "never"
+
+
+    serve.start(http_options={"host": "127.0.0.1", "port": int(os.environ["PORT"])})
+    serve.run(double.bind(), name="my_app", route_prefix="/double")
+    handle = serve.get_app_handle("my_app")
+    print("DOUBLE", handle.remote(3).result())
+
+    serve.run(Adder.bind(1), name="adder", route_prefix="/add")
+    adder = serve.get_deployment_handle("Adder", app_name="adder")
+    print("ADD", adder.remote(1).result())
+    serve.run(Adder.bind(10), name="adder", route_prefix="/add")  # a redeploy: a rollout
+    print("ADD", serve.get_app_handle("adder").remote(1).result())
+
+    status = serve.status()
+    print("APPS", *sorted(f"{n}={a.status}" for n, a in status.applications.items()))
+
+    try:
+        serve.run(Broken.bind(), name="broken", route_prefix="/broken")
+    except RuntimeError as exc:
+        print("BROKEN", type(exc).__name__, "fails on purpose" in str(exc))
+
+    try:
+        serve.run(Adder.bind(2), name="other", route_prefix="/add")
+    except ValueError as exc:
+        print("CLASH", "already used by the application 'adder'" in str(exc))
+
+    serve.delete("my_app")
+    print("AFTER-DELETE", *sorted(serve.status().applications))
+    kids = _fp_descendants()
+    serve.shutdown()
+    time.sleep(0.5)
+    left = [p for p in kids if os.path.exists(f"/proc/{p}")]
+    print("SHUTDOWN-LEFT", len(left))
+    print("STATUS-AFTER", serve.status().applications)
+"""
+
+
+def test_handles_status_redeploy_failure_delete_and_shutdown(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    s = Script(tmp_path, "apps", APPS)
+    port = free_port()
+    s.env["PORT"] = str(port)
+    del s.env["FLEETPULSE_PROXY_PORT"]
+    scripts.append(s)
+    code, out = s.run()
+    assert code == 0, out
+    assert f"HTTP on http://127.0.0.1:{port}" in out, out  # serve.start's http_options
+    assert "DOUBLE 6" in out, out
+    assert "ADD 2" in out and "ADD 11" in out, out
+    assert "APPS adder=RUNNING my_app=RUNNING" in out, out
+    assert "BROKEN DeployFailed True" in out, out
+    assert "CLASH True" in out, out
+    assert "AFTER-DELETE adder broken" in out, out
+    assert "SHUTDOWN-LEFT 0" in out, out
+    assert "STATUS-AFTER {}" in out, out
+
+
+BLOCKING = """
+    from fleetpulse import serve
+
+
+    @serve.deployment
+    class Hello:
+        def __call__(self) -> str:
+            return "hello"
+
+
+    serve.run(Hello.bind(), blocking=True)
+"""
+
+
+def start_blocking(tmp_path: Path, scripts: list[Script]) -> tuple[Script, list[int]]:
+    s = Script(tmp_path, "blocking", BLOCKING)
+    scripts.append(s)
+    proc = s.start()
+    deadline = time.monotonic() + SCRIPT_TIMEOUT_S
+    while not http_ok(f"http://127.0.0.1:{s.port}/"):
+        assert proc.poll() is None, s.output()
+        assert time.monotonic() < deadline, s.output()
+        time.sleep(0.2)
+    kids = descendants(proc.pid)
+    names = " ".join(command(p) for p in kids)
+    for part in ("localsystem", "nats-server", "services.controller", "services.agent",
+                 "services.proxy", "services.replica"):  # fmt: skip
+        assert part in names, names
+    return s, kids
+
+
+def test_ctrl_c_stops_the_whole_local_system(tmp_path: Path, scripts: list[Script]) -> None:
+    s, kids = start_blocking(tmp_path, scripts)
+    assert s.proc is not None
+    os.killpg(s.proc.pid, signal.SIGINT)  # what a terminal sends its foreground job
+    s.proc.wait(60)
+    assert "KeyboardInterrupt" in s.output(), s.output()
+    wait_gone(kids, 5)
+
+
+def test_sigkill_of_the_script_stops_the_whole_local_system(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    s, kids = start_blocking(tmp_path, scripts)
+    assert s.proc is not None
+    s.proc.kill()
+    s.proc.wait()
+    wait_gone(kids, 60)
+
+
+def test_a_taken_http_port_is_a_clear_error(tmp_path: Path, scripts: list[Script]) -> None:
+    s = Script(tmp_path, "taken", BLOCKING)
+    scripts.append(s)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", s.port))
+        held.listen()
+        code, out = s.run()
+    assert code != 0
+    assert f"cannot serve HTTP on 127.0.0.1:{s.port}" in out, out
