@@ -35,6 +35,7 @@ from services.agent.service import AgentService
 from services.auth.embedded import EmbeddedAuth
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
+from services.ops import packaging
 from services.ops.status import Mirror, render_table
 from services.proxy.config import ProxyConfig
 from services.proxy.server import ProxyServer
@@ -363,6 +364,10 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"  logs:  {workdir / 'fleetpulse.log'}  (replica logs in {workdir / 'replicas'})"
         )
+        if packaging.unresolved(apps):  # code shipped with the apps: into the object store
+            packager = packaging.Packager(packaging.store_of(stack.bus, create=True))
+            apps = await packaging.resolve_apps(apps, packager)
+            console.print(f"  {packaging.describe(packager.stats)}")
         kv = await stack.bus.kv(KV_APPS)
         for app in apps:
             await kv.put(app.name, app.to_json())

@@ -7,7 +7,8 @@ policy's check, shared/policyapi.py): where `deploy` runs, which must therefore 
 controller never imports it. `import_path` names a bound application (`module:app`) or a builder
 function (`module:build`) that takes the app's `args` and returns one. While the module is
 imported and the builder runs, the app's `runtime_env.env_vars` are set in the environment, as
-they are in the replicas, so a builder that reads them sees the same values.
+they are in the replicas, so a builder that reads them sees the same values, and its
+`working_dir` and `py_modules` are first on sys.path (`code_paths`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import importlib
 import inspect
 import os
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from shared.appconfig import AppConfig
@@ -55,7 +58,8 @@ def check_file(path: str, *, dry_run: bool, app_dir: str = ".") -> Checked:
     add_app_dir(app_dir)
 
     def build(code: CodeApp) -> BuiltApp:
-        return build_app(code.import_path, code.args, code.env)
+        with code_paths(code.runtime_env):
+            return build_app(code.import_path, code.args, code.env)
 
     return check_config(text, check_policy=policy_problem, build=build)
 
@@ -73,6 +77,46 @@ def build_apps(path: str, app_dir: str = ".") -> list[AppConfig]:
 
 def _unreadable(exc: ConfigError) -> Problem:
     return Problem("", None, str(exc).split(": ", 1)[-1])
+
+
+@contextlib.contextmanager
+def code_paths(runtime_env: Mapping[str, Any]) -> Iterator[None]:
+    """While an app is built, its runtime_env's working_dir (then its py_modules' parents) come
+    first on sys.path, as they will in its replicas; a zip URL is fetched and unpacked into a
+    temporary directory for it. (Modules stay imported after the build: two apps of one file
+    with different modules of the same name cannot both be built in one deploy.)"""
+    paths: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="fleetpulse-build-") as tmp:
+        for i, entry in enumerate(
+            [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
+        ):
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("https://"):
+                paths.append(str(_fetched(entry, Path(tmp) / str(i))))
+            elif i == 0:
+                paths.append(os.path.abspath(os.path.expanduser(entry)))
+            else:
+                paths.append(os.path.dirname(os.path.abspath(os.path.expanduser(entry))))
+        sys.path[:0] = paths
+        try:
+            yield
+        finally:
+            for p in paths:
+                if p in sys.path:
+                    sys.path.remove(p)
+
+
+def _fetched(url: str, dest: Path) -> Path:
+    from shared import packages  # only a build with a URL needs it
+
+    zip_path = dest.with_suffix(".zip")
+    try:
+        packages.download(url, zip_path, limit=packages.MAX_PACKAGE_BYTES)
+        root = packages.unpack(zip_path, dest, max_bytes=packages.MAX_UNPACKED_BYTES)
+    except (OSError, packages.PackageError) as exc:
+        raise BuildError(f"cannot fetch the working_dir {url}: {exc}") from None
+    return packages.strip_single_top(root)
 
 
 def add_app_dir(path: str) -> None:

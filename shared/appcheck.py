@@ -16,6 +16,7 @@ app's environment for its replicas).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import logconfig, resources, rollout
+from shared import logconfig, resources, rollout, runtimeenv
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appkeys import (
     ACTOR_KEYS,
@@ -81,6 +82,8 @@ class Checker:
         self.check_policy = check_policy
         self.problems: list[Problem] = []
         self.warnings: list[Problem] = []
+        self.base_dir = os.getcwd()
+        """Relative working_dir / py_modules / requirements paths start here (as in Ray)."""
 
     app_keys: Mapping[str, Conv | None] = APP_KEYS
     deployment_keys: Mapping[str, Conv | None] = DEPLOYMENT_KEYS
@@ -229,6 +232,7 @@ class Checker:
             self.code_app(m, path)
             return None
         env = self.app_env(m, path)
+        runtime = self.app_runtime(m, path)
         logs = self.app_logging(m, path)
         before = len(self.problems)
         deployments: list[DeploymentConfig] = []
@@ -247,7 +251,7 @@ class Checker:
             all_named = all_named and "name" in d.values
             if "name" in d.values:
                 self.unique(d, dpath, dep_names, "deployment")
-            dep = self.deployment(d, dpath, env=env, logging=logs)
+            dep = self.deployment(d, dpath, env=env, logging=logs, runtime=runtime)
             if dep is not None:
                 deployments.append(dep)
         ingress = m.values.get("ingress")
@@ -280,6 +284,40 @@ class Checker:
         """The app's environment variables for its replicas (shared/serveconfig.py)."""
         return {}
 
+    def app_runtime(self, m: Map, path: str) -> Mapping[str, Any]:
+        """The app's runtime_env as written, checked (shared/serveconfig.py)."""
+        return {}
+
+    def resolve_path(self, value: str) -> str:
+        full = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(value)))
+        if not os.path.isdir(full):
+            raise ValueError(
+                f"{value!r} is not a directory (relative paths start at {self.base_dir})"
+            )
+        return full
+
+    def read_file(self, value: str) -> str:
+        with open(os.path.join(self.base_dir, value), encoding="utf-8") as f:
+            return f.read()
+
+    def normalise_runtime(self, raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """runtimeenv.normalise with this checker's file access; RuntimeEnvError."""
+        return runtimeenv.normalise(raw, resolve_path=self.resolve_path, read_file=self.read_file)
+
+    def check_runtime(self, raw: Any, path: str, node: Node) -> dict[str, Any]:
+        """`raw` if it is a runtime_env fleetpulse can use, else {} with the problem reported
+        under `path` (and the key at fault)."""
+        if not isinstance(raw, Mapping):
+            self.add(path, node, f"expected a mapping, got {show_value(raw)}")
+            return {}
+        try:
+            self.normalise_runtime(raw)
+        except runtimeenv.RuntimeEnvError as exc:
+            where = f"{path}.{exc.key}" if path and exc.key else (path or exc.key)
+            self.add(where, _child(node, exc.key.split(".")[0].split("[")[0]), exc.message)
+            return {}
+        return dict(raw)
+
     def app_logging(self, m: Map, path: str) -> Mapping[str, Any] | None:
         """The app's `logging_config`: each deployment's that sets none (as in Ray Serve)."""
         node = m.nodes.get("logging_config")
@@ -287,7 +325,7 @@ class Checker:
 
     def deployment(
         self, d: Map, path: str, env: Mapping[str, str] | None = None, import_path: str = "",
-        logging: Mapping[str, Any] | None = None,
+        logging: Mapping[str, Any] | None = None, runtime: Mapping[str, Any] | None = None,
     ) -> DeploymentConfig | None:  # fmt: skip
         """`import_path` given: the deployment is defined in code (the file may not set it)."""
         before = len(self.problems)
@@ -325,9 +363,27 @@ class Checker:
                 )
         elif "num_replicas" not in d.nodes:
             kwargs["num_replicas"] = DEFAULT_NUM_REPLICAS
+        child: Mapping[str, Any] = {}
         if "ray_actor_options" in d.nodes:
             request = self.actor_options(d.nodes["ray_actor_options"], f"{path}.ray_actor_options")
             kwargs["resources"] = request or {}
+            rnode = _value_of(d.nodes["ray_actor_options"], "runtime_env")
+            if rnode is not None and not is_null(rnode):
+                rpath = f"{path}.ray_actor_options.runtime_env"
+                try:
+                    child = self.check_runtime(self.construct(rnode), rpath, rnode)
+                except Bad as exc:
+                    self.add(rpath, rnode, exc.message)
+        if runtime or child:
+            try:
+                rt, env_vars = self.normalise_runtime(runtimeenv.merge(runtime or {}, child))
+            except runtimeenv.RuntimeEnvError as exc:
+                self.add(f"{path}.ray_actor_options.runtime_env.{exc.key}", d.node, exc.message)
+            else:
+                if env_vars:
+                    kwargs["env"] = env_vars
+                if rt:
+                    kwargs["runtime_env"] = rt
         if "logging_config" in d.nodes:
             logs = self.logging_config(d.nodes["logging_config"], f"{path}.logging_config")
             kwargs["logging_config"] = logs or {}
@@ -492,3 +548,17 @@ class Checker:
                 f"{path}.{yaml_key}" if yaml_key else path, m.nodes.get(yaml_key, m.node), message
             )
             return None
+
+
+def _value_of(node: Node, key: str) -> Node | None:
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            if isinstance(k, ScalarNode) and k.value == key:
+                found: Node = v
+                return found
+    return None
+
+
+def _child(node: Node, key: str) -> Node:
+    """The value node of `key` in a mapping node (for a problem's line), else `node` itself."""
+    return _value_of(node, key) or node

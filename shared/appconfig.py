@@ -108,6 +108,9 @@ class DeploymentConfig:
     autoscaling: AutoscalingConfig | None = None
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How a new version rolls out (fleetpulse's own key; shared.rollout)."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """Code packages and pip/uv requirements of its replicas (shared/runtimeenv.py; YAML: Ray's
+    `runtime_env`, app level merged with `ray_actor_options.runtime_env`)."""
 
     def __post_init__(self) -> None:
         validate_name(self.name, "deployment name")

@@ -280,6 +280,7 @@ ACTOR_KEYS: dict[str, Conv | None] = {
     "memory": _DELAY,
     "resources": None,
     **{key: _refused(reason) for key, reason in resources.RAY_ACTOR_REFUSED.items()},
+    "runtime_env": None,  # merged over the app's runtime_env (shared/runtimeenv.py)
 }
 LOGGING_KEYS: dict[str, Conv | None] = {
     **{key: _log_value(key) for key in logconfig.KEYS},

@@ -21,14 +21,15 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from shared import logconfig, resources, settings
+from shared import logconfig, resources, runtimeenv, settings
 from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
 Kind = Literal[
-    "str", "int", "float", "bool", "list", "map", "env", "resources", "logging", "config"
+    "str", "int", "float", "bool", "list", "map", "env", "resources", "logging", "config",
+    "runtime",
 ]
-_JSON_KINDS = ("list", "map", "env", "resources", "logging", "config")
+_JSON_KINDS = ("list", "map", "env", "resources", "logging", "config", "runtime")
 MAX_ENV_VARS = 256
 
 
@@ -66,7 +67,7 @@ class Param:
         if self.kind == "config":
             return None if value is None or isinstance(value, Mapping) else "must be a map or null"
         expected = {"str": str, "bool": bool, "list": tuple | list, "map": Mapping, "env": Mapping,
-                    "resources": Mapping, "logging": Mapping}  # fmt: skip
+                    "resources": Mapping, "logging": Mapping, "runtime": Mapping}  # fmt: skip
         return None if isinstance(value, expected[self.kind]) else f"must be a {self.kind}"
 
     def _value_problem(self, value: Any) -> str | None:
@@ -76,6 +77,8 @@ class Param:
             return resources.request_problem(value)
         if self.kind == "logging":
             return logconfig.problem(value)
+        if self.kind == "runtime":
+            return runtimeenv.problem(value)
         if self.kind in ("int", "float"):
             if not math.isfinite(value):
                 return "must be a finite number"
@@ -147,6 +150,14 @@ PARAMS: tuple[Param, ...] = (
         restarts=False,
         omit_default=True,
     ),
+    Param(
+        "runtime_env",
+        "runtime",
+        {},
+        "code packages (working_dir, py_modules: content addresses) and pip/uv requirements the "
+        "agent prepares before it starts the replica (JSON object; shared/runtimeenv.py)",
+        omit_default=True,
+    ),
 )
 BY_NAME: Mapping[str, Param] = {p.name: p for p in PARAMS}
 _D: Mapping[str, Any] = {p.name: p.default for p in PARAMS}
@@ -176,6 +187,7 @@ class ReplicaSpec:
     resources: Mapping[str, float] = field(default_factory=dict)
     logging_config: Mapping[str, Any] = field(default_factory=dict)
     user_config: Mapping[str, Any] | None = _D["user_config"]
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for p in PARAMS:

@@ -5,8 +5,12 @@ users write today, and imports nothing:
 - an app-level `import_path` (a bound application or a builder taking `args`) makes a `CodeApp`:
   its `deployments` entries are optional overrides matched by name, checked key by key as far as
   they can be without the code;
-- `runtime_env.env_vars` become the replicas' environment (any other runtime_env field is refused
-  by name, with the reason); `proxy_location`, `http_options`, `grpc_options` and the legacy
+- `runtime_env` (app level, over an Anyscale service file's top-level `working_dir`,
+  `requirements`, `excludes`, `env_vars`) merges with each deployment's
+  `ray_actor_options.runtime_env` by Ray Serve's rule (shared/runtimeenv.py): `env_vars` become
+  the replicas' environment, code and requirements the deployment's `runtime_env` (local paths
+  until `fleetpulse deploy` packages them); `conda`, `container`, `image_uri` are refused by name,
+  with the reason, and an Anyscale file's infrastructure keys are warnings; `proxy_location`, `http_options`, `grpc_options` and the legacy
   form's `host`/`port` configure services `deploy` does not run: each is a warning naming the
   fleetpulse equivalent, never silently dropped;
 - the legacy single-app form (`import_path` at the top) is read as one application, and a
@@ -27,7 +31,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared import appkeys, raymanifest
+from shared import appkeys, raymanifest, runtimeenv
 from shared.appcheck import Checker, Map
 from shared.appconfig import AppConfig, DeploymentConfig
 from shared.appgraph import BuiltApp, BuiltDeployment
@@ -37,18 +41,25 @@ _STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.o
 _CODE_ONLY = {"import_path", "init_args", "init_kwargs"}
 """Keys of a deployment written out in full that an override of a code deployment cannot set."""
 
-_RUNTIME_ENV_REFUSED = {
-    "working_dir": "fleetpulse does not ship code: install it where the agents run (replicas "
-    "import from the agent's working directory and PYTHONPATH), then remove working_dir",
-    "py_modules": "fleetpulse does not ship code: install the modules where the agents run",
-    "excludes": "belongs to working_dir, which fleetpulse does not ship",
-    "pip": "fleetpulse does not install packages: install them in the agents' environment",
-    "uv": "fleetpulse does not install packages: install them in the agents' environment",
-    "conda": "fleetpulse does not install environments: run the agents in one that has them",
-    "container": "replicas are processes of the agent: run the agent in an image with the code",
-    "image_uri": "replicas are processes of the agent: run the agent in an image with the code",
-    "config": "nothing to configure: fleetpulse sets up no runtime environment",
-}
+_ANYSCALE_RUNTIME = {"working_dir": "working_dir", "requirements": "pip",
+                     "excludes": "excludes", "env_vars": "env_vars", "py_modules": "py_modules"}  # fmt: skip
+"""Anyscale service file keys that are the apps' runtime environment (file key -> runtime_env)."""
+_ANYSCALE_INFRA = [
+    "name",
+    "image_uri",
+    "compute_config",
+    "cloud",
+    "containerfile",
+    "query_auth_token_enabled",
+    "project",
+    "build_id",
+    "ray_gcs_external_storage_config",
+    "tracing_config",
+    "version_level",
+    "canary_percent",
+    "max_surge_percent",
+]
+"""Anyscale service file keys about the machines and the service's own settings."""
 _PROXY_FLAGS = {
     "host": "`fleetpulse proxy --host` (FLEETPULSE_PROXY_HOST)",
     "port": "`fleetpulse proxy --port` (or `fleetpulse up --http-port`)",
@@ -75,6 +86,9 @@ class CodeApp:
     import_node: Node
     index: int
     """Its place among the file's applications."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """The app's runtime_env as written (merged over a service file's top level): the build
+    imports from its working_dir and py_modules."""
 
 
 @dataclass(slots=True)
@@ -161,6 +175,9 @@ class ServeChecker(Checker):
         super().__init__(loader, check_policy)
         self.code_apps: list[CodeApp] = []
         self._legacy = False
+        self._file_runtime_nodes: list[tuple[str, Node, Node]] = []
+        self._file_runtime: dict[str, Any] | None = None
+        self._runtime_by_node: dict[int, dict[str, Any]] = {}
 
     def file(self, root: Node | None) -> list[AppConfig]:
         if isinstance(root, MappingNode):
@@ -187,6 +204,13 @@ class ServeChecker(Checker):
                 )  # fmt: skip
             elif key == "http_options":
                 self._options(key, value, _PROXY_FLAGS, "the HTTP proxy is its own service")
+            elif key in _ANYSCALE_RUNTIME:
+                self._file_runtime_nodes.append((key, key_node, value))
+            elif key in _ANYSCALE_INFRA:
+                self.warn(
+                    key, key_node, "ignored: an Anyscale service setting about machines or the "
+                    "service itself; fleetpulse runs on the agents you start",
+                )  # fmt: skip
             elif key == "grpc_options":
                 self.warn(
                     key, key_node, "ignored: fleetpulse has no gRPC ingress; callers in any "
@@ -227,49 +251,50 @@ class ServeChecker(Checker):
         return MappingNode(_MAP, [(ScalarNode(_STR, "applications"), seq)], root.start_mark)
 
     def app_env(self, m: Map, path: str) -> Mapping[str, str]:
-        node = m.nodes.get("runtime_env")
-        if node is None:
-            return {}
-        path = f"{path}.runtime_env"
-        if not isinstance(node, MappingNode):
-            self.add(path, node, f"expected a mapping, got {appkeys.node_kind(node)}")
-            return {}
-        env: dict[str, str] = {}
-        for key_node, value in node.value:
-            key = str(key_node.value)
-            if key == "env_vars":
-                env = self._env_vars(value, f"{path}.env_vars")
-            elif key in _RUNTIME_ENV_REFUSED:
-                self.add(f"{path}.{key}", key_node, f"not supported: {_RUNTIME_ENV_REFUSED[key]}")
-            else:
-                self.add(
-                    f"{path}.{key}", key_node, "not supported: a Ray runtime_env field with no "
-                    "fleetpulse equivalent; only env_vars is (remove the field)",
-                )  # fmt: skip
-        return env
+        env = self.app_runtime(m, path).get("env_vars") or {}
+        return dict(env)
 
-    def _env_vars(self, node: Node, path: str) -> dict[str, str]:
-        try:
-            value = self.construct(node)
-        except Bad as exc:
-            self.add(path, node, exc.message)
-            return {}
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.add(path, node, f"expected a mapping of names to strings, got {_show(value)}")
-            return {}
-        env: dict[str, str] = {}
-        for k, v in value.items():
-            if not isinstance(k, str) or not k or "=" in k:
-                self.add(path, node, f"{k!r} is not an environment variable name")
-            elif not isinstance(v, str):
-                self.add(
-                    f"{path}.{k}", node, f'expected a string (quote it: "{v}"), got {_show(v)}'
-                )
+    def file_runtime(self) -> dict[str, Any]:
+        """An Anyscale service file's top-level working_dir, requirements, excludes, env_vars:
+        the runtime_env every app of the file starts from."""
+        if self._file_runtime is not None:
+            return self._file_runtime
+        raw: dict[str, Any] = {}
+        for key, _, value in self._file_runtime_nodes:
+            try:
+                raw[_ANYSCALE_RUNTIME[key]] = self.construct(value)
+            except Bad as exc:
+                self.add(key, value, exc.message)
+        self._file_runtime = (
+            self.check_runtime(raw, "", self._file_runtime_nodes[0][1]) if raw else {}
+        )
+        if raw:
+            self.warn("", self._file_runtime_nodes[0][1], "an Anyscale service file: its "
+                      "top-level " + ", ".join(k for k, _, _ in self._file_runtime_nodes)
+                      + " are every application's runtime_env")  # fmt: skip
+        return self._file_runtime
+
+    def app_runtime(self, m: Map, path: str) -> Mapping[str, Any]:
+        """The app's runtime_env as written, over the file's top level (checked once)."""
+        cached = self._runtime_by_node.get(id(m.node))
+        if cached is not None:
+            return cached
+        node = m.nodes.get("runtime_env")
+        raw: dict[str, Any] = {}
+        if node is not None:
+            path = f"{path}.runtime_env"
+            if not isinstance(node, MappingNode):
+                self.add(path, node, f"expected a mapping, got {appkeys.node_kind(node)}")
             else:
-                env[k] = v
-        return env
+                try:
+                    value = self.construct(node)
+                except Bad as exc:
+                    self.add(path, node, exc.message)
+                    value = {}
+                raw = self.check_runtime(value or {}, path, node)
+        out = runtimeenv.merge(self.file_runtime(), raw)
+        self._runtime_by_node[id(m.node)] = out
+        return out
 
     def code_app(self, m: Map, path: str) -> None:
         before = len(self.problems)
@@ -280,8 +305,9 @@ class ServeChecker(Checker):
             )  # fmt: skip
         args = self._args(m.nodes.get("args"), f"{path}.args")
         env = self.app_env(m, path)
+        runtime = self.app_runtime(m, path)
         logs = self.app_logging(m, path)
-        overrides = self._overrides(m.nodes.get("deployments"), path, env)
+        overrides = self._overrides(m.nodes.get("deployments"), path, env, runtime)
         if len(self.problems) != before or "import_path" not in m.values:
             return
         self.code_apps.append(
@@ -297,6 +323,7 @@ class ServeChecker(Checker):
                 overrides=overrides,
                 import_node=m.nodes["import_path"],
                 index=int(path.rpartition("[")[2].rstrip("]") or 0),
+                runtime_env=runtime,
             )
         )
 
@@ -305,7 +332,7 @@ class ServeChecker(Checker):
         return None if node is None else self.json_arg(node, path, dict, argument_names=False)
 
     def _overrides(
-        self, node: Node | None, path: str, env: Mapping[str, str]
+        self, node: Node | None, path: str, env: Mapping[str, str], runtime: Mapping[str, Any]
     ) -> dict[str, tuple[str, MappingNode]]:
         out: dict[str, tuple[str, MappingNode]] = {}
         if node is None:
@@ -327,7 +354,7 @@ class ServeChecker(Checker):
             if not self.required(d, dpath, "name", "the name of a deployment in the code"):
                 continue
             self.unique(d, dpath, names, "deployment")
-            self.deployment(d, dpath, env, import_path="code.defined:Deployment")
+            self.deployment(d, dpath, env, import_path="code.defined:Deployment", runtime=runtime)
             out[d.values["name"]] = (dpath, item)
         return out
 
@@ -373,8 +400,9 @@ def complete(
         if d is None:
             continue
         dep = checker.deployment(
-            d, dpath, app.env, import_path=built.import_path, logging=app.logging
-        )
+            d, dpath, app.env, import_path=built.import_path, logging=app.logging,
+            runtime=app.runtime_env,
+        )  # fmt: skip
         if dep is not None and dep.user_config is not None and not built.has_reconfigure:
             checker.add(
                 f"{dpath}.user_config", d.nodes.get("user_config"), f"{built.import_path} has no "

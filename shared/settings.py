@@ -444,6 +444,20 @@ AGENT_PYTHON = Setting(
     "python", "str", None, "interpreter for replicas", flag="--python",
     doc_default="the agent's own",
 )  # fmt: skip
+AGENT_CACHE_DIR = Setting(
+    "cache_dir", "str", None, "runtime environments: unpacked code packages and built Python "
+    "environments, by content hash (kept across restarts)", flag="--cache-dir",
+    env="FLEETPULSE_AGENT_CACHE_DIR", doc_default="~/.cache/fleetpulse/agent-{agent id}",
+)  # fmt: skip
+AGENT_CACHE_MB = Setting(
+    "cache_mb", "int", 4096, "bound of the package cache (MiB); least recently used packages "
+    "no replica runs are removed past it", low=1, flag="--cache-mb",
+    env="FLEETPULSE_AGENT_CACHE_MB",
+)  # fmt: skip
+AGENT_MAX_ENV_BUILDS = Setting(
+    "max_env_builds", "int", 2, "pip/uv environments built at once", low=1,
+    flag="--max-env-builds",
+)  # fmt: skip
 AGENT_KILL_MARGIN = Setting(
     "kill_margin_s", "float", 5.0, "SIGKILL this long after a replica's "
     "graceful_shutdown_timeout_s ran out", flag="--kill-margin-s",
@@ -454,7 +468,8 @@ AGENT_CREDENTIAL_TTL = Setting(
 )  # fmt: skip
 AGENT: tuple[Setting, ...] = (
     AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,
-    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL,
+    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL, AGENT_CACHE_DIR, AGENT_CACHE_MB,
+    AGENT_MAX_ENV_BUILDS,
 )  # fmt: skip
 
 CONTROLLER_PARTITIONS = Setting(

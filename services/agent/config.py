@@ -63,6 +63,10 @@ class AgentConfig:
     """With the auth callout: the key that signs each replica's own credential (then
     `replica_auth` carries TLS settings only)."""
     credential_ttl_s: float = DEFAULT_TTL_S
+    cache_dir: str | None = None
+    """Runtime environments' packages and Python environments (None: ~/.cache/fleetpulse/...)."""
+    cache_mb: int = settings.AGENT_CACHE_MB.default
+    max_env_builds: int = settings.AGENT_MAX_ENV_BUILDS.default
 
     def __post_init__(self) -> None:
         validate_name(self.agent_id, "agent id")
@@ -131,6 +135,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     settings.NAMESPACE.add_flag(p)
     settings.AGENT_PYTHON.add_flag(p)
     settings.AGENT_KILL_MARGIN.add_flag(p)
+    settings.AGENT_CACHE_DIR.add_flag(p)
+    settings.AGENT_CACHE_MB.add_flag(p)
+    settings.AGENT_MAX_ENV_BUILDS.add_flag(p)
     for name, metavar in (("user", "NAME"), ("password", "SECRET"), ("token", "SECRET"),
                           ("creds", "FILE")):  # fmt: skip
         env = REPLICA_ENV_PREFIX + name.upper()
@@ -195,6 +202,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         ),
         replica_key=key,
         credential_ttl_s=settings.AGENT_CREDENTIAL_TTL.resolve(args.credential_ttl_s, env),
+        cache_dir=settings.AGENT_CACHE_DIR.resolve(args.cache_dir, env),
+        cache_mb=settings.AGENT_CACHE_MB.resolve(args.cache_mb, env),
+        max_env_builds=settings.AGENT_MAX_ENV_BUILDS.resolve(args.max_env_builds, env),
         **extra,
     )
 

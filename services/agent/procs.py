@@ -51,6 +51,11 @@ class ChildProcesses:
         self.log_dir = log_dir
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
+    def pythonpath(self, first: Sequence[str]) -> str:
+        """The replicas' PYTHONPATH with `first` ahead of it (a runtime_env's import roots)."""
+        rest = [p for p in self._env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        return os.pathsep.join([*first, *(p for p in rest if p not in first)])
+
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
@@ -60,16 +65,17 @@ class ChildProcesses:
         argv: Sequence[str],
         log_name: str,
         env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
     ) -> int:
-        """Spawn (with `env` over the agent's child environment); returns the pid. Raises
-        OSError if the process cannot be started."""
+        """Spawn (with `env` over the agent's child environment, in `cwd` or the agent's
+        working directory); returns the pid. Raises OSError if it cannot be started."""
         if replica_id in self._procs:
             raise ValueError(f"replica {replica_id!r} already has a process")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path(log_name), "ab") as out:  # the child keeps its own copy
             proc = subprocess.Popen(
                 list(argv),
-                cwd=self._cwd,
+                cwd=cwd or self._cwd,
                 env={**self._env, **env} if env else self._env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

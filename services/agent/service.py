@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from shared import resources
+from shared import resources, runtimeenv
 from shared.badinput import BadInput
 from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
@@ -37,6 +37,8 @@ from shared.kv import buckets, envelope
 from shared.kv.agents import AGENT_TTL_S, AgentInfo
 from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.natsbus import NatsBus
+from shared.packages import PackageError
+from shared.packagestore import NatsPackageStore, PackageStore
 from shared.startup import retrying
 from shared.subjects import KV_AGENTS, Subjects
 from shared.transitions import RefusalLog, Refused
@@ -71,7 +73,10 @@ from .metrics import (
     STOPS,
     TRANSITIONS_REFUSED,
 )
+from .packages import PackageCache
 from .procs import ChildProcesses, child_env
+from .pyenv import PyEnvs
+from .runtimeenvs import EXIT_RUNTIME_ENV_FAILED, Failed, RuntimeEnvs
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +102,7 @@ class AgentService:
         log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix=f"fleetpulse-agent-{cfg.agent_id}-"))
         self.procs = ChildProcesses(
             cwd=cfg.workdir,
-            env=child_env(os.environ, cfg.pythonpath, cfg.replica_auth),
+            env=child_env(os.environ, cfg.pythonpath, cfg.replica_auth) | cfg.replica_http_env(),
             log_dir=log_dir,
         )
         self.bad = BadInput(f"agent {cfg.agent_id}", log, clock=clock)
@@ -119,6 +124,16 @@ class AgentService:
             if cfg.replica_key is not None
             else None
         )
+        cache = Path(
+            cfg.cache_dir or Path.home() / ".cache" / "fleetpulse" / f"agent-{cfg.agent_id}"
+        )
+        self.envs = RuntimeEnvs(
+            PackageCache(cache / "packages", self._package_store, max_bytes=cfg.cache_mb << 20),
+            PyEnvs(cache / "pyenvs", cfg.python, max_builds=cfg.max_env_builds),
+            wake=self._wake.set,
+        )
+        self.envs.in_use = self._packages_in_use
+        self._store: PackageStore | None = None
         self._running = RUNNING.labels(cfg.agent_id)
         self._running.set(0)
         CAPACITY.labels(cfg.agent_id).set(cfg.max_replicas)
@@ -181,6 +196,7 @@ class AgentService:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.envs.close()
             await self._drain()
             if self.creds is not None:
                 self.creds.close()
@@ -229,7 +245,7 @@ class AgentService:
         for rid, code in self.procs.poll():
             await self._on_exit(rid, code)
         running = self._synced and not self._stopping.is_set()
-        wanted = merge_wanted(self._targets) if running else {}
+        wanted = self._prepared(merge_wanted(self._targets)) if running else {}
         now = self.clock.monotonic()
         actions = plan(
             wanted, self._children, self.cfg.max_replicas, now, kill_margin_s=self.cfg.kill_margin_s
@@ -260,10 +276,43 @@ class AgentService:
             self._register_now.set()
         self.ticks += 1
 
+    def _prepared(self, wanted: dict[str, ReplicaTarget]) -> dict[str, ReplicaTarget]:
+        """`wanted` without the replicas whose runtime_env is still being prepared (fetched,
+        built): they hold no slot meanwhile and start once it is ready."""
+        return {
+            rid: t
+            for rid, t in wanted.items()
+            if rid in self._children or self.envs.state(t.spec.runtime_env) is not None
+        }
+
+    def _packages_in_use(self) -> set[str]:
+        return {
+            str(ref["sha256"])
+            for c in self._children.values()
+            if not c.exited
+            for ref in runtimeenv.refs(c.target.spec.runtime_env)
+        }
+
+    def _package_store(self) -> PackageStore:
+        if self._store is None:
+            js = getattr(self.bus, "js", None)
+            if js is None:
+                raise PackageError("this agent's bus has no object store")
+            self._store = NatsPackageStore(js, create=False)
+        return self._store
+
     async def _start(self, spec: ReplicaTarget) -> None:
+        prepared = self.envs.state(spec.spec.runtime_env)
+        if prepared is None or isinstance(prepared, Failed):
+            reason = "not prepared" if prepared is None else prepared.reason
+            self._children[spec.replica_id] = ChildState(spec)
+            log.error("replica %s cannot start: %s", spec.replica_id, reason)
+            START_FAILURES.inc()
+            await self._on_exit(spec.replica_id, EXIT_RUNTIME_ENV_FAILED)
+            return
         argv = replica_argv(
             spec,
-            python=self.cfg.python,
+            python=prepared.python or self.cfg.python,
             nats_url=self.cfg.nats_url,
             agent_id=self.cfg.agent_id,
             namespace=self.cfg.namespace,
@@ -274,7 +323,9 @@ class AgentService:
             env = replica_env(spec, os.environ.get(resources.GPU_ENV))
             if self.creds is not None:
                 env.update(self.creds.issue(spec, self.clock.wall()))
-            pid = self.procs.start(spec.replica_id, argv, name, env)
+            if prepared.pythonpath:
+                env["PYTHONPATH"] = self.procs.pythonpath(prepared.pythonpath)
+            pid = self.procs.start(spec.replica_id, argv, name, env, cwd=prepared.cwd)
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
             log.error("replica %s could not be started: %s", spec.replica_id, exc)
             START_FAILURES.inc()

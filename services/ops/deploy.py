@@ -13,6 +13,10 @@ max_payload) before it writes anything; then it writes one key per app, value
 read), so two operators deploying at once cannot silently overwrite each other. The controller
 watches fp_apps and does the rest; delete removes the key and the controller drains the app.
 Each change leaves a record in fp_audit under the NATS user that made it (services/ops/audit.py).
+An app whose runtime_env ships code (a local working_dir or py_modules) is packaged first:
+zipped, uploaded to the object store fp_packages by content address, and written with the
+addresses instead of the paths (services/ops/packaging.py); a zip URL is fetched here once and
+pinned by its sha256. After a change, packages no app refers to are garbage-collected.
 
 NATS KV has no multi-key transaction: if the connection drops between two apps of one file, the
 earlier ones are written. Deploying is idempotent, so running it again finishes the job (an
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 
 from services.ops import (
@@ -32,6 +37,7 @@ from services.ops import (
     audit,
     connect,
     fail,
+    packaging,
     plural,
     run_command,
 )
@@ -83,15 +89,24 @@ def run_deploy(args: argparse.Namespace) -> int:
     async def main() -> int:
         bus = await connect(args, "fleetpulse-deploy")
         try:
+            resolved = apps
+            if packaging.unresolved(apps):
+                packager = packaging.Packager(packaging.store_of(bus, create=True))
+                resolved = await packaging.resolve_apps(apps, packager)
+                print(packaging.describe(packager.stats))
             kv = await bus.kv(KV_APPS)
             current = await read_apps(kv)
-            plan = plan_deploy(apps, current, bus.max_payload, str(args.file))
+            plan = plan_deploy(resolved, current, bus.max_payload, str(args.file))
             for step in plan:
                 revision = await write(kv, step)
                 print(f"deployed {describe(step.app)}{'' if step.changed else ', unchanged'}")
                 if revision is not None:
                     versions = {d.name: step.app.version_of(d) for d in step.app.deployments}
                     await audit.record(bus, "deploy", step.app.name, revision, versions)
+            if any(step.changed for step in plan):
+                now = await read_apps(kv)
+                live = [c.app for c in now.values() if c.app is not None]
+                await packaging.collect_after_change(bus, live, time.time())
         finally:
             await bus.close()
         return EXIT_OK
@@ -117,6 +132,9 @@ def run_delete(args: argparse.Namespace) -> int:
                     app, entry.revision, "redeployed meanwhile; run delete again"
                 ) from None
             await audit.record(bus, "delete", app, entry.revision)
+            now = await read_apps(kv)
+            live = [c.app for c in now.values() if c.app is not None]
+            await packaging.collect_after_change(bus, live, time.time())
         finally:
             await bus.close()
         print(

@@ -2,8 +2,9 @@
 
 The document is `AppConfig` (shared/appconfig.py) as JSON: the app's fields, `deployments` a list
 of deployment objects, each with an `autoscaling` object or null and a `rollout` object (absent:
-the defaults). Writer: `fleetpulse deploy` (revision-checked). Readers: controllers, the proxy,
-`fleetpulse status`.
+the defaults), and `runtime_env` (shared/runtimeenv.py; absent when empty): the content
+addresses of the code packages and the pip/uv requirements. Writer: `fleetpulse deploy`
+(revision-checked). Readers: controllers, the proxy, `fleetpulse status`.
 
 Every reader ignores fields it does not know at every level (app, deployment, autoscaling,
 rollout), so a newer CLI that adds a setting never makes an older controller drop the app; an
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from shared import runtimeenv
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import ConfigError, UsageError, WireError
 from shared.kv import envelope as e
@@ -39,6 +41,9 @@ class AppDoc:
 
     def to_doc(self) -> dict[str, Any]:
         doc: dict[str, Any] = _plain(dataclasses.asdict(self.config))
+        for d in doc["deployments"]:
+            if not d.get("runtime_env"):  # added later: absent unless used, so that the values
+                d.pop("runtime_env", None)  # written before it stay byte for byte the same
         return doc
 
     @classmethod
@@ -47,6 +52,12 @@ class AppDoc:
         deployments = tuple(
             e.nested(f"app.deployments[{i}]", d, _deployment) for i, d in enumerate(raw)
         )
+        for d in deployments:
+            if not runtimeenv.resolved(d.runtime_env):
+                raise WireError(
+                    reasons.BAD_VALUE, f"app.deployments.{d.name}.runtime_env: a package "
+                    "reference without sha256 (a local path is never written; deploy uploads it)",
+                )  # fmt: skip
         return cls(_build(AppConfig, doc, "app", deployments=deployments))
 
 

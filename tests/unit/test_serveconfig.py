@@ -136,16 +136,22 @@ def test_builder_with_args_and_num_replicas_auto() -> None:
     assert d.max_ongoing_requests == 32
 
 
-def test_rayservice_manifest_refuses_working_dir_at_the_line_of_the_file() -> None:
+def test_rayservice_manifest_with_a_working_dir_url_and_pip() -> None:
     c = check_config(fixture("rayservice_sample.yaml"))
     assert c.manifest == "RayService 'rayservice-sample', spec.serveConfigV2"
+    assert c.problems == []
+    fruit, math = c.code_apps
+    assert fruit.runtime_env["working_dir"].startswith("https://github.com/ray-project/test_dag")
+    assert math.runtime_env["pip"] == ["numpy==1.26.4"]
+
+
+def test_rayservice_manifest_refuses_conda_at_the_line_of_the_file() -> None:
+    text = fixture("rayservice_sample.yaml").replace('pip: ["numpy==1.26.4"]', "conda: env")
+    c = check_config(text)
     assert [(p.path, p.line) for p in c.problems] == [
-        ("spec.serveConfigV2.applications[0].runtime_env.working_dir", 14),
-        ("spec.serveConfigV2.applications[1].runtime_env.working_dir", 26),
-        ("spec.serveConfigV2.applications[1].runtime_env.pip", 27),
+        ("spec.serveConfigV2.applications[1].runtime_env.conda", 27),
     ]
-    assert "does not ship code" in c.problems[0].message
-    assert "does not install packages" in c.problems[2].message
+    assert "builds no conda environments" in c.problems[0].message
 
 
 def test_rayservice_manifest_with_the_code_in_the_image() -> None:
@@ -163,9 +169,14 @@ def test_rayservice_manifest_with_the_code_in_the_image() -> None:
 @pytest.mark.parametrize(
     ("line", "path", "message"),
     [
-        ("runtime_env: {pip: [torch]}", "runtime_env.pip", "install them in the agents'"),
-        ("runtime_env: {conda: env}", "runtime_env.conda", "run the agents in one"),
-        ("runtime_env: {nsight: default}", "runtime_env.nsight", "only env_vars is"),
+        ("runtime_env: {pip: [-e .]}", "runtime_env.pip", "options are not passed through"),
+        ("runtime_env: {conda: env}", "runtime_env.conda", "builds no conda environments"),
+        ("runtime_env: {container: {image: x}}", "runtime_env.container", "not containers"),
+        ("runtime_env: {image_uri: x}", "runtime_env.image_uri", "not containers"),
+        ("runtime_env: {nsight: default}", "runtime_env.nsight", "no profiler integration"),
+        ("runtime_env: {java_jars: [a]}", "runtime_env.java_jars", "Python replicas only"),
+        ("runtime_env: {working_dir: s3://b/x.zip}", "runtime_env.working_dir", "s3:// is not"),
+        ("runtime_env: {working_dir: /no/such/dir}", "runtime_env.working_dir", "not a directory"),
         ("runtime_env: {env_vars: {N: 1}}", "runtime_env.env_vars.N", 'quote it: "1"'),
         ("runtime_env: {env_vars: [A]}", "runtime_env.env_vars", "expected a mapping"),
         ("args: [1, 2]", "args", "expected a mapping, got a list"),
@@ -361,11 +372,14 @@ def test_dry_run_says_what_it_did_not_check(capsys: pytest.CaptureFixture[str]) 
     assert "(VLLMDeployment) exist in it" in out
 
 
-def test_dry_run_of_a_refused_manifest(capsys: pytest.CaptureFixture[str]) -> None:
-    path = FIXTURES / "rayservice_sample.yaml"
+def test_dry_run_of_a_refused_manifest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "rayservice.yaml"
+    path.write_text(fixture("rayservice_sample.yaml").replace("working_dir: ", "conda: "))
     assert run_deploy(argparse.Namespace(file=str(path), dry_run=True)) == 2
     err = capsys.readouterr().err
-    assert f"{path}:14: spec.serveConfigV2.applications[0].runtime_env.working_dir" in err
+    assert f"{path}:14: spec.serveConfigV2.applications[0].runtime_env.conda" in err
 
 
 def test_a_built_app_round_trips_through_fp_apps() -> None:
