@@ -37,7 +37,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import re
@@ -338,8 +337,8 @@ def run(
     changed, status_rev = driver.call(_write_app(driver.bus, config), 30)
     driver.deployed.add(name)
     _wait_running(driver, config, changed, status_rev, t0 + _timeout_s)
-    if driver.system is not None and config.route_prefix is not None:
-        _wait_routed(driver, name, config.route_prefix)
+    if config.route_prefix is not None:
+        _wait_routed(driver, name, config.route_prefix, t0 + _timeout_s)
     where = (
         f" at {driver.http_url}{config.route_prefix}"
         if driver.http_url and config.route_prefix
@@ -747,23 +746,37 @@ def _replica_log_tail(driver: _Driver, app: str, view: Any) -> str:
     return f"\n--- the end of {newest} ---\n" + "\n".join(lines)
 
 
-def _wait_routed(driver: _Driver, name: str, prefix: str) -> None:
-    """Until the local proxy routes the app (its /-/routes lists it): a request sent right after
-    serve.run returns must not find the route missing."""
-    import urllib.request  # here: a replica imports this package and never runs a script
-
-    url = f"{driver.http_url}/-/routes"
-    deadline = time.monotonic() + ROUTE_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                doc = json.loads(resp.read())
-        except Exception:
-            return  # a front door without the proxy's own routes page: nothing to wait for
-        if name in (doc.get("apps") or {}):
+def _wait_routed(driver: _Driver, name: str, prefix: str, deadline: float) -> None:
+    """Until a proxy routes the app (its fp_routes entry says registered, at this prefix): a
+    request sent right after serve.run returns must not find the route missing. Skipped on a
+    system whose proxies publish no routes."""
+    assert driver.bus is not None
+    end = min(deadline, time.monotonic() + ROUTE_WAIT_S)
+    while time.monotonic() < end:
+        routed = driver.call(_routed(driver.bus, name, prefix), 30)
+        if routed is None or routed:
             return
         time.sleep(0.05)
-    _say(f"the proxy does not route {name!r} ({prefix}) yet")
+    _say(f"no proxy routes {name!r} ({prefix}) yet")
+
+
+async def _routed(bus: Bus, name: str, prefix: str) -> bool | None:
+    """Whether fp_routes says a proxy sends `prefix` to the app; None: no routes published."""
+    from shared.kv import buckets, envelope
+    from shared.kv.routes import RouteDoc
+    from shared.kvfollow import existing_kv
+
+    kv = await existing_kv(bus, buckets.ROUTES.name)
+    if kv is None:
+        return None
+    entry = await kv.get(name)
+    if entry is None:
+        return False
+    try:
+        doc = envelope.decode(entry.value, RouteDoc)
+    except Exception:
+        return False
+    return doc.registered and doc.route_prefix == prefix
 
 
 def _wait_for_interrupt() -> None:

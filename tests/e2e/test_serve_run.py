@@ -10,6 +10,7 @@ Ports: the HTTP port is a free one, given by $FLEETPULSE_PROXY_PORT or serve.sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -146,10 +147,8 @@ class Script:
         if self.proc is not None and self.proc.poll() is None:
             with_group = [self.proc.pid, *descendants(self.proc.pid)]
             for pid in with_group:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.proc.wait()
 
 
@@ -171,7 +170,7 @@ def pids_printed(output: str, tag: str) -> list[int]:
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except Exception:
         return False
 
@@ -375,3 +374,49 @@ def test_a_taken_http_port_is_a_clear_error(tmp_path: Path, scripts: list[Script
         code, out = s.run()
     assert code != 0
     assert f"cannot serve HTTP on 127.0.0.1:{s.port}" in out, out
+
+
+EXISTING = """
+    import os
+
+    import requests
+
+    from fleetpulse import serve
+
+
+    @serve.deployment
+    class Greeter:
+        def __call__(self, request) -> str:
+            return "hello from an existing system"
+
+
+    handle = serve.run(Greeter.bind(), name="greeter", route_prefix="/greet")
+    print("HTTP", requests.get(os.environ["PROXY_URL"] + "/greet").text)
+    print("HANDLE", handle.remote(None).result())
+    print("KIDS", len(_fp_descendants()))
+    serve.shutdown()  # on a system it did not start: deletes the apps it deployed
+    print("APPS-AFTER", sorted(serve.status().applications))
+"""
+
+
+def test_a_system_named_by_fleetpulse_nats_url_is_used_not_started(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    from tests.e2e.test_proxy import Stack
+
+    stack = Stack(tmp_path)
+    try:
+        stack.start()
+        s = Script(tmp_path, "existing", EXISTING)
+        url = stack.server.url
+        s.env.update(FLEETPULSE_NATS_URL=url, PROXY_URL=stack.proxy_url)
+        scripts.append(s)
+        code, out = s.run()
+    finally:
+        stack.stop()
+    assert code == 0, out
+    assert f"using the system at {url}" in out, out
+    assert "HTTP hello from an existing system" in out, out
+    assert "HANDLE hello from an existing system" in out, out
+    assert "KIDS 0" in out, out  # it started nothing
+    assert "APPS-AFTER []" in out, out
