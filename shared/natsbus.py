@@ -47,6 +47,7 @@ from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BucketNotFound, BusAuthError, BusError, BusTimeout, NoResponders
 from shared.natsauth import NatsAuth, process_auth, token_source
 from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
+from shared.natslean import websocket_support
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class NatsBus:
         if it refuses the credentials), then reconnect forever. `url` may list several servers,
         as a sequence or comma-separated. `auth` defaults to the process's (`process_auth()`)."""
         servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        websocket_support(servers)  # a replica imported nats-py without aiohttp (natslean.py)
         auth = (auth if auth is not None else process_auth()).validate()
         error_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)
         denied_log = RateLimiter(CONNECTION_ERROR_LOG_INTERVAL_S, clock)

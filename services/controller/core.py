@@ -31,6 +31,7 @@ from shared.kv.agents import AgentInfo
 from shared.kv.membership import Member
 from shared.kv.status import AppStatusView
 from shared.kv.targets import ReplicaTarget
+from shared.replicahttp import with_serving_env
 from shared.subjects import Subjects
 from shared.wire.columnar import ColumnarHandleReport
 from shared.wire.messages import HealthStatus
@@ -114,6 +115,11 @@ class ControllerCore:
         self._known_total = 0
         self._layout: Layout | None = None
         """Visit order and deployments by app, rebuilt when deployments come or go."""
+        self.tick_now = False
+        """An input that a tick should act on at once, not at the next interval (the shell
+        reads and clears it, `take_tick_now`): a request queued at a deployment at zero (the
+        wake from zero waits for this decision) or a lifecycle message (a replica became
+        ready: its member value is what held requests wait for)."""
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -152,7 +158,7 @@ class ControllerCore:
             if app is not None:
                 self.apps[name] = app
             same = prev is app or prev == app
-            for d in deps:
+            for d in (with_serving_env(app, x) for x in deps) if app is not None else ():
                 key = (name, d.name)
                 if same and key in self.deployments:
                     continue
@@ -248,6 +254,15 @@ class ControllerCore:
             self.schedule.touch(key)
         else:
             self.schedule.replace(key, due)
+        if where.kind == "lifecycle" or (
+            where.kind == "handle" and m.state.target == 0 and m.metrics.cold_start_signal()
+        ):
+            self.tick_now = True
+
+    def take_tick_now(self) -> bool:
+        """Whether an input since the last call asks for a tick at once (`tick_now`)."""
+        now, self.tick_now = self.tick_now, False
+        return now
 
     def _fold_hosts(
         self, m: ManagedDeployment, foreign: tuple[HealthStatus, ...], recv: float

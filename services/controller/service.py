@@ -94,6 +94,8 @@ STOP_FLUSH_S = 2.0
 """How long `stop` lets queued KV writes land before stepping down."""
 
 EMPTY_PARTITION_QUIET_S = 0.3
+TICK_NOW_GAP_S = 0.01
+"""An early tick (an input asked for one) comes at least this long after the last tick began."""
 """A partition with no message this long after subscribing has no history to replay."""
 PARTITION_IDLE_HEARTBEAT_S = 1.0
 """The server heartbeats an idle partition consumer this often. A partition consumer is an R1
@@ -157,6 +159,8 @@ class ControllerService:
         self._mismatches_logged = 0
         self._apps_raw: dict[str, AppConfig] = {}
         self._stop = asyncio.Event()
+        self._tick_now = asyncio.Event()
+        """Set by an input that asks for a tick at once (core.tick_now), and on a stop."""
         self.ticks = 0
         self.stream = ""
         self.stats = StatsDump(cfg.stats_file) if cfg.stats_file else None
@@ -358,10 +362,12 @@ class ControllerService:
                 self._sample_until(partition, apps, recv)
             if self.stats is None:
                 self.core.ingest(subject, data, recv, decoded)
-                return
-            started = time.perf_counter()
-            self.core.ingest(subject, data, recv, decoded)
-            self.stats.ingested(kind, time.perf_counter() - started)
+            else:
+                started = time.perf_counter()
+                self.core.ingest(subject, data, recv, decoded)
+                self.stats.ingested(kind, time.perf_counter() - started)
+            if self.core.take_tick_now() and apps is None:
+                self._tick_now.set()  # a wake from zero or a replica ready: tick now (run())
 
         self._decode.submit(data, kind == "handle_columnar", apply)
 
@@ -375,11 +381,13 @@ class ControllerService:
                 return  # told to stop while still starting
             raise
         self._spawn(self._kv.run(), "kv-writer")
+        self._spawn(self._stop_ends_the_wait(), "stop-relay")
         interval = self.cfg.core.control_interval_s
         next_tick = self.clock.monotonic()
         while not self._stop.is_set():
             late = self.clock.monotonic() - next_tick
             next_tick += interval
+            began = self.clock.monotonic()
             started = time.perf_counter()
             await self._tick()
             took = time.perf_counter() - started
@@ -389,8 +397,29 @@ class ControllerService:
             delay = next_tick - self.clock.monotonic()
             if delay < 0:
                 next_tick = self.clock.monotonic()  # fell behind: do not try to catch up in a burst
+            if await self._until_tick(max(0.0, delay), began + TICK_NOW_GAP_S):
+                next_tick = self.clock.monotonic()  # ticking early: the interval counts from here
+
+    async def _stop_ends_the_wait(self) -> None:
+        """A stop (however set: a signal handler sets `_stop` itself) ends `_until_tick`."""
+        await self._stop.wait()
+        self._tick_now.set()
+
+    async def _until_tick(self, delay: float, earliest: float) -> bool:
+        """Wait `delay` for the next tick, or less when an input asked for a tick at once
+        (core.tick_now: a request queued at zero replicas, a replica ready), though not before
+        monotonic `earliest`, so a burst of such inputs costs at most a tick per
+        TICK_NOW_GAP_S. True: the tick comes early."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._tick_now.wait(), delay)
+        if not self._tick_now.is_set() or self._stop.is_set():
+            return False
+        self._tick_now.clear()
+        gap = earliest - self.clock.monotonic()
+        if gap > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), max(0.0, delay))
+                await asyncio.wait_for(self._stop.wait(), gap)
+        return True
 
     @property
     def live(self) -> bool:

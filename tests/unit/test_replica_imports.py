@@ -1,0 +1,91 @@
+"""A replica process imports only what serving needs (docs/operations.md, "Replica footprint").
+
+Each check runs a fresh interpreter (`sys.executable`, the tree on PYTHONPATH), imports what
+`python -m services.replica` imports at start, and reads its sys.modules: a new import of
+pyarrow, numpy or aiohttp anywhere in the replica's closure (shared/ included) fails here
+instead of silently costing every cold start ~0.1-0.3 s and tens of MB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.procs import ROOT
+
+FORBIDDEN = ("pyarrow", "numpy", "aiohttp", "pandas", "yaml", "jsonschema", "matplotlib")
+"""Packages a serving replica does not need: the columnar codec and recording (pyarrow, numpy),
+the old proxy's HTTP stack and nats-py's WebSocket transport (aiohttp), config files (yaml)."""
+
+
+def run_python(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout.strip().splitlines()[-1]
+
+
+def closure(*modules: str) -> set[str]:
+    """The top-level packages in sys.modules after importing `modules` in a fresh process."""
+    code = [
+        "import json, sys",
+        *(f"import {m}" for m in modules),
+        'print(json.dumps(sorted({k.split(".")[0] for k, v in sys.modules.items() if v})))',
+    ]
+    return set(json.loads(run_python("\n".join(code))))
+
+
+def test_the_replica_entry_point_imports_no_pyarrow_numpy_or_aiohttp() -> None:
+    tops = closure("services.replica.__main__")
+    assert "nats" in tops and "services" in tops  # the check looks at a real closure
+    assert sorted(tops & set(FORBIDDEN)) == []
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["services.replica.runtime", "services.replica.usercode", "fleetpulse.serve"],
+)
+def test_what_a_replica_builds_on_imports_none_of_them_either(module: str) -> None:
+    assert sorted(closure("services.replica", module) & set(FORBIDDEN)) == []
+
+
+def test_user_code_in_a_replica_can_still_import_aiohttp() -> None:
+    out = run_python("""
+        import services.replica.__main__, sys
+        assert "aiohttp" not in sys.modules
+        import aiohttp
+        print(aiohttp.ClientSession.__name__)
+    """)
+    assert out == "ClientSession"
+
+
+def test_a_websocket_nats_url_gets_nats_py_its_aiohttp_back() -> None:
+    out = run_python("""
+        import sys
+        from shared.natslean import import_nats_lean, websocket_support
+        assert import_nats_lean()
+        import nats.aio.transport as t
+        assert t.aiohttp is None and "aiohttp" not in sys.modules
+        websocket_support(["nats://127.0.0.1:1"])  # TCP: nothing to do
+        assert t.aiohttp is None
+        websocket_support(["nats://a:1", " WS://b:2"])
+        print(t.aiohttp.__name__, t.multidict.__name__)
+    """)
+    assert out == "aiohttp multidict"
+
+
+def test_lean_import_changes_nothing_where_nats_py_came_first() -> None:
+    out = run_python("""
+        import nats, nats.aio.transport as t
+        from shared.natslean import import_nats_lean
+        print(import_nats_lean(), t.aiohttp is not None)
+    """)
+    assert out == "False True"
