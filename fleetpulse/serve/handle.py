@@ -30,6 +30,8 @@ import contextlib
 from collections.abc import AsyncIterator, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from shared.errors import UsageError
+
 if TYPE_CHECKING:
     from services.router.handle import DeploymentHandle as RouterHandle
     from shared.bus import Bus
@@ -37,8 +39,8 @@ if TYPE_CHECKING:
 
 DEFAULT_METHOD = "__call__"
 _NESTED_DEPTH: Final = 4
-"""How deep inside list/tuple/dict arguments a nested response is looked for (to name it in the
-error; msgpack would refuse it later with a less clear message)."""
+"""How deep inside list/tuple/dict arguments a nested response is looked for, to name it in the
+error when msgpack refused the arguments."""
 
 
 class DeploymentHandle:
@@ -143,13 +145,24 @@ class DeploymentHandle:
 
     async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         args, kwargs = await _resolve(args, kwargs)
-        return await self._router().options(stream=False).remote(*args, **kwargs)
+        try:
+            return await self._router().options(stream=False).remote(*args, **kwargs)
+        except (TypeError, UsageError) as exc:  # raised here only by encoding the arguments
+            raise _nested_error(args, kwargs) or exc from exc
 
     async def _stream_items(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> AsyncIterator[Any]:
         args, kwargs = await _resolve(args, kwargs)
-        async for item in self._router().stream(*args, **kwargs):
+        try:
+            items = self._router().stream(*args, **kwargs)
+            first = await anext(items, _END)
+        except (TypeError, UsageError) as exc:
+            raise _nested_error(args, kwargs) or exc from exc
+        if first is _END:
+            return
+        yield first
+        async for item in items:
             yield item
 
     def __repr__(self) -> str:
@@ -282,41 +295,45 @@ class _Failure:
 
 
 def _check_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse what Ray refuses, at the call: a response generator as an argument, and a
-    response nested inside a container argument (only top-level ones are resolved)."""
-    for where, value in [*((f"argument {i}", a) for i, a in enumerate(args)),
-                         *((f"argument {k!r}", v) for k, v in kwargs.items())]:  # fmt: skip
+    """Refuse a response generator as an argument at the call, as Ray does (cheap: top level)."""
+    for value in (*args, *kwargs.values()):
         if isinstance(value, DeploymentResponseGenerator):
             raise TypeError(
-                f"{where} is a DeploymentResponseGenerator: a streaming response cannot be "
-                "passed to another call (iterate it and pass the items)"
+                "a DeploymentResponseGenerator cannot be passed to another call (a streaming "
+                "response: iterate it and pass the items)"
             )
-        if not isinstance(value, DeploymentResponse):
-            nested = _find_nested(value, _NESTED_DEPTH)
-            if nested is not None:
-                raise TypeError(
-                    f"{where} holds a DeploymentResponse inside a {nested}: only responses "
-                    "passed as top-level arguments are resolved (as in Ray); await it first "
-                    "or pass it directly"
-                )
 
 
-def _find_nested(value: Any, depth: int) -> str | None:
+def _nested_error(args: tuple[Any, ...], kwargs: dict[str, Any]) -> TypeError | None:
+    """Why the arguments could not be encoded, when a response is nested in one: only
+    responses passed as top-level arguments are resolved (Ray refuses nested ones too). Looked
+    for only once encoding failed, so a call pays nothing for it."""
+    named = [*((f"argument {i}", a) for i, a in enumerate(args)),
+             *((f"argument {k!r}", v) for k, v in kwargs.items())]  # fmt: skip
+    for where, value in named:
+        if _holds_response(value, _NESTED_DEPTH):
+            return TypeError(
+                f"{where} holds a DeploymentResponse inside a {type(value).__name__}: only "
+                "responses passed as top-level arguments are resolved (as in Ray); await it "
+                "first, or pass it as an argument of its own"
+            )
+    return None
+
+
+def _holds_response(value: Any, depth: int) -> bool:
     if depth <= 0:
-        return None
+        return False
     if isinstance(value, list | tuple | set | frozenset):
         items: Any = value
     elif isinstance(value, dict):
         items = value.values()
     else:
-        return None
-    for item in items:
-        if isinstance(item, DeploymentResponse | DeploymentResponseGenerator):
-            return type(value).__name__
-        found = _find_nested(item, depth - 1)
-        if found is not None:
-            return found
-    return None
+        return False
+    return any(
+        isinstance(item, DeploymentResponse | DeploymentResponseGenerator)
+        or _holds_response(item, depth - 1)
+        for item in items
+    )
 
 
 async def _resolve(

@@ -42,7 +42,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 from shared.wire.messages import MAX_MODELS
 
@@ -215,9 +215,15 @@ def held_models(owner: Any = None) -> tuple[str, ...] | None:
 _ATTR: Final = "_fleetpulse_model_caches"
 
 
+@overload
+def multiplexed(func: F, max_num_models_per_replica: int = ...) -> F: ...
+@overload
+def multiplexed(func: None = None, max_num_models_per_replica: int = ...) -> Callable[[F], F]: ...
+
+
 def multiplexed(
     func: F | None = None, max_num_models_per_replica: int = DEFAULT_MAX_MODELS_PER_REPLICA
-) -> Any:
+) -> F | Callable[[F], F]:
     """`@serve.multiplexed` or `@serve.multiplexed(max_num_models_per_replica=N)` on an async
     loader `async def load(self, model_id: str)` (or a plain function of `model_id`): calls go
     through the replica's LRU of at most N loaded models (-1: unbounded)."""
