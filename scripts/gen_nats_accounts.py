@@ -27,7 +27,8 @@ HEADER = """\
 # The fleet's NATS account and one user per role, with least-privilege permissions
 # (docs/operations.md, "Credentials and permissions"). Passwords come from the environment
 # (compose/.env): this file holds no secret. A second fleet on the same servers gets its own
-# account. No role may delete or purge a stream: add an admin user to the account for that.
+# account. No role may delete or purge a stream (the operator may purge only the code packages'
+# object store, which deleting a package does): add an admin user to the account for that.
 # Subjects assume the default namespace `fp`.
 """
 

@@ -45,6 +45,33 @@ def stream_read(stream: str) -> list[str]:
     ]
 
 
+def objects_read(bucket: str) -> list[str]:
+    """A JetStream object store: bind, read an object's meta (last message of its subject)
+    and its chunks (an ordered consumer, found by subject), list the objects."""
+    s = f"OBJ_{bucket}"
+    return [
+        *stream_read(s),
+        "$JS.API.STREAM.NAMES",  # nats-py finds a consumer's stream by subject
+        f"$JS.API.STREAM.MSG.GET.{s}",
+        f"$JS.API.DIRECT.GET.{s}",
+        f"$JS.API.DIRECT.GET.{s}.>",
+    ]
+
+
+def objects_write(bucket: str) -> list[str]:
+    """Read, create the store when missing, put (chunks and meta), delete (purge its chunks)."""
+    s = f"OBJ_{bucket}"
+    return [
+        *objects_read(bucket),
+        f"$JS.API.STREAM.CREATE.{s}",
+        f"$JS.API.STREAM.PURGE.{s}",
+        f"$O.{bucket}.>",
+    ]
+
+
+PACKAGES = "fp_packages"
+"""The code packages' object store (shared/packagestore.py): deploying writes, agents read."""
+
 DESTRUCTIVE = [
     "$JS.API.STREAM.DELETE.>",
     "$JS.API.STREAM.PURGE.>",
@@ -82,8 +109,14 @@ ROLES = [
     ),
     Role(
         "agent",
-        "a node agent: registers in fp_agents, follows fp_targets, reports replica exits",
-        publish=[*kv_write("fp_agents"), *kv_read("fp_targets"), "fp.v1.report.lifecycle.>"],
+        "a node agent: registers in fp_agents, follows fp_targets, reports replica exits, "
+        "fetches code packages (read only)",
+        publish=[
+            *kv_write("fp_agents"),
+            *kv_read("fp_targets"),
+            "fp.v1.report.lifecycle.>",
+            *objects_read(PACKAGES),
+        ],
         subscribe=["_INBOX.>"],
         deny_publish=[],
     ),
@@ -99,7 +132,7 @@ ROLES = [
             *kv_read("fp_apps"),  # a class with reconfigure() follows its user_config
         ],
         subscribe=["fp.v1.rpc.>", "fp.v1.probe.>", "_INBOX.>"],
-        deny_publish=["fp.v1.rpc.>", "fp.v1.call.>", "fp.v1.probe.>", "$KV.>"],
+        deny_publish=["fp.v1.rpc.>", "fp.v1.call.>", "fp.v1.probe.>", "$KV.>", "$O.>"],
     ),
     Role(
         "router",
@@ -128,9 +161,10 @@ ROLES = [
     Role(
         "operator",
         "fleetpulse deploy/delete/status, calls through the gateway, replay into a fleet; the only "
-        "role that may write apps (deploying runs code on every agent host)",
+        "role that may write apps and code packages (deploying runs code on every agent host)",
         publish=[
             *kv_write("fp_apps"),
+            *objects_write(PACKAGES),
             # its deploy and delete records, under its own name only (shared/kv/audit.py)
             *kv_read("fp_audit"),
             "$JS.API.STREAM.CREATE.KV_fp_audit",
