@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from shared.errors import ConfigError, UsageError
 from shared.subjects import DEFAULT_NAMESPACE, validate_name
+from shared.wire.address import format_http_address
 
 Kind = Literal["int", "float", "bool", "str"]
 
@@ -171,6 +172,17 @@ def _name(value: Any) -> str | None:
         validate_name(value, "namespace")
     except UsageError as exc:
         return str(exc)
+    return None
+
+
+def _host(value: Any) -> str | None:
+    """A host a replica binds or announces: a name, an IPv4 address or a bare IPv6 address."""
+    if not value:
+        return "must not be empty"
+    try:
+        format_http_address(value, 1)
+    except ValueError:
+        return "must be a host name or an IP address (no port, scheme or path)"
     return None
 
 
@@ -466,9 +478,22 @@ AGENT_CREDENTIAL_TTL = Setting(
     "credential_ttl_s", "float", 600.0, "how long a replica credential lets it connect; renewed "
     "with a third left", strict=True, flag="--credential-ttl-s",
 )  # fmt: skip
+REPLICA_HTTP_HOST = Setting(
+    "replica_http_host", "str", "127.0.0.1", "where the replicas of an app's ingress deployment "
+    "serve HTTP themselves: the address their server binds, on a free port (0.0.0.0: every "
+    "interface)", validate=_host, flag="--replica-http-host", env="FLEETPULSE_REPLICA_HTTP_HOST",
+    metavar="HOST",
+)  # fmt: skip
+REPLICA_HTTP_ADVERTISE = Setting(
+    "replica_http_advertise", "str", None, "the host those replicas announce in their "
+    "http_address, where the proxy's HAProxy connects (set it when the bind address is "
+    "0.0.0.0 or not reachable as it is)", validate=_host, flag="--replica-http-advertise",
+    env="FLEETPULSE_REPLICA_HTTP_ADVERTISE", metavar="HOST", doc_default="the bind host",
+)  # fmt: skip
 AGENT: tuple[Setting, ...] = (
     AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,
-    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL, AGENT_CACHE_DIR, AGENT_CACHE_MB,
+    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL, REPLICA_HTTP_HOST,
+    REPLICA_HTTP_ADVERTISE, AGENT_CACHE_DIR, AGENT_CACHE_MB,
     AGENT_MAX_ENV_BUILDS,
 )  # fmt: skip
 

@@ -67,6 +67,10 @@ class AgentConfig:
     """Runtime environments' packages and Python environments (None: ~/.cache/fleetpulse/...)."""
     cache_mb: int = settings.AGENT_CACHE_MB.default
     max_env_builds: int = settings.AGENT_MAX_ENV_BUILDS.default
+    replica_http_host: str = settings.REPLICA_HTTP_HOST.default
+    """Where the replicas of an ingress deployment bind their own HTTP server."""
+    replica_http_advertise: str | None = None
+    """The host they announce in their http_address (None: the bind host)."""
 
     def __post_init__(self) -> None:
         validate_name(self.agent_id, "agent id")
@@ -79,6 +83,8 @@ class AgentConfig:
             raise ConfigError("must be > 0", field="credential_ttl_s")
         settings.AGENT_MAX_REPLICAS.check(self.max_replicas)
         settings.AGENT_KILL_MARGIN.check(self.kill_margin_s)
+        settings.REPLICA_HTTP_HOST.check(self.replica_http_host)
+        settings.REPLICA_HTTP_ADVERTISE.check(self.replica_http_advertise)
         if not Path(self.workdir).is_dir():
             raise ConfigError(f"{self.workdir!r} is not a directory", field="workdir")
         for name, amount in self.resources.items():
@@ -97,6 +103,20 @@ class AgentConfig:
         """What this agent offers placement: `--resource` amounts, and for `cpus` and `memory`
         (bytes) the machine's own unless given; `gpus` only when given."""
         return dict(sorted({**machine_resources(), **self.resources}.items()))
+
+    def replica_http_env(self) -> dict[str, str]:
+        """The replicas' HTTP settings, in the variables they read (shared/replicahttp.py): set
+        for every replica (only an ingress deployment's use them), so what the agent was given
+        by flag and what a replica inherited from the agent's environment cannot differ."""
+        host_env, advertise_env = (
+            settings.REPLICA_HTTP_HOST.env,
+            settings.REPLICA_HTTP_ADVERTISE.env,
+        )
+        assert host_env is not None and advertise_env is not None
+        return {
+            host_env: self.replica_http_host,
+            advertise_env: self.replica_http_advertise or self.replica_http_host,
+        }
 
 
 def machine_resources() -> dict[str, float]:
@@ -149,6 +169,8 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         )
     settings.AGENT_REPLICA_KEY_SEED.add_flag(p)
     settings.AGENT_CREDENTIAL_TTL.add_flag(p)
+    settings.REPLICA_HTTP_HOST.add_flag(p)
+    settings.REPLICA_HTTP_ADVERTISE.add_flag(p)
     add_metrics_port_argument(p)
 
 
@@ -202,6 +224,10 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         ),
         replica_key=key,
         credential_ttl_s=settings.AGENT_CREDENTIAL_TTL.resolve(args.credential_ttl_s, env),
+        replica_http_host=settings.REPLICA_HTTP_HOST.resolve(args.replica_http_host, env),
+        replica_http_advertise=settings.REPLICA_HTTP_ADVERTISE.resolve(
+            args.replica_http_advertise, env
+        ),
         cache_dir=settings.AGENT_CACHE_DIR.resolve(args.cache_dir, env),
         cache_mb=settings.AGENT_CACHE_MB.resolve(args.cache_mb, env),
         max_env_builds=settings.AGENT_MAX_ENV_BUILDS.resolve(args.max_env_builds, env),

@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
+from shared import settings
 from shared.bus import Bus
 from shared.metrics_catalog import serve_metrics
 from shared.natsauth import process_auth
 from shared.natsbus import NatsBus
+from shared.replicahttp import route_prefix_of
 from shared.signals import on_stop_signals
 from shared.startup import retrying
 from shared.subjects import Subjects
@@ -42,7 +47,8 @@ async def serve(cfg: ReplicaConfig) -> int:
     follower: asyncio.Task[None] | None = None
     try:
         user = await create_user(cfg, bus, target)
-        runtime = ReplicaRuntime(cfg, bus, user)
+        route_prefix = route_prefix_of(os.environ)  # set for an ingress's replicas only
+        runtime = ReplicaRuntime(cfg, bus, user, serves_http=route_prefix is not None)
         try:
             serve_metrics(cfg.metrics_port, f"replica {cfg.replica_id}")
         except OSError as exc:  # serving requests matters more than being scraped
@@ -51,7 +57,10 @@ async def serve(cfg: ReplicaConfig) -> int:
             )
         stop = asyncio.Event()
         with on_stop_signals(stop.set):  # also while draining: a second signal waits for it
-            await runtime.start()
+            if route_prefix is None:
+                await runtime.start()
+            else:
+                await runtime.start(lambda: serve_http(cfg, runtime, user, route_prefix))
             if user.has_reconfigure:
                 follow = UserConfigFollower(
                     bus, user, cfg.app, cfg.deployment, cfg.version, spec.user_config
@@ -67,6 +76,28 @@ async def serve(cfg: ReplicaConfig) -> int:
         serve_context._leave()
         await bus.close()
     return 0
+
+
+async def serve_http(
+    cfg: ReplicaConfig, runtime: ReplicaRuntime, user: UserDeployment, route_prefix: str
+) -> str:
+    """Start this replica's own HTTP server (http_server.py); returns the address it announces.
+    Imported here: only an ingress's replicas load uvicorn."""
+    from .asgi import build_asgi_app
+    from .http_server import AdmissionGate, ReplicaHttpServer
+
+    env = os.environ
+    host = settings.REPLICA_HTTP_HOST.resolve(None, env)
+    app = AdmissionGate(build_asgi_app(user, route_prefix=route_prefix), runtime)
+    server = ReplicaHttpServer(
+        app,
+        host=host,
+        advertise=settings.REPLICA_HTTP_ADVERTISE.resolve(None, env) or host,
+        graceful_timeout_s=cfg.spec.graceful_shutdown_timeout_s,
+    )
+    address = await server.start()
+    runtime.drain_also.append(server.drain)
+    return address
 
 
 async def connect(cfg: ReplicaConfig) -> NatsBus:
@@ -106,7 +137,18 @@ async def create_user(cfg: ReplicaConfig, bus: Bus, target: object) -> UserDeplo
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(config_from_args(args)))
+    return run(serve(config_from_args(args)))
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """On uvloop where it is installed (the HTTP server and nats-py both run on it: measured in
+    docs/dataplane.md), else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def main() -> int:

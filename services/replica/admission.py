@@ -13,8 +13,10 @@ class Admission:
         self.ongoing = 0
         self.draining = False
 
-    def try_admit(self) -> bool:
-        if self.draining or self.ongoing >= self.max_ongoing:
+    def try_admit(self, *, while_draining: bool = False) -> bool:
+        """`while_draining`: a request the replica runs even while draining, within the limit
+        (an HTTP request already on a connection its server is closing)."""
+        if (self.draining and not while_draining) or self.ongoing >= self.max_ongoing:
             return False
         self.ongoing += 1
         return True

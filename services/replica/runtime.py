@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +153,7 @@ class ReplicaRuntime:
         """The access log (logging_config.enable_access_log): one line per request."""
         self.http_address: str | None = None
         """Where this replica serves HTTP itself (http_server.py), announced on "ready"."""
-        self.drain_also: list[Callable[[], Awaitable[None]]] = []
+        self.drain_also: list[Callable[[], Coroutine[Any, Any, None]]] = []
         """Run alongside the in-flight requests while draining, each bounding itself by the
         grace timeout (the HTTP server's drain: no new connections, in-flight requests end)."""
 
