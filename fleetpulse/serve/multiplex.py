@@ -41,15 +41,20 @@ import inspect
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar, overload
 
+from shared.multiplexing import MULTIPLEXED_MODEL_ID_HEADER, model_id_from_headers
 from shared.wire.messages import MAX_MODELS
 
 logger = logging.getLogger(__name__)
 
-MULTIPLEXED_MODEL_ID_HEADER: Final = "serve_multiplexed_model_id"
-"""The HTTP request header naming the model (Ray's name; `-` for `_` and any case match too)."""
+__all__ = [
+    "DEFAULT_MAX_MODELS_PER_REPLICA", "MULTIPLEXED_MODEL_ID_HEADER", "ModelCache",
+    "get_multiplexed_model_id", "held_models", "model_caches", "model_id_from_headers",
+    "multiplexed", "reset_request_model_id", "set_request_model_id",
+]  # fmt: skip
+
 DEFAULT_MAX_MODELS_PER_REPLICA: Final = 3
 """Ray's default `max_num_models_per_replica`."""
 
@@ -76,22 +81,6 @@ def set_request_model_id(model_id: str | None) -> contextvars.Token[str]:
 
 def reset_request_model_id(token: contextvars.Token[str]) -> None:
     _MODEL_ID.reset(token)
-
-
-def _header_key(name: str | bytes) -> str:
-    text = name.decode("latin-1") if isinstance(name, bytes) else name
-    return text.lower().replace("-", "_")
-
-
-def model_id_from_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -> str | None:
-    """The model id an HTTP request names in its `serve_multiplexed_model_id` header (any case,
-    `-` or `_`, as Ray's proxy and replica read it); None when absent or empty. Takes ASGI scope
-    headers (bytes pairs) or str pairs."""
-    for name, value in headers:
-        if _header_key(name) == MULTIPLEXED_MODEL_ID_HEADER:
-            text = value.decode("latin-1") if isinstance(value, bytes) else value
-            return text or None
-    return None
 
 
 # -- the per-replica LRU ----------------------------------------------------------------------

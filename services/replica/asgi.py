@@ -56,6 +56,11 @@ from fleetpulse.serve.ingress import (
     enter_servable,
     leave_servable,
 )
+from fleetpulse.serve.multiplex import (
+    model_id_from_headers,
+    reset_request_model_id,
+    set_request_model_id,
+)
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.wire.messages import HttpRequest
 
@@ -368,6 +373,10 @@ class ReplicaAsgi:
         w = _Watch(receive, send, task)
         pump = asyncio.create_task(w.pump()) if watch else None
         token = enter_servable(self.instance)
+        # the serve_multiplexed_model_id header names the request's model (multiplexing); over
+        # the NATS carrier without it, the model the router's Request named stays in place
+        model = model_id_from_headers(scope.get("headers") or ())
+        model_token = set_request_model_id(model) if model is not None else None
         try:
             await self.app(self._prepare(scope), w.receive if watch else receive, w.send)
             return OK
@@ -388,6 +397,8 @@ class ReplicaAsgi:
             return USER_ERROR
         finally:
             leave_servable(token)
+            if model_token is not None:
+                reset_request_model_id(model_token)
             if pump is not None:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -33,6 +33,7 @@ from services.router.errors import (
 from services.router.router import Router
 from shared.bus import MaxPayloadExceeded
 from shared.errors import BusError, UsageError, WireError
+from shared.multiplexing import model_id_from_headers
 from shared.wire.codec import decode_as, encode
 from shared.wire.messages import HttpRequest, HttpResponse
 
@@ -131,6 +132,8 @@ async def send_http(
         body_kind="http",
         stream=stream,
         deadline_s=deadline_s,
+        # the serve_multiplexed_model_id header: routed to a replica holding that model
+        model_id=model_id_from_headers(request.headers),
     )
 
 

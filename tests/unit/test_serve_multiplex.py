@@ -248,3 +248,50 @@ async def test_requests_for_a_model_go_where_it_is_loaded() -> None:
             await r.stop()
         await rbus.close()
         await cbus.close()
+
+
+async def test_the_http_header_names_the_model_on_the_replicas_asgi_path() -> None:
+    import httpx
+
+    from services.replica.asgi import build_asgi_app
+
+    user = await UserDeployment.create(f"{multiplex_apps.__name__}:HttpModels", (), {})
+    app = build_asgi_app(user, route_prefix="/m")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for header in ("serve_multiplexed_model_id", "Serve-Multiplexed-Model-Id"):
+            r = await client.post("/m", json=[1, 2], headers={header: "m3"})
+            assert r.status_code == 200 and r.json() == {"model": "m3", "x": [1, 2]}
+        r = await client.post("/m", json=1)  # no header: the loader refuses an empty id
+        assert r.status_code == 500
+    assert (held_models(user.instance) or ())[0] == "m3"
+    assert serve.get_multiplexed_model_id() == ""  # nothing leaks into the caller's context
+
+
+async def test_the_http_front_ends_route_by_the_header() -> None:
+    from services.router.http import send_http
+    from shared.wire.messages import HttpRequest
+
+    server = FakeServer()
+    bus = server.connect()
+    fakes = []
+    try:
+        from services.router.testing import FakeReplica
+
+        for i in range(3):
+            fakes.append(await FakeReplica(bus, APP, "Models", f"f{i}").start())
+        await put_membership(bus, APP, "Models", 1, [f.member for f in fakes])
+        async with DeploymentHandle(APP, "Models", bus=bus) as handle:
+            await handle.router.wait_ready(5)
+            req = HttpRequest("POST", "/", "", (("serve-multiplexed-model-id", "m5"),), b"")
+            reader = await send_http(
+                handle.router, req, method="__call__", deadline_s=5, stream=False
+            )
+            await reader.close()
+            sent = [r for f in fakes for r in f.requests]
+            assert [r.multiplexed_model_id for r in sent] == ["m5"]
+            assert handle.router.chooser.holders("m5") == {reader.replica_id}
+    finally:
+        for f in fakes:
+            await f.stop()
+        await bus.close()

@@ -34,3 +34,16 @@ class Models:
 
     def which(self) -> str:  # sync user code (a worker thread) sees the request's model too
         return serve.get_multiplexed_model_id()
+
+
+@serve.deployment
+class HttpModels:
+    """Ray's docs' shape: the model id from the request header, the input from the body."""
+
+    @serve.multiplexed(max_num_models_per_replica=2)
+    async def get_model(self, model_id: str) -> Model:
+        return Model(model_id)
+
+    async def __call__(self, request: Any) -> dict[str, Any]:
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        return model.predict(await request.json())
