@@ -24,6 +24,7 @@ system, or agents on that machine). Replicas elsewhere fail to start with a mess
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 from pathlib import Path
@@ -54,9 +55,18 @@ def ship(target: Any, directory: Path) -> str:
 
     # cloudpickle pickles what a replica could not import by name (a class of `__main__`, one
     # defined in a function) by value, and everything else it refers to by name
-    blob = cloudpickle.dumps(target)
+    reducers = _reducers()
+
+    class Pickler(cloudpickle.CloudPickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            reduce = reducers.get(type(obj))
+            return reduce(obj) if reduce is not None else super().reducer_override(obj)
+
+    out = io.BytesIO()
+    Pickler(out).dump(target)
+    blob = out.getvalue()
     digest = hashlib.sha256(blob).hexdigest()[:DIGEST_CHARS]
-    qualname = str(getattr(target, "__qualname__", "deployment")).replace("<locals>", "")
+    qualname = str(getattr(target, "__qualname__", "deployment")).rsplit(".", 1)[-1]
     stem = re.sub(r"\W+", "_", qualname).strip("_") or "deployment"
     if not stem[0].isalpha():
         stem = "d_" + stem
@@ -68,6 +78,19 @@ def ship(target: Any, directory: Path) -> str:
         tmp.write_bytes(blob)
         tmp.replace(path)
     return name
+
+
+def _reducers() -> dict[type, Any]:
+    """Reductions for objects of common libraries that pickle cannot rebuild by itself: a
+    Starlette `State` (a FastAPI app's `app.state`) answers every attribute lookup from a dict
+    it does not have yet while being unpickled, and recurses until the stack runs out."""
+    out: dict[type, Any] = {}
+    try:
+        from starlette.datastructures import State
+    except ImportError:
+        return out
+    out[State] = lambda state: (State, (dict(state._state),))
+    return out
 
 
 def load(name: str, directory: str | None) -> Any:

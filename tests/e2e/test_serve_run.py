@@ -420,3 +420,65 @@ def test_a_system_named_by_fleetpulse_nats_url_is_used_not_started(
     assert "HANDLE hello from an existing system" in out, out
     assert "KIDS 0" in out, out  # it started nothing
     assert "APPS-AFTER []" in out, out
+
+
+FASTAPI = """
+    import os
+
+    import requests
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    from fleetpulse import serve
+    from fleetpulse.serve.handle import DeploymentHandle
+
+    api = FastAPI()
+    api.state.currency = "EUR"  # app state travels with the app
+
+
+    class Item(BaseModel):
+        name: str
+        price: float
+
+
+    @serve.deployment
+    class Tax:
+        def __call__(self, price: float) -> float:
+            return round(price * 1.2, 2)
+
+
+    @serve.deployment
+    @serve.ingress(api)
+    class Shop:
+        def __init__(self, tax: DeploymentHandle) -> None:
+            self.tax = tax
+
+        @api.post("/items/{item_id}")
+        async def create(self, item_id: int, item: Item) -> dict:
+            gross = await self.tax.remote(item.price)
+            return {"id": item_id, "name": item.name, "gross": gross, "in": api.state.currency}
+
+        def count(self, n: int):
+            for i in range(n):
+                yield i
+
+
+    handle = serve.run(Shop.bind(Tax.bind()), route_prefix="/shop")
+    base = f"http://127.0.0.1:{os.environ['FLEETPULSE_PROXY_PORT']}/shop"
+    r = requests.post(f"{base}/items/7", json={"name": "pen", "price": 10})
+    print("HTTP", r.status_code, r.json())
+    print("INVALID", requests.post(f"{base}/items/x", json={"name": "pen"}).status_code)
+    print("STREAM", list(handle.options(stream=True).count.remote(3)))
+"""
+
+
+def test_a_fastapi_ingress_script_with_composition_and_streaming(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    s = Script(tmp_path, "fastapi_app", FASTAPI)
+    scripts.append(s)
+    code, out = s.run()
+    assert code == 0, out
+    assert "HTTP 200 {'id': 7, 'name': 'pen', 'gross': 12.0, 'in': 'EUR'}" in out, out
+    assert "INVALID 422" in out, out
+    assert "STREAM [0, 1, 2]" in out, out
