@@ -97,7 +97,7 @@ def build_zip(
     a directory or the package would be over `limit` bytes."""
     if not root.is_dir():
         raise PackageError(f"{root} is not a directory")
-    files = list(walk(root, excludes))
+    files = sorted(walk(root, excludes))
     total = sum(p.stat().st_size for _, p in files)
     if total > limit:
         biggest = sorted(files, key=lambda f: -f[1].stat().st_size)[:3]

@@ -1,0 +1,321 @@
+"""Runtime environments, the pure parts: Ray Serve's merge rule, the checks of the file's
+runtime_env (app level, per deployment, in code, Anyscale service files), packages built
+deterministically and unpacked safely (zip-slip, size, atomic), the agent's cache bound."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.agent.packages import PackageCache
+from services.agent.pyenv import EnvBuildError, PyEnvs
+from services.agent.runtimeenvs import Failed, Prepared, RuntimeEnvs
+from shared import packages, runtimeenv
+from shared.appgraph import BuiltApp, BuiltDeployment
+from shared.packagestore import MemoryPackageStore
+from shared.serveconfig import check_config
+from tests.waiting import eventually
+
+# -- merge: Ray Serve's override_runtime_envs_except_env_vars -----------------------------------
+
+keys = st.sampled_from(["working_dir", "pip", "py_modules", "excludes", "env_vars"])
+values = st.one_of(st.text(max_size=5), st.dictionaries(st.text(max_size=3), st.text(max_size=3)))
+
+
+@given(st.dictionaries(keys, values), st.dictionaries(keys, values))
+def test_merge_child_keys_win_and_env_vars_merge_name_by_name(
+    parent: dict[str, Any], child: dict[str, Any]
+) -> None:
+    before = (dict(parent), dict(child))
+    out = runtimeenv.merge(parent, child)
+    assert (parent, child) == before  # neither is changed
+    for key in set(parent) | set(child):
+        if key == "env_vars" and isinstance(child.get(key), dict):
+            base = parent.get(key) if isinstance(parent.get(key), dict) else {}
+            assert out[key] == {**base, **child[key]}
+        elif key in child:
+            assert out[key] == child[key]
+        else:
+            assert out[key] == parent[key]
+
+
+def test_normalise_refuses_by_name_with_the_reason() -> None:
+    for key, why in (("conda", "conda"), ("container", "containers"), ("image_uri", "containers")):
+        with pytest.raises(runtimeenv.RuntimeEnvError, match=why) as exc:
+            runtimeenv.normalise({key: "x"})
+        assert exc.value.key == key
+    with pytest.raises(runtimeenv.RuntimeEnvError, match="pip or uv, not both"):
+        runtimeenv.normalise({"pip": ["a"], "uv": ["b"]})
+
+
+def test_normalise_reads_pip_forms_and_a_requirements_file() -> None:
+    assert runtimeenv.normalise({"pip": ["a==1", "b"]})[0]["pip"] == {
+        "packages": ["a==1", "b"], "installer": "pip", "pip_version": ""
+    }  # fmt: skip
+    rt, _ = runtimeenv.normalise({"pip": {"packages": ["a"], "pip_version": "==24.0"}})
+    assert rt["pip"]["pip_version"] == "==24.0"
+    rt, env = runtimeenv.normalise(
+        {"uv": "reqs.txt", "env_vars": {"A": "1"}},
+        read_file=lambda p: "# pinned\nx==2  # why\n\ny\n",
+    )
+    assert rt["pip"] == {"packages": ["x==2", "y"], "installer": "uv", "pip_version": ""}
+    assert env == {"A": "1"}
+
+
+# -- the file's checks ----------------------------------------------------------------------------
+
+
+def _file(tmp: Path, body: str) -> str:
+    return body.replace("{wd}", str(tmp))
+
+
+def test_deployment_runtime_env_merges_over_the_apps(tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    text = _file(tmp_path, """
+applications:
+  - name: a
+    runtime_env:
+      working_dir: {wd}
+      excludes: ["*.bin"]
+      pip: [x==1]
+      env_vars: {A: app, B: app}
+    deployments:
+      - name: D
+        import_path: m:D
+        ray_actor_options:
+          runtime_env: {pip: [x==2], env_vars: {B: dep}}
+      - name: E
+        import_path: m:E
+        ray_actor_options:
+          runtime_env: {working_dir: {wd}/other}
+""")  # fmt: skip
+    c = check_config(text)
+    assert c.problems == []
+    d, e = c.apps[0].deployments
+    assert d.runtime_env["working_dir"] == {"path": str(tmp_path), "excludes": ["*.bin"]}
+    assert d.runtime_env["pip"]["packages"] == ["x==2"]
+    assert d.env == {"A": "app", "B": "dep"}
+    assert e.runtime_env["working_dir"]["path"] == str(tmp_path / "other")
+    assert e.runtime_env["pip"]["packages"] == ["x==1"] and e.env == {"A": "app", "B": "app"}
+
+
+def test_runtime_env_set_in_code_merges_too(tmp_path: Path) -> None:
+    text = _file(tmp_path, """
+applications:
+  - name: a
+    import_path: m:app
+    runtime_env: {working_dir: {wd}, env_vars: {A: file}}
+""")  # fmt: skip
+    code = {"ray_actor_options": {"runtime_env": {"pip": ["y"], "env_vars": {"C": "code"}}}}
+    graph = BuiltApp("D", (BuiltDeployment("D", "m:D", (), {}, options=code),))
+    c = check_config(text, build=lambda app: graph)
+    assert c.problems == []
+    (d,) = c.apps[0].deployments
+    assert d.runtime_env["pip"]["packages"] == ["y"] and d.runtime_env["working_dir"]
+    assert d.env == {"A": "file", "C": "code"}
+
+
+def test_a_deployment_refusal_names_its_key(tmp_path: Path) -> None:
+    c = check_config("""
+applications:
+  - name: a
+    deployments:
+      - name: D
+        import_path: m:D
+        ray_actor_options:
+          runtime_env: {image_uri: "rayproject/ray:2.9"}
+""")  # fmt: skip
+    (p,) = c.problems
+    assert p.path == "applications[0].deployments[0].ray_actor_options.runtime_env.image_uri"
+    assert "not containers" in p.message and p.line == 8
+
+
+def test_anyscale_service_file(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("z==3\n")
+    text = _file(tmp_path, """
+name: my-service
+image_uri: anyscale/ray:2.9
+compute_config: {head_node: {}}
+cloud: my-cloud
+query_auth_token_enabled: false
+working_dir: {wd}
+requirements: {wd}/requirements.txt
+excludes: [data/]
+env_vars: {MODE: prod}
+applications:
+  - name: a
+    deployments:
+      - {name: D, import_path: "m:D"}
+""")  # fmt: skip
+    c = check_config(text)
+    assert c.problems == []
+    warned = {w.path for w in c.warnings}
+    assert {"name", "image_uri", "compute_config", "cloud", "query_auth_token_enabled"} <= warned
+    (d,) = c.apps[0].deployments
+    assert d.runtime_env["working_dir"] == {"path": str(tmp_path), "excludes": ["data/"]}
+    assert d.runtime_env["pip"]["packages"] == ["z==3"] and d.env == {"MODE": "prod"}
+
+
+# -- packages -----------------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"x" * 10_000)
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "a.pyc").write_bytes(b"junk")
+    (root / "top.py").write_text("T = 1\n")
+    return root
+
+
+def test_a_package_is_deterministic_and_honours_excludes(tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src")
+    one = packages.build_zip(src, tmp_path / "1.zip", excludes=["data/"], limit=1 << 20)
+    os.utime(src / "top.py", (1, 1))  # timestamps are not part of a package
+    two = packages.build_zip(src, tmp_path / "2.zip", excludes=["data/"], limit=1 << 20)
+    assert one == two
+    names = zipfile.ZipFile(tmp_path / "1.zip").namelist()
+    assert names == ["pkg/a.py", "top.py"]
+    (src / "top.py").write_text("T = 2\n")
+    assert packages.build_zip(src, tmp_path / "3.zip", excludes=["data/"], limit=1 << 20) != one
+
+
+def test_over_the_limit_names_the_biggest_files(tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src")
+    with pytest.raises(packages.PackageError, match=r"over the package limit.*data/big\.bin"):
+        packages.build_zip(src, tmp_path / "x.zip", limit=5_000)
+
+
+@pytest.mark.parametrize("name", ["../evil.py", "/etc/evil", "a/../../evil", "C:/evil"])
+def test_zip_slip_is_refused_and_nothing_is_left(tmp_path: Path, name: str) -> None:
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("ok.py", "fine")
+        z.writestr(name, "evil")
+    dest = tmp_path / "cache" / "abc"
+    with pytest.raises(packages.PackageError, match="outside its folder"):
+        packages.unpack(bad, dest, max_bytes=1 << 20)
+    assert not dest.exists() and list((tmp_path / "cache").iterdir()) == []
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_zip_bomb_is_refused(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("zeros", b"\0" * 200_000)
+    with pytest.raises(packages.PackageError, match="unpacks to more than"):
+        packages.unpack(bomb, tmp_path / "out", max_bytes=100_000)
+    assert not (tmp_path / "out").exists()
+
+
+def test_partial_leftovers_are_cleaned_when_the_cache_opens(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    (root / f"{packages.PARTIAL_PREFIX}abc-1").mkdir(parents=True)  # an agent killed mid-unpack
+    (root / f"{packages.PARTIAL_PREFIX}abc.zip").write_bytes(b"half")  # ... mid-download
+    cache = PackageCache(root, None)
+    assert list(root.iterdir()) == [] and cache.sizes == {}
+
+
+# -- the agent's cache and preparations (in-memory store) -----------------------------------------
+
+
+async def _put(store: MemoryPackageStore, tmp: Path, text: str, name: str) -> dict[str, Any]:
+    src = tmp / name
+    src.mkdir()
+    (src / "m.py").write_text(text)
+    sha, size = packages.build_zip(src, tmp / f"{name}.zip", limit=1 << 20)
+    await store.put_file(sha, tmp / f"{name}.zip")
+    return {"sha256": sha, "size": size}
+
+
+async def test_the_cache_is_bounded_and_keeps_what_runs(tmp_path: Path) -> None:
+    store = MemoryPackageStore()
+    refs = [await _put(store, tmp_path, "X" * 3000 + str(i), f"p{i}") for i in range(3)]
+    cache = PackageCache(tmp_path / "cache", lambda: store, max_bytes=7000)
+    await cache.ensure(refs[0])
+    await cache.ensure(refs[1], in_use={refs[0]["sha256"]})
+    await cache.ensure(refs[2], in_use={refs[0]["sha256"]})
+    kept = set(cache.sizes)
+    assert refs[0]["sha256"] in kept and refs[2]["sha256"] in kept
+    assert refs[1]["sha256"] not in kept and not cache.path(refs[1]["sha256"]).exists()
+
+
+async def test_preparation_is_shared_and_a_failure_is_remembered(tmp_path: Path) -> None:
+    store = MemoryPackageStore()
+    ref = await _put(store, tmp_path, "X = 1\n", "wd")
+    woken: list[int] = []
+    envs = RuntimeEnvs(
+        PackageCache(tmp_path / "cache", lambda: store),
+        PyEnvs(tmp_path / "envs", "/nonexistent/python"),
+        wake=lambda: woken.append(1),
+    )
+    rt = {"working_dir": ref}
+    assert envs.state(rt) is None and envs.state(rt) is None  # one preparation, not two
+    assert len(envs.preparing()) == 1
+    await eventually(lambda: not envs.preparing(), 10, "the preparation to end")
+    ready = envs.state(rt)
+    assert isinstance(ready, Prepared) and ready.cwd == str(tmp_path / "cache" / ref["sha256"])
+    assert ready.pythonpath == (ready.cwd,) and store.gets == 1 and woken == [1]
+
+    missing = {"working_dir": {"sha256": "e" * 64, "size": 1}}
+    assert envs.state(missing) is None
+    await eventually(lambda: not envs.preparing(), 10, "the preparation to end")
+    failed = envs.state(missing)
+    assert isinstance(failed, Failed) and "not in the object store" in failed.reason
+    gets = store.gets
+    assert envs.state(missing) == failed and store.gets == gets  # no retry loop
+
+
+async def test_a_failed_install_gives_the_installer_error_line(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels))
+    envs = PyEnvs(tmp_path / "envs", sys.executable, env=env)
+    spec = {"packages": ["no-such-package-fp==9.9"], "installer": "pip", "pip_version": ""}
+    why = "ERROR: Could not find a version that satisfies the requirement no-such-package-fp"
+    with pytest.raises(EnvBuildError, match=why):
+        await envs.ensure(spec)
+    assert [p.name for p in (tmp_path / "envs").iterdir()] == []  # nothing half-installed
+    with pytest.raises(EnvBuildError, match=why):
+        await envs.ensure(spec)  # remembered: no second install
+    assert envs.builds == 0
+
+
+async def test_an_agent_without_registry_access_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(  # an index nobody listens on, and no pip.conf adding others
+        PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="1",
+        PIP_TIMEOUT="2",
+    )  # fmt: skip
+    envs = PyEnvs(tmp_path / "envs", sys.executable, env=env)
+    spec = {"packages": ["anything==1.0"], "installer": "pip", "pip_version": ""}
+    with pytest.raises(EnvBuildError, match="could not reach the package index"):
+        await envs.ensure(spec)
+
+
+async def test_a_spec_is_built_once_and_layered_on_the_agents_environment(tmp_path: Path) -> None:
+    from tests.runtimeenv_fixtures import make_wheel
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "fpwheel", "1.0")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels))
+    envs = PyEnvs(tmp_path / "envs", sys.executable, env=env, max_builds=1)
+    spec = {"packages": ["fpwheel==1.0"], "installer": "pip", "pip_version": ""}
+    pythons = await asyncio.gather(*(envs.ensure(spec) for _ in range(4)))
+    assert len(set(pythons)) == 1 and envs.builds == 1
+    code = "import fpwheel, shared, yaml; print(fpwheel.VERSION)"  # its own, and the agent's
+    proc = await asyncio.create_subprocess_exec(
+        pythons[0], "-c", code, stdout=asyncio.subprocess.PIPE, env={"PATH": os.environ["PATH"]}
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and out.decode().strip() == "1.0"
