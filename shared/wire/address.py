@@ -9,6 +9,7 @@ path, no whitespace (schemas/v1 say the same with a pattern).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Final
 
 MAX_HTTP_ADDRESS_LEN: Final = 300
@@ -29,8 +30,8 @@ def http_address_problem(value: str) -> str | None:
     if not host:
         return "host must not be empty"
     if host.startswith("["):
-        if not host.endswith("]") or len(host) < 3 or "[" in host[1:] or "]" in host[:-1]:
-            return "an IPv6 host must be in brackets, like [::1]:8080"
+        if not host.endswith("]") or not _ipv6(host[1:-1]):
+            return "an IPv6 host must be an IPv6 address in brackets, like [::1]:8080"
     elif ":" in host or "[" in host or "]" in host:
         return "an IPv6 host must be in brackets, like [::1]:8080"
     if not (port.isascii() and port.isdigit()) or len(port) > 5 or port.startswith("0"):
@@ -40,8 +41,17 @@ def http_address_problem(value: str) -> str | None:
     return None
 
 
+def _ipv6(text: str) -> bool:
+    address, _, zone = text.partition("%")  # fe80::1%eth0: a link-local address's interface
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return "%" not in text or bool(zone)
+
+
 def format_http_address(host: str, port: int) -> str:
-    """"host:port" (an IPv6 host in brackets); ValueError when the result would be refused."""
+    """ "host:port" (an IPv6 host in brackets); ValueError when the result would be refused."""
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
     value = f"{shown}:{port}"
     problem = http_address_problem(value)

@@ -172,7 +172,9 @@ async def test_drain_cancels_what_outlives_the_grace_timeout() -> None:
         assert app.cancelled == 1
         r = await slow  # what a replica stopping under a request answers over NATS too
         assert (r.status_code, r.headers["fp-error"], r.headers["fp-retryable"]) == (
-            503, "replica_shutdown", "true"
+            503,
+            "replica_shutdown",
+            "true",
         )
 
 
