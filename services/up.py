@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import statistics
 import tempfile
@@ -43,6 +44,7 @@ from services.router.config import RouterConfig
 from services.router.errors import RouterError
 from services.router.handle import DeploymentHandle, connect_handle
 from services.up_args import add_up_arguments
+from shared import settings
 from shared.appbuild import build_apps
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import UsageError
@@ -142,6 +144,7 @@ class Stack:
                     minted=self.auth is not None,
                 ),
                 replica_key=self.auth.replica_key if self.auth else None,
+                cache_dir=settings.AGENT_CACHE_DIR.resolve(None, os.environ),
             )
         )
         self.tasks = [
@@ -365,7 +368,8 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
             f"  logs:  {workdir / 'fleetpulse.log'}  (replica logs in {workdir / 'replicas'})"
         )
         if packaging.unresolved(apps):  # code shipped with the apps: into the object store
-            packager = packaging.Packager(packaging.store_of(stack.bus, create=True))
+            limit = settings.DEPLOY_MAX_PACKAGE_MB.resolve(None, os.environ) << 20
+            packager = packaging.Packager(packaging.store_of(stack.bus, create=True), limit=limit)
             apps = await packaging.resolve_apps(apps, packager)
             console.print(f"  {packaging.describe(packager.stats)}")
         kv = await stack.bus.kv(KV_APPS)

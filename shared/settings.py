@@ -470,6 +470,11 @@ AGENT_MAX_ENV_BUILDS = Setting(
     "max_env_builds", "int", 2, "pip/uv environments built at once", low=1,
     flag="--max-env-builds",
 )  # fmt: skip
+DEPLOY_MAX_PACKAGE_MB = Setting(
+    "max_package_mb", "int", 512, "`fleetpulse deploy`/`up --config`: a working_dir or "
+    "py_modules package larger than this (MiB, after excludes) is refused (Ray's own limit)",
+    low=1, flag="--max-package-mb", env="FLEETPULSE_MAX_PACKAGE_MB",
+)  # fmt: skip
 AGENT_KILL_MARGIN = Setting(
     "kill_margin_s", "float", 5.0, "SIGKILL this long after a replica's "
     "graceful_shutdown_timeout_s ran out", flag="--kill-margin-s",

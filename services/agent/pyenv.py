@@ -113,6 +113,7 @@ class PyEnvs:
         async with self._sem:
             reqs = tuple(str(p) for p in pip.get("packages", ()))
             self._building[key] = Building(key, reqs, time.time())
+            log.info("building python environment %s: %s", key, " ".join(reqs))
             tmp = Path(tempfile.mkdtemp(prefix=f"{packages.PARTIAL_PREFIX}{key}-", dir=self.root))
             try:
                 await self._install(tmp, pip, reqs)

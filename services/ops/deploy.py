@@ -26,6 +26,7 @@ unchanged app is not rewritten, which would only wake every watcher for nothing)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from services.ops import (
     plural,
     run_command,
 )
+from shared import settings
 from shared.appbuild import check_file
 from shared.appconfig import AppConfig
 from shared.appyaml import problems_error
@@ -66,6 +68,7 @@ def add_deploy_arguments(p: argparse.ArgumentParser) -> None:
         help="import apps defined in code (an app-level import_path) from this directory first "
         "(default: the current directory)",
     )
+    settings.DEPLOY_MAX_PACKAGE_MB.add_flag(p)
     add_connect_timeout(p)
 
 
@@ -91,7 +94,12 @@ def run_deploy(args: argparse.Namespace) -> int:
         try:
             resolved = apps
             if packaging.unresolved(apps):
-                packager = packaging.Packager(packaging.store_of(bus, create=True))
+                limit = settings.DEPLOY_MAX_PACKAGE_MB.resolve(
+                    getattr(args, "max_package_mb", None), os.environ
+                )
+                packager = packaging.Packager(
+                    packaging.store_of(bus, create=True), limit=limit << 20
+                )
                 resolved = await packaging.resolve_apps(apps, packager)
                 print(packaging.describe(packager.stats))
             kv = await bus.kv(KV_APPS)
