@@ -25,9 +25,10 @@ How a request goes through `ReplicaAsgi.__call__`:
    `{"error": "user_error", "message": "<type>: <text>"}`, as the proxy answers), its traceback
    in a log line at most once per interval per exception type; if the response had started the
    error goes on up, so the server breaks the connection instead of sending a short body.
-4. `websocket`: sends wait at most `ws_send_timeout_s` for the peer to take the data (the
-   server's write buffer is bounded); a peer that never reads gets close code 1008 and the app
-   a `WebSocketSendTimeout`, so a stuck peer holds neither a task nor memory for long.
+4. `websocket`: sends wait at most `ws_send_timeout_s` for the peer to take the data (uvicorn's
+   write buffer is bounded: a send waits while it is full); then the app gets a
+   `WebSocketSendTimeout` and the connection is closed, with close code 1008 when the close
+   frame still fits in the server's buffer. A stuck peer holds neither a task nor memory.
 
 `serve_carried(app, HttpRequest, emit=..., collect=...)` runs a NATS-carried request through the
 same app (translation in asgi_carrier.py).
