@@ -35,7 +35,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -74,10 +73,12 @@ class SystemInfo:
 class LocalSystem:
     """The script's side: start the supervisor, wait until the system is up, stop it."""
 
-    def __init__(self, http_host: str, http_port: int, *, workdir: str, pythonpath: str) -> None:
+    def __init__(
+        self, http_host: str, http_port: int, *, state_dir: Path, workdir: str, pythonpath: str
+    ) -> None:
         self.http_host, self.http_port = http_host, http_port
         self.workdir, self.pythonpath = workdir, pythonpath
-        self.state_dir = Path(tempfile.mkdtemp(prefix="fleetpulse-serve-"))
+        self.state_dir = state_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self._pipe_w: int | None = None
 

@@ -186,6 +186,7 @@ class _Driver:
 _lock = threading.RLock()
 _driver: _Driver | None = None
 _http_options: dict[str, Any] = {}
+_state_dir: Path | None = None
 
 
 def _get_driver(*, start: bool = True) -> _Driver | None:
@@ -221,7 +222,13 @@ def _start_local() -> _Driver:
         port = int(os.environ.get("FLEETPULSE_PROXY_PORT") or DEFAULT_HTTP_PORT)
     port = int(port) or _free_port(host)
     script_dir = sys.path[0] if sys.path and sys.path[0] else os.getcwd()
-    system = LocalSystem(host, port, workdir=os.getcwd(), pythonpath=os.path.abspath(script_dir))
+    system = LocalSystem(
+        host,
+        port,
+        state_dir=_local_state_dir(),
+        workdir=os.getcwd(),
+        pythonpath=os.path.abspath(script_dir),
+    )
     _say("starting a local system (nats-server, controller, agent, proxy) ...")
     t0 = time.monotonic()
     info = system.start(_say)
@@ -329,9 +336,10 @@ def run(
         _ignored("external_scaler_enabled")
     if controller_options is not None:
         _ignored("controller_options")
+    # checked before any system starts: a mistake in the app costs no start-up
+    config, ingress = _app_config(target, name, route_prefix, logging_config, _byvalue_dir())
     driver = _get_driver()
     assert driver is not None and driver.bus is not None
-    config, ingress = _app_config(target, name, route_prefix, logging_config, driver)
     t0 = time.monotonic()
     _say(f"deploying application {name!r} ({_describe(config)}) ...")
     changed, status_rev = driver.call(_write_app(driver.bus, config), 30)
@@ -394,6 +402,9 @@ def shutdown() -> None:
                 delete(name)
         _driver = None
     driver.close()
+    global _state_dir
+    if driver.system is not None:
+        _state_dir = None  # removed with the system; a later serve.run starts afresh
     with contextlib.suppress(Exception):
         atexit.unregister(_at_exit)
 
@@ -492,12 +503,33 @@ def _ship_graph(root: Application, directory: Path) -> tuple[Application, bool]:
     return node(root), shipped
 
 
-def _byvalue_dir(driver: _Driver) -> Path:
-    if driver.system is not None:
-        return driver.system.state_dir / "byvalue"
+def _byvalue_dir() -> Path:
+    """Where shipped deployments go: the local system's state directory (removed with it), or,
+    for a system named by $FLEETPULSE_NATS_URL, a directory that outlives this process (its
+    replicas may restart later)."""
+    with _lock:
+        local = (
+            _driver.system is not None if _driver is not None else not os.environ.get(NATS_URL_ENV)
+        )
+    if local:
+        return _local_state_dir() / "byvalue"
     import tempfile
 
     return Path(tempfile.gettempdir()) / f"fleetpulse-serve-byvalue-{os.getuid()}"
+
+
+def _local_state_dir() -> Path:
+    """The local system's state directory, made on first use (before the system starts, so
+    the app is built and checked first); removed at exit whether or not a system started."""
+    global _state_dir
+    with _lock:
+        if _state_dir is None:
+            import shutil
+            import tempfile
+
+            _state_dir = Path(tempfile.mkdtemp(prefix="fleetpulse-serve-"))
+            atexit.register(shutil.rmtree, _state_dir, ignore_errors=True)
+        return _state_dir
 
 
 def _app_config(
@@ -505,7 +537,7 @@ def _app_config(
     name: str,
     route_prefix: str | None,
     logging_config: Any,
-    driver: _Driver,
+    directory: Path,
 ) -> tuple[AppConfig, str]:
     """The checked AppConfig of the bound application and its ingress deployment's name."""
     import yaml  # here, not at the top: a replica imports this package and never runs a script
@@ -513,7 +545,6 @@ def _app_config(
     from shared.policyapi import policy_problem
     from shared.serveconfig import check_config
 
-    directory = _byvalue_dir(driver)
     graph, shipped = _ship_graph(target, directory)
     built: BuiltApp = build(graph)  # GraphError: the message says which deployment and why
     app: dict[str, Any] = {"name": name, "route_prefix": route_prefix, "import_path": _PLACEHOLDER}

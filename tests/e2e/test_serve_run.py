@@ -113,8 +113,13 @@ class Script:
         self.port = free_port()
         self.out = tmp / f"{name}.out"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_")}
+        self.tmp = tmp / f"{name}.tmp"  # the script's $TMPDIR: state dirs, nats store, logs
+        self.tmp.mkdir()
         self.env.update(
-            PYTHONPATH=str(ROOT), FLEETPULSE_PROXY_PORT=str(self.port), PYTHONUNBUFFERED="1"
+            PYTHONPATH=str(ROOT),
+            FLEETPULSE_PROXY_PORT=str(self.port),
+            PYTHONUNBUFFERED="1",
+            TMPDIR=str(self.tmp),
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -139,6 +144,10 @@ class Script:
             proc.wait()
             raise AssertionError(f"the script did not finish:\n{self.output()}") from None
         return code, self.output()
+
+    def leftovers(self) -> list[str]:
+        """What the script's local system left in its $TMPDIR (nothing, once stopped)."""
+        return sorted(p.name for p in self.tmp.iterdir())
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")
@@ -227,6 +236,7 @@ def test_a_quickstart_script_serves_http_and_handles_and_leaves_nothing(
     # supervisor, nats-server, controller, agent, proxy, two replicas
     assert len(kids) >= 7, out
     wait_gone(kids, 5)  # the script waited for the stop: nothing outlives it
+    assert s.leftovers() == []
 
 
 APPS = """
@@ -313,6 +323,7 @@ def test_handles_status_redeploy_failure_delete_and_shutdown(
     assert "AFTER-DELETE adder broken" in out, out
     assert "SHUTDOWN-LEFT 0" in out, out
     assert "STATUS-AFTER {}" in out, out
+    assert s.leftovers() == []
 
 
 BLOCKING = """
@@ -353,6 +364,7 @@ def test_ctrl_c_stops_the_whole_local_system(tmp_path: Path, scripts: list[Scrip
     s.proc.wait(60)
     assert "KeyboardInterrupt" in s.output(), s.output()
     wait_gone(kids, 5)
+    assert s.leftovers() == []
 
 
 def test_sigkill_of_the_script_stops_the_whole_local_system(
@@ -363,6 +375,7 @@ def test_sigkill_of_the_script_stops_the_whole_local_system(
     s.proc.kill()
     s.proc.wait()
     wait_gone(kids, 60)
+    assert s.leftovers() == []  # the supervisor cleaned up before it exited
 
 
 def test_a_taken_http_port_is_a_clear_error(tmp_path: Path, scripts: list[Script]) -> None:
@@ -374,6 +387,7 @@ def test_a_taken_http_port_is_a_clear_error(tmp_path: Path, scripts: list[Script
         code, out = s.run()
     assert code != 0
     assert f"cannot serve HTTP on 127.0.0.1:{s.port}" in out, out
+    assert s.leftovers() == []
 
 
 EXISTING = """
