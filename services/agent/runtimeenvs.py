@@ -72,6 +72,7 @@ class RuntimeEnvs:
         self._failed: dict[str, tuple[float, Failed]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started: dict[str, float] = {}
+        self._phase: dict[str, str] = {}
         self.in_use: Callable[[], set[str]] = set
 
     def state(self, runtime_env: Mapping[str, Any]) -> Prepared | Failed | None:
@@ -96,12 +97,20 @@ class RuntimeEnvs:
         """Preparations in progress: runtime_env key -> since (unix seconds)."""
         return {k: self._started[k] for k in self._tasks}
 
+    def progress(self, runtime_env: Mapping[str, Any]) -> tuple[float, str]:
+        """(since, what it is doing) of the preparation of `runtime_env` in progress."""
+        key = env_key(runtime_env)
+        return self._started.get(key, time.time()), self._phase.get(key, "preparing")
+
     async def _prepare(self, key: str, rt: dict[str, Any]) -> None:
         try:
             roots: list[str] = []
             shas: list[str] = []
             cwd = None
             for i, ref in enumerate(runtimeenv.refs(rt)):
+                self._phase[key] = (
+                    f"fetching package {str(ref['sha256'])[:12]} ({ref['size']} bytes)"
+                )
                 path = await self.cache.ensure(ref, self.in_use())
                 shas.append(str(ref["sha256"]))
                 root = str(packages.strip_single_top(path)) if ref.get("url") else str(path)
@@ -110,6 +119,8 @@ class RuntimeEnvs:
                 roots.append(root)
             python = None
             if rt.get("pip"):
+                reqs = " ".join(rt["pip"].get("packages", ()))
+                self._phase[key] = f"building its Python environment ({reqs})"
                 python = await self.pyenvs.ensure(rt["pip"])
             self._ready[key] = Prepared(cwd, tuple(roots), python, tuple(shas))
         except (packages.PackageError, EnvBuildError, FleetpulseError, OSError) as exc:
@@ -125,6 +136,7 @@ class RuntimeEnvs:
         finally:
             self._tasks.pop(key, None)
             self._started.pop(key, None)
+            self._phase.pop(key, None)
             self._wake()
 
     async def close(self) -> None:

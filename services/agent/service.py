@@ -34,7 +34,7 @@ from shared.bus import KV, Bus, KVWatcher
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BusError, FleetpulseError, WireError
 from shared.kv import buckets, envelope
-from shared.kv.agents import AGENT_TTL_S, AgentInfo
+from shared.kv.agents import AGENT_TTL_S, MAX_ENV_NOTES, AgentInfo, EnvNote
 from shared.kv.targets import ReplicaTarget, agent_pattern
 from shared.natsbus import NatsBus
 from shared.packages import PackageError
@@ -86,6 +86,8 @@ REGISTER_INTERVAL_S = AGENT_TTL_S / 3
 REGISTER_RETRY_S = 1.0
 DRAIN_EXTRA_S = 10.0
 """On shutdown, give up waiting for children this long after the last kill deadline."""
+FAILED_NOTE_S = 600.0
+"""A failed runtime_env stays in the agent's registration this long (for `fleetpulse status`)."""
 EXIT_SPAWN_FAILED = 127
 """Reported as the exit code of a replica whose process could not be started at all."""
 
@@ -134,6 +136,8 @@ class AgentService:
         )
         self.envs.in_use = self._packages_in_use
         self._store: PackageStore | None = None
+        self._notes: dict[str, EnvNote] = {}
+        """Deployments waiting here for their runtime_env, or whose runtime_env failed."""
         self._running = RUNNING.labels(cfg.agent_id)
         self._running.set(0)
         CAPACITY.labels(cfg.agent_id).set(cfg.max_replicas)
@@ -156,6 +160,7 @@ class AgentService:
             pid=os.getpid(),
             started_at=self.started_at,
             resources=self.cfg.offer,
+            environments=tuple(self._notes[d] for d in sorted(self._notes))[:MAX_ENV_NOTES],
         )
 
     def stop(self) -> None:
@@ -278,12 +283,37 @@ class AgentService:
 
     def _prepared(self, wanted: dict[str, ReplicaTarget]) -> dict[str, ReplicaTarget]:
         """`wanted` without the replicas whose runtime_env is still being prepared (fetched,
-        built): they hold no slot meanwhile and start once it is ready."""
-        return {
-            rid: t
-            for rid, t in wanted.items()
-            if rid in self._children or self.envs.state(t.spec.runtime_env) is not None
+        built): they hold no slot meanwhile and start once it is ready. What waits, and what
+        failed, goes into the agent's registration (`fleetpulse status` shows it)."""
+        out: dict[str, ReplicaTarget] = {}
+        notes: dict[str, EnvNote] = {
+            d: n
+            for d, n in self._notes.items()
+            if n.state == "failed" and self.clock.wall() - n.since < FAILED_NOTE_S
         }
+        for rid, t in wanted.items():
+            if rid in self._children:
+                out[rid] = t
+                continue
+            dep = f"{t.app}.{t.deployment}"
+            state = self.envs.state(t.spec.runtime_env)
+            if state is None:
+                since, what = self.envs.progress(t.spec.runtime_env)
+                notes[dep] = EnvNote(dep, "preparing", since, what)
+                continue
+            if isinstance(state, Failed):
+                old = notes.get(dep)
+                keep = old is not None and old.detail == state.reason
+                notes[dep] = (
+                    old if keep and old else EnvNote(dep, "failed", self.clock.wall(), state.reason)
+                )
+            elif dep in notes:
+                del notes[dep]
+            out[rid] = t
+        if notes != self._notes:
+            self._notes = notes
+            self._register_now.set()
+        return out
 
     def _packages_in_use(self) -> set[str]:
         return {

@@ -41,6 +41,7 @@ from shared.kv.status import AppStatusView, DeploymentStatusView
 from shared.kvfollow import follow
 from shared.subjects import KV_APPS, KV_STATUS
 
+from . import envnotes
 from .group_view import GroupReads, GroupView, group_notes, read_group, unattended
 
 DEFAULT_INTERVAL_S = 1.0
@@ -379,6 +380,7 @@ def run_status(args: argparse.Namespace) -> int:
                 *_follow_both(bus, mirror, ready, live=False, retry_s=args.interval)
             )
             group = await read_group(bus)
+            agents = await envnotes.read_agents(bus)
         finally:
             await bus.close()
         statuses, apps = mirror.select(args.app)
@@ -388,10 +390,12 @@ def run_status(args: argparse.Namespace) -> int:
         if args.json:
             doc = status_json(statuses, apps, group, time.time())
             doc["controllers"] = group.to_json()
+            doc["runtime_envs"] = envnotes.env_json(agents, args.app)
             print(json.dumps(doc, indent=2, sort_keys=True))
         else:
             console = Console()
             notes = [*mirror.notes(), *group_notes(group)]
+            notes += envnotes.env_lines(agents, time.time(), args.app)
             table = render_table(statuses, apps, time.time(), notes, console.width, group)
             console.print(table)
         return EXIT_OK

@@ -8,6 +8,7 @@ request; and the failures: a requirement that does not exist, a working_dir over
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -120,6 +121,10 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         stack.stop()
 
 
+def _names(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
 async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with http.get(url) as r:
         return r.status, (await r.json() if r.status == 200 else await r.text())
@@ -159,10 +164,7 @@ async def test_code_only_in_the_working_dir_and_two_pins_side_by_side(up: Up) ->
     cache = up.tmp / "cache" / "packages"
     assert sorted(str(p) for p in cache.iterdir()) == sorted([one["cwd"], two["cwd"]])
     # pin1 excludes *.bin, pin2 does not: two packages of one directory
-    assert sorted(p.name for p in Path(one["cwd"]).iterdir()) == [
-        "shipped_app.py",
-        "shipped_helper.py",
-    ]
+    assert _names(Path(one["cwd"])) == ["shipped_app.py", "shipped_helper.py"]
     assert (Path(two["cwd"]) / "huge.bin").exists()
     assert "2 uploaded" in up.text()
 
@@ -219,6 +221,16 @@ async def test_a_requirement_that_does_not_exist_fails_the_deployment(up: Up) ->
         return view is not None and view.status == "DEPLOY_FAILED"
 
     await eventually(failed, 60, "badreq DEPLOY_FAILED")
+    status = await asyncio.to_thread(
+        fleetpulse, "status", "--nats", up.nats, "--app", "badreq", "--json"
+    )
+    (note,) = json.loads(status.stdout)["runtime_envs"]
+    assert (note["agent"], note["deployment"], note["state"]) == (
+        "local",
+        "badreq.Shipped",
+        "failed",
+    )
+    assert "satisfies the requirement fpwheel==9.9" in note["detail"]  # the installer's line
     log = up.log()
     assert "Could not find a version that satisfies the requirement fpwheel==9.9" in log
     # no retry loop: one install for the replicas the controller tried, the same error for each

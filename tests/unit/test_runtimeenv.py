@@ -319,3 +319,20 @@ async def test_a_spec_is_built_once_and_layered_on_the_agents_environment(tmp_pa
     )
     out, _ = await proc.communicate()
     assert proc.returncode == 0 and out.decode().strip() == "1.0"
+
+
+def test_status_lines_say_what_an_agent_prepares_and_for_how_long() -> None:
+    from services.ops.envnotes import env_json, env_lines
+    from shared.kv.agents import AgentInfo, EnvNote
+
+    notes = (
+        EnvNote("a.D", "preparing", 1000.0, "building its Python environment (x==1)"),
+        EnvNote("b.E", "failed", 900.0, "runtime_env: pip install failed: ERROR: no x==9"),
+    )
+    agent = AgentInfo("a1", 4, 0, "h", 1, 0.0, environments=notes)
+    assert AgentInfo.decode(agent.encode()) == agent
+    assert env_lines([agent], now=1075.0) == [
+        "runtime_env of a.D on a1: building its Python environment (x==1) (1m15s)",
+        "runtime_env of b.E on a1 FAILED 2m55s ago: runtime_env: pip install failed: ERROR: no x==9",
+    ]
+    assert [n["deployment"] for n in env_json([agent], app="b")] == ["b.E"]
