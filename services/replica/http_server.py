@@ -259,15 +259,17 @@ def _bind(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket on `host` (a name, IPv4 or IPv6 address); port 0: a free one."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family = infos[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        family, _, proto, _, where = infos[0]
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP (with
+        # Nagle on, a response written as head then body waits for the client's delayed ACK)
+        sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)
     except OSError as exc:
         raise HttpStartError(f"cannot bind {host}:{port}: {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind(infos[0][4])
+        sock.bind(where)
         sock.listen(backlog)
         sock.setblocking(False)
     except OSError as exc:

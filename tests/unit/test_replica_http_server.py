@@ -119,6 +119,21 @@ async def test_it_serves_on_a_free_port_and_announces_host_port() -> None:
         await server.drain()
 
 
+async def test_connections_have_nagle_off_on_any_loop() -> None:
+    """Without TCP_NODELAY a response written as head then body waits ~40 ms for the client's
+    delayed ACK (asyncio sets it only on sockets created as TCP; uvloop always)."""
+    server = await serving(Gated())
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            assert (await client.get("/x")).status_code == 200
+            conns = list(server._server.server_state.connections)
+            assert len(conns) == 1
+            sock = conns[0].transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        await server.drain()
+
+
 async def test_the_gate_counts_each_request_and_refuses_over_the_limit() -> None:
     app, counter = Gated(), FakeCounter(limit=1)
     server = await serving(AdmissionGate(app, counter))
