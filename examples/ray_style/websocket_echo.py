@@ -1,7 +1,7 @@
 """A WebSocket echo through a FastAPI ingress, as in Ray Serve's WebSocket docs.
 
     python -c "from websockets.sync.client import connect; \\
-        ws = connect('ws://localhost:8000/ws'); ws.send('hi'); print(ws.recv())"
+        ws = connect('ws://localhost:8000/ws/'); ws.send('hi'); print(ws.recv())"
 """
 
 from __future__ import annotations
@@ -39,6 +39,6 @@ if __name__ == "__main__":
     from websockets.sync.client import connect
 
     serve.run(ws_app, route_prefix="/ws")
-    with connect("ws://localhost:8000/ws") as ws:
+    with connect("ws://localhost:8000/ws/") as ws:
         ws.send("hello")
         print(ws.recv())
