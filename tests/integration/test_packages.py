@@ -11,6 +11,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -141,3 +145,68 @@ async def test_the_agent_fetches_once_and_refuses_a_package_that_does_not_match(
         await cache.ensure({"sha256": other_sha, "size": other_size + 1})
     assert not (tmp_path / "cache" / forged).exists()
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [sha]
+
+
+async def test_an_agent_killed_while_it_fetches_leaves_nothing_half_installed(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the agent process mid-download of a large package: nothing under the package's
+    name; restarted on the same cache, it cleans the leftovers, fetches again and starts it."""
+    from shared.kv.status import AppStatusView
+    from shared.subjects import KV_STATUS
+    from tests.procs import ServiceProcesses
+    from tests.runtimeenv_fixtures import write_app
+    from tests.waiting import eventually
+
+    wd = write_app(tmp_path / "wd", "v1")
+    (wd / "weights.dat").write_bytes(os.urandom(48 << 20))  # incompressible: a long fetch
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "applications:\n  - name: heavy\n    route_prefix: null\n"
+        f"    import_path: shipped_app:app\n    runtime_env: {{working_dir: {wd}}}\n"
+    )
+    server = NatsServer()
+    server.start()
+    procs = ServiceProcesses()
+    cache = tmp_path / "cache"
+    agent_args = ["-m", "services.cli", "agent", "--nats", server.url, "--agent-id", "a1",
+                  "--cache-dir", str(cache), "--log-dir", str(tmp_path / "replicas")]  # fmt: skip
+    bus = await NatsBus.connect(server.url, name="kill-test")
+    try:
+        procs.start(["-m", "services.cli", "controller", "--nats", server.url],
+                    log=tmp_path / "controller.log")  # fmt: skip
+        agent = procs.start(agent_args, log=tmp_path / "agent1.log")
+        deploy = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "deploy", str(config), "--nats", server.url],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        packages_dir = cache / "packages"
+
+        def downloading() -> bool:
+            return packages_dir.is_dir() and any(
+                p.name.startswith(packages.PARTIAL_PREFIX) and p.stat().st_size > 0
+                for p in packages_dir.iterdir()
+            )
+
+        await eventually(downloading, 60, "the agent downloading the package")
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        assert [p for p in packages_dir.iterdir() if packages.SHA256_RE.fullmatch(p.name)] == []
+
+        procs.start(agent_args, log=tmp_path / "agent2.log")
+        status = await bus.kv(KV_STATUS)
+
+        async def running() -> bool:
+            entry = await status.get("heavy")
+            return entry is not None and AppStatusView.decode(entry.value).status == "RUNNING"
+
+        await eventually(running, 120, "heavy RUNNING after the restart")
+        left = sorted(p.name for p in packages_dir.iterdir())
+        assert len(left) == 1 and packages.SHA256_RE.fullmatch(left[0]), left
+        assert (packages_dir / left[0] / "weights.dat").stat().st_size == 48 << 20
+    finally:
+        await bus.close()
+        procs.stop_all(timeout=20)
+        server.stop()
