@@ -211,31 +211,18 @@ class DeploymentResponseGenerator:
         self, handle: DeploymentHandle, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         self._handle = handle
-        self._items: asyncio.Queue[Any] | None = None
+        # bounded: a slow reader holds the stream (the replica's backpressure reaches it)
+        self._items: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
         self._done = False
-        # the call runs in its own task that fills a queue, so it starts now and either kind of
-        # iteration (on the loop or from a thread) reads the same items in order
-        self._started = handle._start(self._pump(args, kwargs))
-
-    async def _pump(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        queue = self._queue()
-        try:
-            async for item in self._handle._stream_items(args, kwargs):
-                await queue.put(item)
-        except Exception as exc:
-            await queue.put(_Failure(exc))
-        else:
-            await queue.put(_END)
-
-    def _queue(self) -> asyncio.Queue[Any]:
-        if self._items is None:
-            self._items = asyncio.Queue(maxsize=1)  # bounded: a slow reader holds the stream
-        return self._items
+        # the call runs in its own task that fills the queue, so it starts now and either kind
+        # of iteration (on the loop or from a thread) reads the same items in order; the task
+        # holds the queue, not this object, so a dropped generator is collected (and cancels)
+        self._started = handle._start(_pump(handle, args, kwargs, self._items))
 
     async def _next(self) -> Any:
         if self._done:
             raise StopAsyncIteration
-        item = await self._queue().get()
+        item = await self._items.get()
         if item is _END:
             self._done = True
             raise StopAsyncIteration
@@ -292,6 +279,36 @@ class _Failure:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+_PUMPS: set[asyncio.Task[Any]] = set()
+"""Running stream pumps: the loop keeps only weak references to tasks."""
+
+
+async def _pump(
+    handle: DeploymentHandle,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    queue: asyncio.Queue[Any],
+) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    _PUMPS.add(task)
+    try:
+        async for item in handle._stream_items(args, kwargs):
+            await queue.put(item)
+    except asyncio.CancelledError:
+        # cancelled: a reader waiting for the next item gets the cancellation, not a hang
+        while queue.full():
+            queue.get_nowait()
+        queue.put_nowait(_Failure(asyncio.CancelledError()))
+        raise
+    except Exception as exc:
+        await queue.put(_Failure(exc))
+    else:
+        await queue.put(_END)
+    finally:
+        _PUMPS.discard(task)
 
 
 def _check_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -16,8 +16,8 @@ Multiplexed models: a replica that multiplexes lists the models it holds (or is 
 admission (`models`); the chooser keeps that list per replica and an index from model to the
 replicas holding it. A request for a model (`model_id`) goes to a holder that has room (not full,
 not backing off, not excluded): the shorter queue of two holders drawn at random. When no holder
-has room it falls back to the usual choice, a tie in queue length going to the replica holding
-fewer models (the new model then loads where it evicts the least). Dispatching a model's request
+has room, the model loads elsewhere: as in Ray, among the replicas with room that hold the fewest
+models (where it evicts nothing, or the least), the shorter queue of two. Dispatching a model's request
 counts the replica as holding it at once, so a burst for a new model lands on one replica instead
 of loading it everywhere; the replica's next admission corrects the list (it may have evicted).
 
@@ -124,11 +124,6 @@ class ReplicaChooser:
         `model_id`: the request's multiplexed model (a holder with room first)."""
         if model_id is not None:
             return self._choose_for_model(now, exclude, model_id)
-        return self._two_choices(now, exclude, False)
-
-    def _two_choices(self, now: float, exclude: Collection[str], fewer_models: bool) -> str | None:
-        """Power of two choices; `fewer_models`: a tie in queue length goes to the replica that
-        holds fewer models."""
         members = self._members
         n = len(members)
         if n == 0:
@@ -156,12 +151,8 @@ class ReplicaChooser:
                 return candidates[0]
             first, second = self._rng.sample(candidates, 2)
         assert first is not None
-        q1, q2 = self.queue_length(first, now), self.queue_length(second, now)
-        if q2 < q1:
+        if self.queue_length(second, now) < self.queue_length(first, now):
             return second
-        if fewer_models and q2 == q1:
-            loads = self._loads
-            return second if len(loads[second].models) < len(loads[first].models) else first
         return first
 
     def _choose_for_model(self, now: float, exclude: Collection[str], model_id: str) -> str | None:
@@ -176,8 +167,24 @@ class ReplicaChooser:
                 if self.queue_length(second, now) < self.queue_length(first, now):
                     return second
                 return first
-        # no holder with room: the usual choice; the model loads where it evicts the least
-        return self._two_choices(now, exclude, True)
+        # no holder with room: the model loads somewhere. As Ray, among the replicas holding the
+        # fewest models (where it evicts nothing, or the least), by the usual two choices. A
+        # scan, but only on a miss, which costs a model load anyway.
+        loads = self._loads
+        fewest: list[str] = []
+        least = -1
+        for r in self._members:
+            if r in exclude or not _open(loads[r], now):
+                continue
+            held = len(loads[r].models)
+            if least < 0 or held < least:
+                fewest, least = [r], held
+            elif held == least:
+                fewest.append(r)
+        if len(fewest) <= 1:
+            return fewest[0] if fewest else None
+        first, second = self._rng.sample(fewest, 2)
+        return second if self.queue_length(second, now) < self.queue_length(first, now) else first
 
     def models_of(self, replica_id: str) -> frozenset[str]:
         load = self._loads.get(replica_id)

@@ -83,11 +83,14 @@ def test_a_dispatch_counts_the_model_at_once_and_the_next_admission_corrects_it(
     assert c.models_of(first) == {"other", "new"}
 
 
-def test_no_holder_falls_back_with_a_tie_going_to_the_replica_with_fewer_models() -> None:
+def test_no_holder_falls_back_to_the_replicas_holding_the_fewest_models() -> None:
     c = chooser(["a", "b"])
     c.on_admission("a", True, 0, 0.0, models=("x", "y", "z"))
     c.on_admission("b", True, 0, 0.0, models=("w",))
+    c.on_dispatch("b")
+    c.on_dispatch("b")  # busier, but the load evicts less there (Ray's order)
     assert all(c.choose(0.0, model_id="new") == "b" for _ in range(30))
+    assert c.choose(0.0) == "a"  # a request without a model goes by load alone
 
 
 def test_a_departed_replica_holds_nothing() -> None:
@@ -186,3 +189,5 @@ def test_property_never_full_prefers_a_holder_with_room(
     holders_with_room = c.holders(model) & open_
     if holders_with_room:
         assert picked in holders_with_room
+    else:  # the model loads where the fewest are held
+        assert len(c.models_of(picked)) == min(len(c.models_of(r)) for r in open_)
