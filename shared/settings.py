@@ -493,7 +493,8 @@ REPLICA_HTTP_ADVERTISE = Setting(
     "replica_http_advertise", "str", None, "the host those replicas announce in their "
     "http_address, where the proxy's HAProxy connects (set it when the bind address is "
     "0.0.0.0 or not reachable as it is)", validate=_host, flag="--replica-http-advertise",
-    env="FLEETPULSE_REPLICA_HTTP_ADVERTISE", metavar="HOST", doc_default="the bind host",
+    env="FLEETPULSE_REPLICA_HTTP_ADVERTISE", metavar="HOST",
+    doc_default="the bind host; for 0.0.0.0 or ::, the machine's host name",
 )  # fmt: skip
 AGENT: tuple[Setting, ...] = (
     AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_REPLICAS: int = settings.AGENT_MAX_REPLICAS.default
 _HOST_PREFIX_CHARS = 40  # leaves room for the random suffix within the 64-character token limit
 _NOT_TOKEN = re.compile(r"[^A-Za-z0-9_-]+")
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+"""Bind hosts that name every interface: no peer can connect to them as they are."""
 
 
 def default_agent_id(hostname: str | None = None) -> str:
@@ -104,19 +106,21 @@ class AgentConfig:
         (bytes) the machine's own unless given; `gpus` only when given."""
         return dict(sorted({**machine_resources(), **self.resources}.items()))
 
-    def replica_http_env(self) -> dict[str, str]:
+    def replica_http_env(self, hostname: str | None = None) -> dict[str, str]:
         """The replicas' HTTP settings, in the variables they read (shared/replicahttp.py): set
         for every replica (only an ingress deployment's use them), so what the agent was given
-        by flag and what a replica inherited from the agent's environment cannot differ."""
+        by flag and what a replica inherited from the agent's environment cannot differ. The
+        advertised host is the bind host, unless that is a wildcard (0.0.0.0, ::): then this
+        machine's host name (in a container, a name its network resolves)."""
         host_env, advertise_env = (
             settings.REPLICA_HTTP_HOST.env,
             settings.REPLICA_HTTP_ADVERTISE.env,
         )
         assert host_env is not None and advertise_env is not None
-        return {
-            host_env: self.replica_http_host,
-            advertise_env: self.replica_http_advertise or self.replica_http_host,
-        }
+        advertise = self.replica_http_advertise or self.replica_http_host
+        if advertise in WILDCARD_HOSTS:
+            advertise = hostname if hostname is not None else socket.gethostname()
+        return {host_env: self.replica_http_host, advertise_env: advertise}
 
 
 def machine_resources() -> dict[str, float]:

@@ -75,6 +75,8 @@ def test_agent_passes_bind_and_advertised_host_to_replicas(
         "FLEETPULSE_REPLICA_HTTP_HOST": "0.0.0.0",
         "FLEETPULSE_REPLICA_HTTP_ADVERTISE": "node-3.lan",
     }
+    wild = parse("--replica-http-host", "0.0.0.0")
+    assert wild.replica_http_env("node-9")["FLEETPULSE_REPLICA_HTTP_ADVERTISE"] == "node-9"
     monkeypatch.setenv("FLEETPULSE_REPLICA_HTTP_ADVERTISE", "::1")
     assert parse().replica_http_advertise == "::1"
 
