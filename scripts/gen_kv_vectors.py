@@ -22,7 +22,7 @@ from typing import Any
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.errors import WireError
 from shared.kv import envelope
-from shared.kv.agents import AgentInfo
+from shared.kv.agents import AgentInfo, EnvNote
 from shared.kv.apps import AppDoc
 from shared.kv.audit import AuditRecord
 from shared.kv.documents import BUCKET_OF, decode_any
@@ -127,6 +127,10 @@ AGENT = AgentInfo(
     4242,
     T0,
     {"cpus": 32.0, "gpus": 2.0, "memory": 137438953472.0, "nvme": 4.0},
+    (
+        EnvNote("shipped.Model", "preparing", T0 - 12.0, "building its Python environment (x==1)"),
+        EnvNote("shop.api", "failed", T0 - 30.0, "runtime_env: pip install failed: ERROR: ..."),
+    ),
 )
 ROUTE = RouteDoc(
     "shop",
@@ -154,10 +158,36 @@ def _as_doc(document: envelope.Document) -> dict[str, Any]:
     return out
 
 
+SHIPPED = AppConfig(
+    "shipped",
+    (
+        DeploymentConfig(
+            "Model",
+            "shipped_app:Model",
+            env={"MODE": "prod"},
+            num_replicas=2,
+            runtime_env={
+                "working_dir": {"sha256": "3579b963f72cfdbfc9299d35826f90c2e3418e306bfd341270266e6af4bc16f1", "size": 518},
+                "py_modules": [
+                    {
+                        "url": "https://example.com/tools-1.2.zip",
+                        "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+                        "size": 20480,
+                    }
+                ],
+                "pip": {"packages": ["fpwheel==1.0"], "installer": "pip", "pip_version": ""},
+            },
+        ),
+    ),
+    route_prefix="/shipped",
+)  # fmt: skip
+
+
 def canonical() -> list[tuple[str, str, envelope.Document, str]]:
     """(name, key, document, note): values exactly as the Python writers produce them."""
     return [
         ("app", "shop", AppDoc(SHOP), "two deployments, one autoscaled to zero"),
+        ("app_runtime_env", "shipped", AppDoc(SHIPPED), "code and requirements shipped with it"),
         ("replica_target", TARGET.key, TARGET, "one replica of agent-a"),
         ("member", MEMBER.key, MEMBER, "slot 3 of shop.ranker, serving HTTP itself"),
         ("app_status", "shop", STATUS, ""),
@@ -297,6 +327,13 @@ def invalid() -> list[tuple[str, str, bytes, str, str]]:
     scaling = app["deployments"][0]["autoscaling"]
     return [
         ("not_json", "member", b"{not json", "malformed", ""),
+        (
+            "app_local_path",
+            "app",
+            _value(_local_path(_as_doc(AppDoc(SHIPPED)))),
+            "bad_value",
+            "a runtime_env package by local path: deploy uploads it, never writes the path",
+        ),
         ("invalid_utf8", "member", b'{"v":1,"kind":"member","app":"\xff"}', "malformed", ""),
         ("not_an_object", "member", b"[1,2]", "not_a_map", "top level is an array"),
         ("version_2", "member", with_(member, v=2), "unsupported_version", ""),
@@ -510,3 +547,8 @@ def _expect_reason(kind: str, value: bytes, reason: str, name: str) -> None:
             raise SystemExit(msg) from None
         return
     raise SystemExit(f"kv/invalid/{name}: decoder accepted it")
+
+
+def _local_path(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["deployments"][0]["runtime_env"]["working_dir"] = {"path": "/home/me/app"}
+    return doc
