@@ -47,3 +47,11 @@ class HttpModels:
     async def __call__(self, request: Any) -> dict[str, Any]:
         model = await self.get_model(serve.get_multiplexed_model_id())
         return model.predict(await request.json())
+
+
+@serve.deployment
+class Located(Models.func_or_class):  # type: ignore[misc,name-defined]
+    """`Models` that also says where it runs and what it loaded (the integration tests)."""
+
+    def where(self) -> dict[str, Any]:
+        return {"replica": serve.get_replica_context().replica_id, "loaded": list(self.loaded)}
