@@ -10,6 +10,10 @@ starts a flush that waits until `max_batch_size` items are queued or `batch_wait
 passed since that first call, then calls the function once with the items in arrival order; the
 i-th result answers the i-th caller. An exception, or a result list of the wrong length, fails
 every caller of that batch. Calls that arrive while a batch runs start the next one.
+
+Multiplexing: as in Ray, calls for different models never share a batch (one queue per model id
+of the calling request), and inside the batch `serve.get_multiplexed_model_id()` is the batch's
+model (the flush runs in the first caller's context).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import inspect
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from .multiplex import get_multiplexed_model_id
 
 _FUNCTION_KEY = object()
 
@@ -86,18 +92,23 @@ def batch(
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@serve.batch needs an async function, not {fn.__qualname__}")
-        queues: weakref.WeakKeyDictionary[Any, _Queue] = weakref.WeakKeyDictionary()
-        plain: dict[object, _Queue] = {}
+        # owner -> model id -> queue (a batch holds calls for one model only)
+        queues: weakref.WeakKeyDictionary[Any, dict[str, _Queue]] = weakref.WeakKeyDictionary()
+        plain: dict[str, _Queue] = {}
 
         @functools.wraps(fn)
         async def batched(*args: Any) -> Any:
             if len(args) not in (1, 2):
                 raise TypeError("a @serve.batch function takes one item per call")
             owner, item = (args[0], args[1]) if len(args) == 2 else (_FUNCTION_KEY, args[0])
-            store: Any = plain if owner is _FUNCTION_KEY else queues
-            queue = store.get(owner)
+            if owner is _FUNCTION_KEY:
+                per_model = plain
+            else:
+                per_model = queues.get(owner) or queues.setdefault(owner, {})
+            model = get_multiplexed_model_id()
+            queue = per_model.get(model)
             if queue is None:
-                queue = store[owner] = _Queue(max_batch_size, batch_wait_timeout_s)
+                queue = per_model[model] = _Queue(max_batch_size, batch_wait_timeout_s)
 
             def call(items: list[Any]) -> Awaitable[Any]:
                 pending: Awaitable[Any] = fn(items) if owner is _FUNCTION_KEY else fn(owner, items)

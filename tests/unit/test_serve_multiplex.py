@@ -295,3 +295,26 @@ async def test_the_http_front_ends_route_by_the_header() -> None:
         for f in fakes:
             await f.stop()
         await bus.close()
+
+
+async def test_a_batch_holds_one_models_calls_and_sees_that_model() -> None:
+    seen: list[tuple[str, list[int]]] = []
+
+    class Batched:
+        @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.05)
+        async def predict(self, items: list[int]) -> list[str]:
+            model = serve.get_multiplexed_model_id()
+            seen.append((model, items))
+            return [f"{model}:{i}" for i in items]
+
+    owner = Batched()
+
+    async def call(model: str, i: int) -> str:
+        set_request_model_id(model)  # as the replica does, in the request's own task
+        result: str = await owner.predict(i)
+        return result
+
+    calls = [call("a" if i % 2 else "b", i) for i in range(8)]
+    results = await asyncio.gather(*(asyncio.create_task(c) for c in calls))
+    assert results == [f"{'a' if i % 2 else 'b'}:{i}" for i in range(8)]
+    assert sorted(seen) == [("a", [1, 3, 5, 7]), ("b", [0, 2, 4, 6])]  # never mixed
