@@ -57,10 +57,14 @@ async def serve(cfg: ReplicaConfig) -> int:
             )
         stop = asyncio.Event()
         with on_stop_signals(stop.set):  # also while draining: a second signal waits for it
-            if route_prefix is None:
-                await runtime.start()
-            else:
-                await runtime.start(lambda: serve_http(cfg, runtime, user, route_prefix))
+            try:
+                if route_prefix is None:
+                    await runtime.start()
+                else:
+                    await runtime.start(lambda: serve_http(cfg, runtime, user, route_prefix))
+            except Exception:  # e.g. the HTTP server did not start: say "exited", then fail
+                await runtime.stop(exit_code=1)
+                raise
             if user.has_reconfigure:
                 follow = UserConfigFollower(
                     bus, user, cfg.app, cfg.deployment, cfg.version, spec.user_config

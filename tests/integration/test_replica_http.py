@@ -194,3 +194,18 @@ async def test_http_load_shows_in_the_replicas_own_reports(
         assert [r.status_code for r in await asyncio.gather(*calls)] == [200, 200, 200]
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(proc.wait, WAIT_S) == 0
+
+
+async def test_a_replica_whose_http_server_cannot_start_exits_saying_so(
+    procs: ServiceProcesses, bus: Bus, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = Lifecycles()
+    await bus.subscribe(S.report("lifecycle", "app", "dep", "r1"), events.on_msg)
+    await bus.flush()
+    monkeypatch.setenv(ROUTE_PREFIX_ENV, "/echo")
+    monkeypatch.setenv("FLEETPULSE_REPLICA_HTTP_HOST", "192.0.2.1")  # TEST-NET: not this host's
+    proc = procs.start(replica_args(nats_url, "r1", extra=["--health-check-period-s", "0.5"]))
+    exited = await eventually(lambda: events.state("exited"), what="the replica gives up")
+    assert exited[0].exit_code == 1
+    assert not events.state("ready")  # never announced as serving
+    assert await asyncio.to_thread(proc.wait, WAIT_S) != 0
