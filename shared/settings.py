@@ -475,6 +475,11 @@ DEPLOY_MAX_PACKAGE_MB = Setting(
     "py_modules package larger than this (MiB, after excludes) is refused (Ray's own limit)",
     low=1, flag="--max-package-mb", env="FLEETPULSE_MAX_PACKAGE_MB",
 )  # fmt: skip
+AGENT_SPARE_REPLICAS = Setting(
+    "spare_replicas", "int", 1, "replica processes kept started ahead, their imports done: "
+    "a replica starts in one (a wake from zero skips the interpreter start and imports); 0: off",
+    low=0, flag="--spare-replicas", env="FLEETPULSE_AGENT_SPARE_REPLICAS",
+)  # fmt: skip
 AGENT_KILL_MARGIN = Setting(
     "kill_margin_s", "float", 5.0, "SIGKILL this long after a replica's "
     "graceful_shutdown_timeout_s ran out", flag="--kill-margin-s",
@@ -498,7 +503,7 @@ REPLICA_HTTP_ADVERTISE = Setting(
 )  # fmt: skip
 AGENT: tuple[Setting, ...] = (
     AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,
-    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_CREDENTIAL_TTL, REPLICA_HTTP_HOST,
+    AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_SPARE_REPLICAS, AGENT_CREDENTIAL_TTL, REPLICA_HTTP_HOST,
     REPLICA_HTTP_ADVERTISE, AGENT_CACHE_DIR, AGENT_CACHE_MB,
     AGENT_MAX_ENV_BUILDS,
 )  # fmt: skip

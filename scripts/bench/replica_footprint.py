@@ -3,7 +3,7 @@ HTTP, hop by hop.
 
 How it works:
 1. Footprint: a real replica process (`python -m services.replica`, the echo example, an ingress
-   deployment with a route prefix, as the agent starts it) against a real nats-server. Timed runs:
+   deployment, so it serves HTTP itself, as the agent starts it) against a real nats-server. Timed runs:
    from the spawn to its own "starting" and "ready" lifecycle messages (received here), then its
    VmRSS / VmHWM from /proc. One more run under `python -X importtime` gives what it imported
    (the log's import lines: the whole closure, lazy imports made while serving included) and
@@ -58,6 +58,7 @@ from shared.bus import KVEntry
 from shared.kv import buckets
 from shared.natsbus import NatsBus
 from shared.natsserver import NatsServer
+from shared.replicahttp import ROUTE_PREFIX_ENV
 from shared.subjects import DEFAULT_SUBJECTS
 from shared.wire import decode_as
 from shared.wire.messages import Lifecycle
@@ -71,6 +72,8 @@ WAKE_TARGET_S = 0.35
 IMPORT_RE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$", re.MULTILINE)
 LISTENING_RE = re.compile(r"proxy: listening on (http://\S+)")
 READY_WAIT_S = 30.0
+SETTLE_S = 2.5
+"""Between wakes: the last replica settles, and the spare it took is replaced (spare.py)."""
 
 APP_YAML = """
 applications:
@@ -111,9 +114,7 @@ LISTED_RUN = (
 what was imported lazily while serving included (the last footprint run, not timed)."""
 
 
-def replica_argv(
-    nats_url: str, replica_id: str, prefix_args: Sequence[str], *, listed: bool = False
-) -> list[str]:
+def replica_argv(nats_url: str, replica_id: str, *, listed: bool = False) -> list[str]:
     """The replica's command line as the agent builds it (services/agent/core.py); `listed`:
     under -X importtime, and writing its sys.modules at exit."""
     head = ["-X", "importtime", "-c", LISTED_RUN] if listed else ["-m", "services.replica"]
@@ -124,21 +125,12 @@ def replica_argv(
         "--app", "fp", "--deployment", "Echo",
         "--replica-id", replica_id,
         "--import-path", ECHO,
-        *prefix_args,
     ]  # fmt: skip
 
 
-def route_prefix_args() -> list[str]:
-    """An ingress replica (it serves HTTP itself) where the replica takes a route prefix."""
-    out = subprocess.run(
-        [sys.executable, "-m", "services.replica", "--help"],
-        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60,
-    ).stdout  # fmt: skip
-    return ["--route-prefix", "/fp"] if "--route-prefix" in out else []
-
-
 def child_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    """As the agent starts an ingress replica: it serves HTTP itself (shared/replicahttp.py)."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **{ROUTE_PREFIX_ENV: "/fp"})
 
 
 def proc_status(pid: int) -> dict[str, float]:
@@ -228,7 +220,6 @@ def imports_of(log_text: str) -> list[tuple[str, int, int]]:
 
 async def footprint(runs: int, tmp: Path) -> dict[str, Any]:
     rows: list[dict[str, float]] = []
-    prefix_args = route_prefix_args()
     modules_file = tmp / "modules.json"
     with NatsServer() as server:
         bus = await NatsBus.connect(server.url, name="bench-footprint")
@@ -239,7 +230,7 @@ async def footprint(runs: int, tmp: Path) -> dict[str, Any]:
                 listed = i == runs  # the last run lists imports (it is slower: not timed)
                 rid = f"r-foot-{i}"
                 log = tmp / f"{rid}.log"
-                argv = replica_argv(server.url, rid, prefix_args, listed=listed)
+                argv = replica_argv(server.url, rid, listed=listed)
                 env = {**child_env(), MODULES_ENV: str(modules_file)}
                 t0 = time.monotonic()
                 proc = spawn(argv, env, log)
@@ -305,8 +296,9 @@ async def until_ready(listener: Listener, rid: str, proc: subprocess.Popen[bytes
 class WakeStack:
     """nats-server, controller, agent and proxy as processes."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, spares: int) -> None:
         self.tmp = tmp
+        self.spares = spares
         self.server = NatsServer()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.proxy_url = ""
@@ -320,7 +312,7 @@ class WakeStack:
         ))  # fmt: skip
         self.procs.append(start_service(
             [*cli, "agent", "--nats", url, "--agent-id", "a1", "--max-replicas", "64",
-             "--log-dir", str(self.tmp / "replicas")],
+             "--log-dir", str(self.tmp / "replicas"), "--spare-replicas", str(self.spares)],
             self.tmp / "agent.log",
         ))  # fmt: skip
         proxy_log = self.tmp / "proxy.log"
@@ -382,8 +374,10 @@ async def wake_once(
     return out
 
 
-async def wake(wakes: int, tmp: Path) -> dict[str, Any]:
-    stack = WakeStack(tmp)
+async def wake(wakes: int, tmp: Path, spares: int) -> dict[str, Any]:
+    tmp = tmp / f"spares-{spares}"
+    tmp.mkdir()
+    stack = WakeStack(tmp, spares)
     await asyncio.to_thread(stack.start)
     try:
         bus = await NatsBus.connect(stack.server.url, name="bench-wake")
@@ -400,7 +394,7 @@ async def wake(wakes: int, tmp: Path) -> dict[str, Any]:
             rows = []
             for app in apps:
                 rows.append(await wake_once(stack, http, listener, app))
-                await asyncio.sleep(0.3)  # the last wake's replica settles (health, heartbeat)
+                await asyncio.sleep(SETTLE_S)  # as after an idle time: the agent's spare is ready
         await listener.stop()
         await bus.close()
     finally:
@@ -436,17 +430,19 @@ async def scratch() -> AsyncIterator[Path]:
 
 async def run(args: argparse.Namespace) -> int:
     runs, wakes = (2, 2) if args.smoke else (args.runs, args.wakes)
+    spares = [1] if args.smoke else sorted(set(args.spares))
     async with scratch() as tmp:
         foot = await footprint(runs, tmp) if runs else None
-        woke = await wake(wakes, tmp) if wakes else None
+        woke = {n: await wake(wakes, tmp, n) for n in spares} if wakes else {}
     if foot is not None:
         show_footprint(foot)
-    if woke is not None:
+    if woke:
         print_table(
-            "wake from zero over HTTP, hop by hop (s; each from the previous stamp)",
-            ["hop", "median", "min"],
-            [[f"{h}: {what}", woke["median"][h], woke["min"][h]] for h, what in HOPS]
-            + [["total", woke["median"]["total_s"], woke["min"]["total_s"]]],
+            "wake from zero over HTTP, hop by hop (s, median; each from the previous stamp)",
+            ["hop", *(f"spares={n}" for n in woke)],
+            [[f"{h}: {what}", *(w["median"][h] for w in woke.values())] for h, what in HOPS]
+            + [["total (median)", *(w["median"]["total_s"] for w in woke.values())]]
+            + [["total (min)", *(w["min"]["total_s"] for w in woke.values())]],
         )
     payload = {"footprint": foot, "wake": woke, "smoke": args.smoke}
     path = write_json(BENCH, payload)
@@ -461,12 +457,13 @@ async def run(args: argparse.Namespace) -> int:
             forbidden=len(foot["forbidden_imported"]),
             rss_ok=int(med["rss_mb"] <= RSS_TARGET_MB),
         )
-    if woke is not None:
+    for n, w in woke.items():
         result_line(
             f"{BENCH}_wake",
-            wake_p50_s=woke["median"]["total_s"],
-            wake_min_s=woke["min"]["total_s"],
-            ok=int(woke["median"]["total_s"] <= WAKE_TARGET_S),
+            spares=n,
+            wake_p50_s=w["median"]["total_s"],
+            wake_min_s=w["min"]["total_s"],
+            ok=int(w["median"]["total_s"] <= WAKE_TARGET_S),
         )
     return 0
 
@@ -492,7 +489,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5, help="timed replica starts")
     ap.add_argument("--wakes", type=int, default=8, help="apps woken from zero (0: skip)")
-    add_smoke(ap, "2 replica starts, 2 wakes")
+    ap.add_argument(
+        "--spares", type=int, nargs="+", default=[0, 1],
+        help="the agent's --spare-replicas, one stack each (0: every replica a cold start)",
+    )  # fmt: skip
+    add_smoke(ap, "2 replica starts, 2 wakes with a spare")
     return asyncio.run(run(ap.parse_args(argv)))
 
 

@@ -58,6 +58,8 @@ class AgentConfig:
     namespace: str = DEFAULT_NAMESPACE
     python: str = sys.executable
     kill_margin_s: float = KILL_MARGIN_S
+    spare_replicas: int = settings.AGENT_SPARE_REPLICAS.default
+    """Replica processes started ahead of need (spare.py)."""
     metrics_port: int = settings.METRICS_PORT.default
     replica_auth: NatsAuth = field(default_factory=NatsAuth)
     """The NATS identity (and TLS) the replicas connect with: their own role's, not ours."""
@@ -85,6 +87,7 @@ class AgentConfig:
             raise ConfigError("must be > 0", field="credential_ttl_s")
         settings.AGENT_MAX_REPLICAS.check(self.max_replicas)
         settings.AGENT_KILL_MARGIN.check(self.kill_margin_s)
+        settings.AGENT_SPARE_REPLICAS.check(self.spare_replicas)
         settings.REPLICA_HTTP_HOST.check(self.replica_http_host)
         settings.REPLICA_HTTP_ADVERTISE.check(self.replica_http_advertise)
         if not Path(self.workdir).is_dir():
@@ -159,6 +162,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     settings.NAMESPACE.add_flag(p)
     settings.AGENT_PYTHON.add_flag(p)
     settings.AGENT_KILL_MARGIN.add_flag(p)
+    settings.AGENT_SPARE_REPLICAS.add_flag(p)
     settings.AGENT_CACHE_DIR.add_flag(p)
     settings.AGENT_CACHE_MB.add_flag(p)
     settings.AGENT_MAX_ENV_BUILDS.add_flag(p)
@@ -215,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         namespace=settings.NAMESPACE.resolve(args.namespace, env),
         python=settings.AGENT_PYTHON.resolve(args.python, env) or sys.executable,
         kill_margin_s=settings.AGENT_KILL_MARGIN.resolve(args.kill_margin_s, env),
+        spare_replicas=settings.AGENT_SPARE_REPLICAS.resolve(args.spare_replicas, env),
         metrics_port=metrics_port(args),
         replica_auth=replica_auth(
             NatsAuth.from_env(prefix=REPLICA_ENV_PREFIX).overridden(

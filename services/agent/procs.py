@@ -14,12 +14,15 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from shared.metrics_catalog import ENV_METRICS_PORT
 from shared.natsauth import NatsAuth, scrubbed_env
 from shared.procutil import die_with_parent
+
+from .spare import Spares
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,15 @@ def child_env(
 class ChildProcesses:
     """The replica processes of one agent, by replica id."""
 
-    def __init__(self, *, cwd: str, env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, *, cwd: str, env: Mapping[str, str], log_dir: Path, spares: Spares | None = None
+    ) -> None:
         self._cwd = cwd
         self._env = dict(env)
         self.log_dir = log_dir
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.spares = spares
+        """Interpreters started ahead (spare.py): a replica starts in one when it can."""
 
     def pythonpath(self, first: Sequence[str]) -> str:
         """The replicas' PYTHONPATH with `first` ahead of it (a runtime_env's import roots)."""
@@ -72,11 +79,19 @@ class ChildProcesses:
         if replica_id in self._procs:
             raise ValueError(f"replica {replica_id!r} already has a process")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        full_env = {**self._env, **env} if env else self._env
+        if self.spares is not None:
+            spare = self.spares.take(
+                argv, full_env, cwd or self._cwd, self.log_path(log_name), time.monotonic()
+            )
+            if spare is not None:
+                self._procs[replica_id] = spare
+                return spare.pid
         with open(self.log_path(log_name), "ab") as out:  # the child keeps its own copy
             proc = subprocess.Popen(
                 list(argv),
                 cwd=cwd or self._cwd,
-                env={**self._env, **env} if env else self._env,
+                env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -120,6 +135,8 @@ class ChildProcesses:
 
     def kill_all(self) -> None:
         """Last resort on the way out: SIGKILL and reap whatever is left."""
+        if self.spares is not None:
+            self.spares.close()
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.kill()

@@ -77,6 +77,7 @@ from .packages import PackageCache
 from .procs import ChildProcesses, child_env
 from .pyenv import PyEnvs
 from .runtimeenvs import EXIT_RUNTIME_ENV_FAILED, Failed, RuntimeEnvs
+from .spare import Spares
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,16 @@ class AgentService:
         self._given_bus = bus
         self.bus: Bus | None = bus
         log_dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix=f"fleetpulse-agent-{cfg.agent_id}-"))
-        self.procs = ChildProcesses(
+        env = child_env(os.environ, cfg.pythonpath, cfg.replica_auth) | cfg.replica_http_env()
+        spares = Spares(
+            python=cfg.python,
             cwd=cfg.workdir,
-            env=child_env(os.environ, cfg.pythonpath, cfg.replica_auth) | cfg.replica_http_env(),
-            log_dir=log_dir,
+            env=env,
+            log_path=log_dir / "spare.log",
+            count=cfg.spare_replicas,
+        )
+        self.procs = ChildProcesses(
+            cwd=cfg.workdir, env=env, log_dir=log_dir, spares=spares if cfg.spare_replicas else None
         )
         self.bad = BadInput(f"agent {cfg.agent_id}", log, clock=clock)
         self.refusals = RefusalLog(f"agent {cfg.agent_id}", log, _count_refused, clock=clock)
@@ -275,6 +282,8 @@ class AgentService:
                 self._over_capacity(action)
         if self.creds is not None:
             self.creds.renew(self.clock.wall())
+        if running and self.procs.spares is not None:
+            self.procs.spares.refill(now)  # the next replica (a wake from zero) starts in one
         live = self._live()
         self._running.set(live)
         if live != before:
@@ -478,6 +487,8 @@ class AgentService:
     async def _drain(self) -> None:
         """Stop every child (SIGTERM, SIGKILL past its deadline) and report each exit."""
         self._stopping.set()
+        if self.procs.spares is not None:
+            self.procs.spares.close()
         if not self._children:
             return
         log.info("agent %s: stopping %d replica(s)", self.cfg.agent_id, self._live())

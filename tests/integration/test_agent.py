@@ -224,6 +224,8 @@ def agent_args(nats_url: str, agent_id: str, log_dir: Path) -> list[str]:
         str(log_dir),
         "--kill-margin-s",
         "1",
+        "--spare-replicas",  # the process tree is the replica alone (test_spare_replicas.py)
+        "0",
     ]
 
 

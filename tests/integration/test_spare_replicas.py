@@ -1,0 +1,151 @@
+"""Spare replica processes (services/agent/spare.py, services/replica/spare.py) on a real
+nats-server: a replica started in a spare is the spare's process and runs as a cold start would
+(its own environment, working directory, PYTHONPATH, log file); where a spare cannot start it
+the same way, the replica is a cold start; nothing is left running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.agent.procs import ChildProcesses, child_env
+from services.agent.spare import Spares
+from shared.bus import Bus
+from shared.natsbus import NatsBus
+from tests.integration.spare_app import OUT_ENV
+from tests.procs import ROOT, replica_args, wait_for_replica
+from tests.waiting import eventually
+
+APP = "tests.integration.spare_app:Where"
+WAIT_S = 30.0
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    b = await NatsBus.connect(nats_url, name="test")
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Any:
+    base = child_env(
+        {**os.environ, "FP_SPARE_TEST_AGENT_ONLY": "agent", "PYTHONPATH": str(ROOT)}, []
+    )
+    spares = Spares(
+        python=sys.executable, cwd=str(ROOT), env=base, log_path=tmp_path / "logs" / "spare.log",
+        refill_after_s=0.0,
+    )  # fmt: skip
+    p = ChildProcesses(cwd=str(ROOT), env=base, log_dir=tmp_path / "logs", spares=spares)
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+def proc_state(pid: int) -> tuple[str, bool]:
+    """(state letter, waiting on a pipe) of a process; ("gone", False) once reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except FileNotFoundError:
+        return "gone", False
+    return stat[0], "pipe" in wchan
+
+
+def argv(nats_url: str, rid: str) -> list[str]:
+    return [sys.executable, *replica_args(nats_url, rid, import_path=APP)]
+
+
+async def spare_ready(procs: ChildProcesses) -> int:
+    """The pid of a spare that has done its imports (it is blocked reading its order)."""
+    assert procs.spares is not None
+    procs.spares.refill(time.monotonic())
+    (pid,) = procs.spares.pids()
+
+    async def blocked_on_stdin() -> bool:
+        return proc_state(pid) == ("S", True)
+
+    await eventually(blocked_on_stdin, within_s=WAIT_S, every_s=0.05)
+    return pid
+
+
+async def test_a_replica_starts_in_the_spare_as_a_cold_start_would(
+    procs: ChildProcesses, bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    spare_pid = await spare_ready(procs)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    extra = tmp_path / "extra-path"
+    out = tmp_path / "where.json"
+    env = {
+        OUT_ENV: str(out),
+        "FP_SPARE_TEST_MARKER": "mine",
+        "PYTHONPATH": procs.pythonpath([str(extra)]),
+    }
+    pid = procs.start("r-spare-1", argv(nats_url, "r-spare-1"), "r-spare-1", env, cwd=str(workdir))
+    assert pid == spare_pid  # the spare became the replica
+    await wait_for_replica(bus, "r-spare-1", WAIT_S)
+    seen = json.loads(out.read_text())
+    assert seen["pid"] == spare_pid
+    assert seen["marker"] == "mine"  # the replica's own environment...
+    assert seen["agent_only"] == "agent"  # ...over the agent's child environment
+    assert seen["cwd"] == str(workdir)
+    assert seen["path"][0] == str(workdir)  # `python -m` in that directory
+    assert seen["path"][1] == str(extra)  # then PYTHONPATH, ahead of the standard library
+    log = (tmp_path / "logs" / "r-spare-1.log").read_text()
+    assert "spare_app: constructed" in log and "ready" in log
+    assert procs.spares is not None and procs.spares.taken == 1
+    procs.spares.refill(time.monotonic())
+    assert len(procs.spares.pids()) == 1 and spare_pid not in procs.spares.pids()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"PYTHONOPTIMIZE": "1"}, {"python": "python3"}],
+    ids=["python-startup-variable", "other-interpreter"],
+)
+async def test_a_replica_the_spare_cannot_start_the_same_way_is_a_cold_start(
+    procs: ChildProcesses, bus: Bus, nats_url: str, tmp_path: Path, change: dict[str, str]
+) -> None:
+    spare_pid = await spare_ready(procs)
+    out = tmp_path / "where.json"
+    cmd = argv(nats_url, "r-cold-1")
+    env = {OUT_ENV: str(out)}
+    if "python" in change:  # another name (a runtime_env's own interpreter): not the spare's
+        cmd[0] = str(Path(sys.executable).with_name(change["python"]))
+        assert cmd[0] != sys.executable
+    else:
+        env.update(change)
+    pid = procs.start("r-cold-1", cmd, "r-cold-1", env)
+    assert pid != spare_pid
+    assert procs.spares is not None and procs.spares.pids() == [spare_pid]  # still spare
+    await wait_for_replica(bus, "r-cold-1", WAIT_S)
+    assert json.loads(out.read_text())["pid"] == pid
+
+
+async def test_a_spare_that_died_is_passed_over_and_close_leaves_nothing(
+    procs: ChildProcesses, bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    spare_pid = await spare_ready(procs)
+    os.kill(spare_pid, 9)
+    await asyncio.sleep(0.1)
+    env = {OUT_ENV: str(tmp_path / "where.json")}
+    pid = procs.start("r-after", argv(nats_url, "r-after"), "r-after", env)
+    assert pid != spare_pid
+    await wait_for_replica(bus, "r-after", WAIT_S)
+    assert procs.spares is not None
+    procs.spares.refill(time.monotonic())
+    (new_spare,) = procs.spares.pids()
+    procs.kill_all()
+    assert procs.spares.pids() == []
+    for gone in (pid, new_spare):
+        assert proc_state(gone)[0] in ("gone", "Z")
