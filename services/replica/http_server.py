@@ -144,8 +144,10 @@ async def _shutting_down(send: Send) -> None:
 
 
 async def _ws_refused(receive: Receive, send: Send) -> None:
+    # accepted, then closed with 1013: a close before the accept reaches the client as a 403
     await receive()  # websocket.connect
-    await send({"type": "websocket.close", "code": WS_TRY_AGAIN_LATER})
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": WS_TRY_AGAIN_LATER, "reason": "overloaded"})
 
 
 class HttpStartError(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx
@@ -22,13 +22,14 @@ from services.replica.http_server import (
 )
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
+from shared.bus import Msg
 from shared.fakebus import FakeServer
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode_as
 from shared.wire.messages import Lifecycle, ReplicaReport
 from tests.waiting import eventually
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 
 
 async def respond(send: Callable[[Any], Awaitable[None]], status: int, body: bytes) -> None:
@@ -193,6 +194,38 @@ async def test_drain_cancels_what_outlives_the_grace_timeout() -> None:
         )
 
 
+async def test_websockets_are_admitted_counted_and_refused_with_1013_when_full() -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def ws_echo(scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        assert scope["type"] == "websocket"
+        await receive()
+        await send({"type": "websocket.accept"})
+        while (message := await receive())["type"] == "websocket.receive":
+            await send({"type": "websocket.send", "text": message.get("text")})
+
+    counter = FakeCounter(limit=1)
+    server = await serving(AdmissionGate(ws_echo, counter))
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    try:
+        async with connect(url) as first:
+            await first.send("hi")
+            assert await first.recv() == "hi"
+            assert counter.ongoing == 1  # a WebSocket holds a slot while it is open
+            async with connect(url) as second:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await second.recv()
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        await eventually(lambda: counter.ongoing == 0, what="the slot freed")
+        assert counter.refused == 1 and counter.ended == [("WS /ws", "ok")]
+    finally:
+        await server.drain()
+
+
 def _refused(port: int | None) -> bool:
     assert port is not None
     with socket.socket() as s:
@@ -238,14 +271,15 @@ async def test_http_requests_count_in_the_runtime_and_its_reports() -> None:
     bus, watcher = bus_server.connect(), bus_server.connect()
     reports: list[ReplicaReport] = []
     lifecycles: list[Lifecycle] = []
-    await watcher.subscribe(
-        S.report("replica", "app", "dep", "r1"),
-        lambda m: _append(reports, decode_as(m.data, ReplicaReport)),
-    )
-    await watcher.subscribe(
-        S.report("lifecycle", "app", "dep", "r1"),
-        lambda m: _append(lifecycles, decode_as(m.data, Lifecycle)),
-    )
+
+    async def on_report(m: Msg) -> None:
+        reports.append(decode_as(m.data, ReplicaReport))
+
+    async def on_lifecycle(m: Msg) -> None:
+        lifecycles.append(decode_as(m.data, Lifecycle))
+
+    await watcher.subscribe(S.report("replica", "app", "dep", "r1"), on_report)
+    await watcher.subscribe(S.report("lifecycle", "app", "dep", "r1"), on_lifecycle)
     cfg = ReplicaConfig.of(
         app="app", deployment="dep", import_path="services.examples.echo:Echo",
         replica_id="r1", max_ongoing_requests=2, metrics_interval_s=0.05,
@@ -309,7 +343,3 @@ async def test_a_draining_runtime_drains_its_http_server_with_it() -> None:
         await asyncio.wait_for(drained, 10.0)
     assert rt.stats.completed == 1
     await bus.close()
-
-
-def _append(out: list[Any], item: Any) -> None:
-    out.append(item)
