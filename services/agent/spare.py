@@ -31,6 +31,9 @@ SPARE_MODULE = "services.replica.spare"
 REPLICA_MODULE = "services.replica"
 REFILL_AFTER_S = 1.0
 """A used spare is replaced this long after: the replica it became is importing user code."""
+CMDLINE_ROOM = 4096
+"""Padding on a spare's command line: room for the replica's arguments, which the spare writes
+there when it becomes the replica, so `ps` and /proc show a replica like any other."""
 UNCHANGED_BY_SPARE = "PYTHONPATH"
 """The one PYTHON* variable a started spare can still apply (spare.py: sys.path)."""
 
@@ -82,7 +85,7 @@ class Spares:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:  # the child keeps its own copy
             return subprocess.Popen(
-                [self.python, "-m", SPARE_MODULE],
+                [self.python, "-m", SPARE_MODULE, " " * CMDLINE_ROOM],
                 cwd=self._cwd,
                 env=self._env,
                 stdin=subprocess.PIPE,

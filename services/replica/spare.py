@@ -7,7 +7,8 @@ entry point and the HTTP server stack), then blocks on one line of stdin: the or
 object {"args", "env", "cwd", "log"}. On it the process becomes that replica, as if started with
 them: its output goes to the replica's log file, stdin to /dev/null, the environment is replaced
 by the order's, the working directory and sys.path follow `cwd` and the order's PYTHONPATH, and
-the replica's `main()` runs with `args`. Its exit status is the replica's.
+the replica's `main()` runs with `args`. Its exit status is the replica's, and its command line
+(`ps`, /proc) reads as the replica's (set_cmdline).
 
 Only what a started interpreter cannot take back is fixed at the spare's own start: the Python
 executable, the interpreter's PYTHON* start-up variables (the agent uses a spare only when the
@@ -18,11 +19,13 @@ replica). EOF before an order (the agent retired the spare, or went away): exit 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 ORDER_KEYS = frozenset({"args", "env", "cwd", "log"})
@@ -94,6 +97,25 @@ def set_pythonpath(path: list[str], pythonpath: str) -> None:
     path[:] = [*head, *(p for p in entries if p not in head), *rest]
 
 
+def set_cmdline(argv: Sequence[str]) -> bool:
+    """Make this process's command line (/proc/PID/cmdline, what `ps` and tools that find
+    replicas by their arguments read) `argv`, as far as the room the spare was started with
+    allows (the agent pads it). Linux; False where it cannot, and then nothing is written: the
+    region is written only when it holds exactly what /proc says the command line is."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48, 49)
+        now = Path("/proc/self/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return False
+    room = end - start
+    if start <= 0 or room <= 0 or ctypes.string_at(start, room) != now:
+        return False
+    data = b"\0".join(a.encode() for a in argv)[: room - 1]
+    ctypes.memmove(start, data + b"\0" * (room - len(data)), room)
+    return True
+
+
 def main() -> int:
     import services.replica.__main__ as replica  # what a replica's cold start spends its time on
 
@@ -110,6 +132,7 @@ def main() -> int:
         print(f"services.replica.spare: {exc}", file=sys.stderr)
         return 2
     become(order)
+    set_cmdline([sys.executable, "-m", "services.replica", *order["args"]])
     sys.argv = ["services.replica", *order["args"]]
     return replica.main()
 

@@ -61,6 +61,10 @@ def proc_state(pid: int) -> tuple[str, bool]:
     return stat[0], "pipe" in wchan
 
 
+def cmdline_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+
+
 def argv(nats_url: str, rid: str) -> list[str]:
     return [sys.executable, *replica_args(nats_url, rid, import_path=APP)]
 
@@ -101,6 +105,7 @@ async def test_a_replica_starts_in_the_spare_as_a_cold_start_would(
     assert seen["cwd"] == str(workdir)
     assert seen["path"][0] == str(workdir)  # `python -m` in that directory
     assert seen["path"][1] == str(extra)  # then PYTHONPATH, ahead of the standard library
+    assert cmdline_of(pid) == argv(nats_url, "r-spare-1")  # as a cold start's: ps, tools
     log = (tmp_path / "logs" / "r-spare-1.log").read_text()
     assert "spare_app: constructed" in log and "ready" in log
     assert procs.spares is not None and procs.spares.taken == 1
