@@ -18,9 +18,10 @@ How a request goes through `ReplicaAsgi.__call__`:
    the replica also calls `startup()`/`shutdown()` itself, whichever comes first wins.
 2. For `http` and `websocket`: `root_path` set from the route prefix when the server left it
    empty, the lifespan state copied into `scope["state"]`, the instance bound for class routes.
-3. `http` only: a `_Watch` reads the server's `receive` one message ahead (never more than one
-   part of a body the handler has not read: the rest stays in the server's flow control) so a
-   client that disconnects before the response is complete cancels the handler (Ray Serve's semantics: the
+3. `http` only: once a request has run for 5 ms, a `_Watch` reads the server's `receive` one
+   message ahead (never more than one part of a body the handler has not read: the rest stays
+   in the server's flow control) so a client that disconnects before the response is complete
+   cancels the handler (Ray Serve's semantics: the
    handler sees `asyncio.CancelledError`). A handler that raises gets a 500 (JSON
    `{"error": "user_error", "message": "<type>: <text>"}`, as the proxy answers), its traceback
    in a log line at most once per interval per exception type; if the response had started the
@@ -80,6 +81,8 @@ DISCONNECT: Final = {"type": "http.disconnect"}
 WS_SEND_TIMEOUT_S: Final = 30.0
 WS_STUCK_CLOSE_CODE: Final = 1008  # policy violation: the peer does not read what it is sent
 ERROR_LOG_INTERVAL_S: Final = 5.0
+PUMP_AFTER_S: Final = 0.005
+"""A request still running after this long gets its own disconnect watch (see _Watch)."""
 OK: Final = "ok"
 USER_ERROR: Final = "user_error"
 DISCONNECTED: Final = "client_disconnected"
@@ -198,50 +201,94 @@ class CallApp:
 
 
 class _Watch:
-    """Reads the server's `receive` one message ahead so a disconnect is seen while the handler
-    runs; cancels `task` when the client goes before the response is complete."""
+    """The request's view of the server. Reads pass straight through while the handler is quick;
+    one that runs longer than `PUMP_AFTER_S` gets a reader of its own (`pump`), one message
+    ahead, so a disconnect is seen while the handler runs and cancels `task` (a task per request
+    would cost more than the rest of the request path: most requests end before the timer)."""
 
-    __slots__ = ("_has_item", "_has_space", "_items", "_receive", "_send", "_task",
-                 "complete", "disconnected", "started")  # fmt: skip
+    __slots__ = ("_has_item", "_has_space", "_in_receive", "_items", "_pump", "_receive",
+                 "_send", "_task", "_timer", "_want_pump", "complete", "disconnected",
+                 "started")  # fmt: skip
 
     def __init__(self, receive: Receive, send: Send, task: asyncio.Task[Any]) -> None:
         self._receive = receive
         self._send = send
         self._task = task
         self._items: deque[Message] = deque()
-        self._has_item = asyncio.Event()
-        self._has_space = asyncio.Event()
-        self._has_space.set()
+        self._has_item: asyncio.Event | None = None
+        self._has_space: asyncio.Event | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_receive = False
+        self._want_pump = False
         self.started = False
         self.complete = False
         self.disconnected = False
 
-    async def pump(self) -> None:
+    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = loop.call_later(PUMP_AFTER_S, self._start_pump)
+
+    def _start_pump(self) -> None:
+        if self.complete or self.disconnected or self._pump is not None:
+            return
+        if self._in_receive:  # the handler is reading itself: the pump starts when it is done
+            self._want_pump = True
+            return
+        self._has_item = asyncio.Event()
+        self._has_space = asyncio.Event()
+        self._has_space.set()
+        self._pump = asyncio.get_running_loop().create_task(self._run_pump())
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+
+    async def _run_pump(self) -> None:
+        has_item, has_space = self._has_item, self._has_space
+        assert has_item is not None and has_space is not None
         while True:
-            await self._has_space.wait()
+            await has_space.wait()
             message = await self._receive()
             if message.get("type") == "http.disconnect":
                 self.disconnected = True
-                self._has_item.set()
+                has_item.set()
                 if not self.complete:
                     self._task.cancel()
                 return
             self._items.append(message)
             if message.get("more_body", False):
-                self._has_space.clear()  # more body: wait until the handler takes this part
-            self._has_item.set()
+                has_space.clear()  # more body: wait until the handler takes this part
+            has_item.set()
 
     async def receive(self) -> Message:
+        if self._pump is None:
+            self._in_receive = True
+            try:
+                message = await self._receive()
+            finally:
+                self._in_receive = False
+            if message.get("type") == "http.disconnect":
+                self.disconnected = True
+            elif self._want_pump:
+                self._want_pump = False
+                self._start_pump()
+            return message
+        has_item, has_space = self._has_item, self._has_space
+        assert has_item is not None and has_space is not None
         while True:
             if self._items:
                 message = self._items.popleft()
                 if not self._items:
-                    self._has_item.clear()
-                self._has_space.set()
+                    has_item.clear()
+                has_space.set()
                 return message
             if self.disconnected:
                 return dict(DISCONNECT)
-            await self._has_item.wait()
+            await has_item.wait()
 
     async def send(self, message: Message) -> None:
         kind = message.get("type")
@@ -368,18 +415,21 @@ class ReplicaAsgi:
         """One HTTP request; returns its outcome ("ok", "user_error", "client_disconnected").
         `carried`: the NATS carrier, which has no client to lose (no disconnect watch) and
         answers an error before the response started with its own `user_error` reply."""
-        watch = not carried
         task = asyncio.current_task()
         assert task is not None
         w = _Watch(receive, send, task)
-        pump = asyncio.create_task(w.pump()) if watch else None
+        if not carried:
+            w.arm(task.get_loop())
         token = enter_servable(self.instance)
         # the serve_multiplexed_model_id header names the request's model (multiplexing); over
         # the NATS carrier without it, the model the router's Request named stays in place
         model = model_id_from_headers(scope.get("headers") or ())
         model_token = set_request_model_id(model) if model is not None else None
         try:
-            await self.app(self._prepare(scope), w.receive if watch else receive, w.send)
+            await self.app(self._prepare(scope), w.receive, w.send)
+            if w.disconnected and not w.complete:  # the app saw the disconnect itself
+                self.disconnects += 1
+                return DISCONNECTED
             return OK
         except asyncio.CancelledError:
             if w.disconnected and task.cancelling() == 1:  # ours alone, not the server's
@@ -400,10 +450,7 @@ class ReplicaAsgi:
             leave_servable(token)
             if model_token is not None:
                 reset_request_model_id(model_token)
-            if pump is not None:
-                pump.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
+            await w.close()
 
 
 class _Lifespan:
