@@ -384,8 +384,14 @@ PROXY_NO_PUBLISH_ROUTES = Setting(
     "no_publish_routes", "bool", False, "do not write the registry to KV fp_routes (e.g. without "
     "permission to)", flag="--no-publish-routes",
 )  # fmt: skip
+PROXY_FRONT = Setting(
+    "front", "str", "haproxy", "the HTTP front door: haproxy (HAProxy on the public port sends "
+    "requests straight to replicas that serve HTTP; the Python proxy behind it holds requests at "
+    "zero) or python (the Python proxy alone, every request over NATS)", choices=("haproxy",
+    "python"), flag="--front", env="FLEETPULSE_PROXY_FRONT",
+)  # fmt: skip
 INGRESS: tuple[Setting, ...] = (
-    PROXY_HOST, PROXY_PORT, PROXY_MAX_HELD, PROXY_MAX_WAIT, PROXY_RETRY_AFTER,
+    PROXY_HOST, PROXY_PORT, PROXY_FRONT, PROXY_MAX_HELD, PROXY_MAX_WAIT, PROXY_RETRY_AFTER,
     PROXY_REQUEST_TIMEOUT, PROXY_NO_PUBLISH_ROUTES, GATEWAY_QUEUE_GROUP, GATEWAY_DEADLINE,
 )  # fmt: skip
 

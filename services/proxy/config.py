@@ -19,6 +19,9 @@ DEFAULT_HOST: Final = settings.PROXY_HOST.default
 DEFAULT_PORT: Final = settings.PROXY_PORT.default
 DEFAULT_RETRY_AFTER_S: Final[int] = settings.PROXY_RETRY_AFTER.default
 DEFAULT_DRAIN_TIMEOUT_S: Final[float] = settings.DRAIN_TIMEOUT.default
+DEFAULT_FRONT: Final[str] = settings.PROXY_FRONT.default
+INTERNAL_HOST: Final = "127.0.0.1"
+"""Where the Python proxy listens behind HAProxy (any free port)."""
 DEFAULT_BACKLOG: Final = 2048
 """Listen backlog: a burst of new connections to a cold app must not overflow the accept queue."""
 MAX_HEADER_OVERHEAD_BYTES: Final = 64 * 1024
@@ -32,6 +35,9 @@ class ProxyConfig:
     port: int = DEFAULT_PORT
     """0: any free port (the bound one is logged and in `ProxyServer.url`)."""
     namespace: str = DEFAULT_NAMESPACE
+    front: str = DEFAULT_FRONT
+    """"haproxy": HAProxy listens on host:port and sends requests straight to replicas that
+    serve HTTP, the Python proxy behind it on a loopback port; "python": the Python proxy alone."""
     max_held_per_app: int = DEFAULT_MAX_HELD_PER_APP
     """Requests one app may hold while it wakes from zero; one more gets 503 at once."""
     max_wait_s: float = DEFAULT_MAX_WAIT_S
@@ -52,6 +58,7 @@ class ProxyConfig:
         validate_name(self.namespace, "namespace")
         if not 0 <= self.port <= 65535:
             raise ConfigError("must be in 0..65535", field="port")
+        settings.PROXY_FRONT.check(self.front)
         settings.PROXY_MAX_HELD.check(self.max_held_per_app)
         settings.PROXY_RETRY_AFTER.check(self.retry_after_s)
         if self.backlog < 1:
@@ -82,6 +89,7 @@ class ProxyConfig:
             host=settings.PROXY_HOST.resolve(args.host, env),
             port=settings.PROXY_PORT.resolve(args.port, env),
             namespace=settings.NAMESPACE.resolve(args.namespace, env),
+            front=settings.PROXY_FRONT.resolve(args.front, env),
             max_held_per_app=settings.PROXY_MAX_HELD.resolve(args.max_held, env),
             max_wait_s=settings.PROXY_MAX_WAIT.resolve(args.max_wait, env),
             retry_after_s=settings.PROXY_RETRY_AFTER.resolve(args.retry_after, env),
@@ -99,6 +107,7 @@ def add_proxy_arguments(p: argparse.ArgumentParser) -> None:
     settings.PROXY_HOST.add_flag(p)
     settings.PROXY_PORT.add_flag(p)
     settings.NAMESPACE.add_flag(p)
+    settings.PROXY_FRONT.add_flag(p)
     settings.PROXY_MAX_HELD.add_flag(p)
     settings.PROXY_MAX_WAIT.add_flag(p)
     settings.PROXY_RETRY_AFTER.add_flag(p)

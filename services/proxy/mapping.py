@@ -42,10 +42,13 @@ X_FORWARDED_PROTO: Final = "X-Forwarded-Proto"
 X_FORWARDED_PREFIX: Final = "X-Forwarded-Prefix"
 
 
-def to_http_request(request: web.Request, route: Route, body: bytes) -> HttpRequest:
+def to_http_request(
+    request: web.Request, route: Route, body: bytes, *, behind_front: bool = False
+) -> HttpRequest:
     """The `HttpRequest` the deployment gets: method, the raw (still percent-encoded) path and
     query, the headers in order with repeats (hop-by-hop ones dropped, X-Forwarded-* set), and
-    the body."""
+    the body. `behind_front`: the request came through the HAProxy front door, which already
+    appended the client's address to X-Forwarded-For (ours would be the front door's)."""
     headers: list[tuple[str, str]] = []
     forwarded_for: list[str] = []
     proto = request.scheme
@@ -60,7 +63,7 @@ def to_http_request(request: web.Request, route: Route, body: bytes) -> HttpRequ
             proto = value  # an outer proxy knows the client's scheme better than we do
             continue
         headers.append((name, value))
-    if request.remote:
+    if request.remote and not behind_front:
         forwarded_for.append(request.remote)
     if forwarded_for:
         headers.append((X_FORWARDED_FOR, ", ".join(forwarded_for)))

@@ -78,6 +78,27 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.front_changes = Counter(
+            "fleetpulse_proxy_front_changes_total",
+            "Changes applied to the HAProxy front door: runtime (a command over the admin "
+            "socket, no reload) or reload (a new configuration)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.front_errors = Counter(
+            "fleetpulse_proxy_front_errors_total",
+            "Front door failures: runtime (a command failed; a reload follows), apply (a change "
+            "could not be applied; retried), exited (HAProxy died; restarted)",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.front_servers = Gauge(
+            "fleetpulse_proxy_front_servers",
+            "Replicas HAProxy sends an app's requests to directly",
+            ["app"],
+            registry=self.registry,
+        )
+
     def observe(self, app: str, code: int | str, seconds: float) -> None:
         self.latency.labels(app, str(code)).observe(seconds)
 

@@ -18,6 +18,11 @@ How it works, per request:
    status any more: the connection is closed without the final chunk, so the client sees a
    truncated response rather than a silently short one.
 
+With the HAProxy front door (`front="haproxy"`, the default) the public port is HAProxy's
+(haproxy.py): it sends requests straight to the replicas that serve HTTP, and everything else
+here, to a loopback port: the proxy's own paths, unknown paths, apps that cannot serve, and apps
+with no replica yet (held here while they wake, forwarded over NATS).
+
 The mapping of requests and responses (what passes through, what is added) is mapping.py,
 documented in docs/proxy.md.
 `/-/healthz`, `/-/routes` and `/metrics` are the proxy's own; every other path is routed.
@@ -36,7 +41,8 @@ from typing import Any, Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.proxy.config import MAX_HEADER_OVERHEAD_BYTES, ProxyConfig
+from services.proxy.config import INTERNAL_HOST, MAX_HEADER_OVERHEAD_BYTES, ProxyConfig
+from services.proxy.haproxy import FrontDoor, listen, url_of
 from services.proxy.holding import Hold, Holds
 from services.proxy.mapping import to_http_request, to_response_headers
 from services.proxy.metrics import NO_APP, ProxyMetrics
@@ -90,7 +96,10 @@ class ProxyServer:
         self._router_config = config.router_config
         self.app = self._build_app()
         self.url = ""
-        """`http://host:port` once started."""
+        """`http://host:port` once started: the public one (HAProxy's, with the front door)."""
+        self.internal_url = ""
+        """Where this Python proxy listens (the same as `url` without the front door)."""
+        self.front: FrontDoor | None = None
         self._runner: web.AppRunner | None = None
         self._releasing: set[asyncio.Task[None]] = set()
 
@@ -106,6 +115,10 @@ class ProxyServer:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        fronted = self.config.front == "haproxy"
+        public = (
+            listen(self.config.host, self.config.port, self.config.backlog) if fronted else None
+        )
         await self.registry.start()
         runner = web.AppRunner(
             self.app, access_log=None, shutdown_timeout=self.config.drain_timeout_s
@@ -114,17 +127,43 @@ class ProxyServer:
         self._runner = runner
         site = web.TCPSite(
             runner,
-            self.config.host,
-            self.config.port,
+            INTERNAL_HOST if fronted else self.config.host,
+            0 if fronted else self.config.port,
             backlog=self.config.backlog,
         )
         await site.start()
         host, port = runner.addresses[0][:2]
         self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        self.internal_url = self.url
+        if public is not None:
+            public_url = url_of(public)
+            try:
+                self.front = FrontDoor(
+                    self.bus,
+                    routes=self._front_routes,
+                    python_host=host,
+                    python_port=port,
+                    queue_timeout_s=self.config.max_wait_s,
+                    retry_after_s=self.config.retry_after_s,
+                    default_max_queued=self._router_config.max_queued_requests,
+                    drain_timeout_s=self.config.drain_timeout_s,
+                    metrics=self.metrics,
+                    clock=self.clock,
+                )
+                await self.front.start(public)
+            finally:
+                public.close()  # HAProxy holds its own copy
+            self.url = public_url
         logger.info("proxy: listening on %s", self.url)
+
+    def _front_routes(self) -> RouteTable | None:
+        return self.registry.table if self.registry.ready.is_set() else None
 
     async def stop(self) -> None:
         """Stop listening, let in-flight requests finish for `drain_timeout_s`, release all."""
+        if self.front is not None:
+            front, self.front = self.front, None
+            await front.stop()  # stops accepting; what it already forwarded here finishes
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -138,6 +177,8 @@ class ProxyServer:
     # -- registry changes -------------------------------------------------------------------------
 
     def _on_routes(self, old: RouteTable, new: RouteTable) -> None:
+        if self.front is not None:
+            self.front.routes_changed()
         for app, before in old.routes.items():
             after = new.routes.get(app)
             if after is None:
@@ -245,7 +286,9 @@ class ProxyServer:
             )
         except UsageError as exc:
             return _error(400, route, "bad_request", str(exc), False)
-        http_request = to_http_request(request, route, await request.read())
+        http_request = to_http_request(
+            request, route, await request.read(), behind_front=self.front is not None
+        )
         router = self._router(route)
         call = functools.partial(
             send_http,

@@ -98,6 +98,9 @@ async def make_stack(**config: Any) -> Stack:
     ctl = fake.connect("controller")
     for bucket in (KV_STATUS, KV_APPS, KV_MEMBERSHIP):  # what a controller creates
         await ctl.kv(bucket)
+    config.setdefault(
+        "front", "python"
+    )  # the Python proxy itself (the front door: test_proxy_haproxy)
     proxy = ProxyServer(
         fake.connect("proxy"), ProxyConfig(nats_url="nats://fake", port=0, router=FAST, **config)
     )
