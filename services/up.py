@@ -151,8 +151,10 @@ class Stack:
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self.agent.run(), name="agent"),
         ]
+        front = settings.PROXY_FRONT.resolve(getattr(self.args, "front", None), os.environ)
         self.proxy = ProxyServer(
-            self.bus, ProxyConfig(nats_url=self.url, port=_free_or(self.args.http_port))
+            self.bus,
+            ProxyConfig(nats_url=self.url, port=_free_or(self.args.http_port), front=front),
         )
         await self.proxy.start()
 

@@ -43,6 +43,7 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
         default=settings.PROXY_PORT.default,
         help="HTTP ingress port (0: a free port)",
     )
+    settings.PROXY_FRONT.add_flag(p)
     p.add_argument(
         "--auth",
         action="store_true",

@@ -34,8 +34,8 @@ maintenance, so its requests go to the Python proxy, which says why.
 Back-pressure: each server's `maxconn` is its replica's `max_ongoing_requests`; beyond it requests
 queue in the backend, at most `max_queued` (then 503 `backpressure` at once) and for at most
 `queue_timeout_s` (then 503 `no_replica`). Failures: a connection refused or closed without a
-response is retried on another server (`retry-on conn-failure empty-response`, `option
-redispatch`), and the first failed connection marks the server down (`PASSIVE_HEALTH`: health
+response, or a 503 (a full or stopping replica), is retried on another server (`retry-on
+conn-failure empty-response 503`, `option redispatch`), and the first failed connection marks the server down (`PASSIVE_HEALTH`: health
 from what requests see; no probe of a healthy replica), so a killed replica fails no request
 while membership catches up; membership says who serves.
 """
@@ -338,7 +338,7 @@ def render_config(state: FrontState, s: FrontSettings) -> str:
         f"  timeout http-keep-alive {_ms(s.keep_alive_timeout_s)}",
         f"  timeout queue {_ms(s.queue_timeout_s)}",
         f"  retries {s.retries}",
-        "  retry-on conn-failure empty-response",
+        "  retry-on conn-failure empty-response 503",
         "  option redispatch 1",
         "",
         f"frontend {FRONTEND}",

@@ -304,7 +304,7 @@ def test_backends_balance_bound_and_retry() -> None:
         assert f"server s1 127.0.0.1:9 maxconn 1 maxqueue 20 {PASSIVE_HEALTH} disabled" in backend
         assert "if { queue() ge 20 }" in backend and "Fp-Error backpressure" in backend
         assert "set-header X-Forwarded-Prefix /shop" in backend
-    assert "retry-on conn-failure empty-response" in config and "option redispatch 1" in config
+    assert "retry-on conn-failure empty-response 503" in config and "option redispatch 1" in config
     assert "timeout queue 60000ms" in config
     # health from what requests see: no HTTP check, a healthy replica is not probed
     assert "httpchk" not in config and "inter 24d" in PASSIVE_HEALTH
