@@ -12,7 +12,7 @@ embedded nats-server. C concurrent callers send requests whose model is drawn fr
   by load alone (power of two choices), as a router without multiplexing would.
 
 Rounds alternate the two modes (ABBA) so drift in machine load hits both alike; before each
-phase every replica's models are unloaded, so each phase starts cold. The hit rate is the share
+phase every replica's models are unloaded and a new router starts, so each phase starts cold. The hit rate is the share
 of requests that caused no load (1 - loads / requests, loads counted by the replicas).
 
     .venv/bin/python -m scripts.bench.multiplex [--models 12] [--replicas 4] [--per-replica 3]
@@ -145,23 +145,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.sleep(0.1)
         seats = [Seat(rid, S.rpc(APP, DEP, rid), args.max_ongoing) for rid in rids]
         await put_membership(bus, APP, DEP, 1, seats)
-        handle = await connect_handle(APP, DEP, bus=bus)
         seed = 0
         for r in range(args.rounds):
             order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
-                for rid in rids:  # every phase starts cold
+                for rid in rids:  # every phase starts cold: no model loaded ...
                     await call_replica(bus, rid, "reset")
+                # ... and a new router, which knows nothing of the last phase's placement
+                handle = await connect_handle(APP, DEP, bus=bus)
                 seed += 1
                 samples[mode] += await phase(
                     handle, mode, models, weights, args.requests, args.concurrency, seed
                 )
+                await handle.close()
                 for rid in rids:
                     stats = await call_replica(bus, rid, "stats")
                     loads[mode] += stats["loads"]
                     evictions[mode] += stats["evictions"]
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-        await handle.close()
         await bus.close()
     finally:
         stop_services(procs)

@@ -28,6 +28,7 @@ from shared.subjects import Subjects
 from shared.transitions import RefusalLog
 from shared.wire import decode_as, encode
 from shared.wire.messages import (
+    MAX_MODELS,
     Admission,
     CallArgs,
     Chunk,
@@ -142,6 +143,9 @@ class ReplicaRuntime:
             self.prom.autoscaling_stats,
         )
         self._held: dict[str, _Held] = {}
+        self._wanted: dict[str, int] = {}
+        """Admitted requests in flight by multiplexed model: those models are as good as held
+        (each request loads its model), so admissions list them before their loads begin."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
@@ -391,7 +395,7 @@ class ReplicaRuntime:
             self.stats.rejected += 1
             self.prom.rejected.inc()
             self.carriage.carried(latest, now, Via.ADMISSION)
-            models = held_models(self.user.instance)  # multiplexing: what it holds rides along
+            models = self._models()  # multiplexing: what it holds rides along
             rejected = Admission(False, self.admission.ongoing, latest, False, models)
             await self._send(msg.reply, rejected)
             return
@@ -401,7 +405,11 @@ class ReplicaRuntime:
         self.carriage.carried(latest, now, Via.ADMISSION)
         self.running.set(self.admission.ongoing, now)
         # the models held here ride along (multiplexing): routers send a model's requests here
-        models = held_models(self.user.instance)
+        if req.multiplexed_model_id is not None:
+            self._wanted[req.multiplexed_model_id] = (
+                self._wanted.get(req.multiplexed_model_id, 0) + 1
+            )
+        models = self._models()
         admitted = Admission(True, self.admission.ongoing, latest, frames, models)
         held = self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
         if req.accepts_inline_result and not req.stream and req.body_kind == "args":
@@ -445,6 +453,21 @@ class ReplicaRuntime:
                 "%s %s %.1f ms", what, outcome, ms,
                 extra={"method": what, "outcome": outcome, "duration_ms": ms, "request_id": ""},
             )  # fmt: skip
+
+    def _models(self) -> tuple[str, ...] | None:
+        """The models an admission lists: wanted by requests in flight, then held (newest
+        first); None when this deployment multiplexes nothing."""
+        held = held_models(self.user.instance)
+        if not self._wanted:
+            return held
+        return tuple(dict.fromkeys((*self._wanted, *(held or ()))))[:MAX_MODELS]
+
+    def _unwant(self, model_id: str) -> None:
+        left = self._wanted.get(model_id, 0) - 1
+        if left > 0:
+            self._wanted[model_id] = left
+        else:
+            self._wanted.pop(model_id, None)
 
     async def _send(self, reply: str, message: Any) -> None:
         await self.bus.publish(reply, encode(message))
@@ -491,6 +514,8 @@ class ReplicaRuntime:
             await self._send(reply, ErrorReply("user_error", f"{type(exc).__name__}: {exc}", False))
         finally:
             self._held.pop(req.request_id, None)
+            if req.multiplexed_model_id is not None:
+                self._unwant(req.multiplexed_model_id)
             self.admission.release()
             now = self.clock.monotonic()
             self.running.set(self.admission.ongoing, now)

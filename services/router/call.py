@@ -131,12 +131,13 @@ async def _open_call(
             continue
         now = clock.monotonic()
         router.dispatched(rid, now, model_id)
+        dispatch = router.chooser.dispatches  # orders its admission's model list (choice.py)
         try:
             response = await router.bus.request_stream(member.rpc_subject, payload)
         except BaseException:
             router.finished(rid, clock.monotonic())
             raise
-        admission = await _await_admission(router, rid, response, deadline_mono, model_id)
+        admission = await _await_admission(router, rid, response, deadline_mono, model_id, dispatch)
         if isinstance(admission, _AdmissionLost):  # admitted all the same: read on
             return ResponseReader(
                 router,
@@ -213,6 +214,7 @@ async def _await_admission(
     response: ResponseStream,
     deadline_mono: float,
     model_id: str | None = None,
+    dispatch: int | None = None,
 ) -> Admission | _AdmissionLost | None:
     """The admission; `_AdmissionLost` when the stream went on without it; None when the
     request was never admitted (the replica is backed off)."""
@@ -240,7 +242,7 @@ async def _await_admission(
         await response.close()
         router.finished(rid, clock.monotonic())
         raise
-    router.admitted(rid, admission, clock.monotonic(), model_id)
+    router.admitted(rid, admission, clock.monotonic(), model_id, dispatch)
     return admission
 
 

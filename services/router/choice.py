@@ -19,7 +19,8 @@ not backing off, not excluded): the shorter queue of two holders drawn at random
 has room, the model loads elsewhere: as in Ray, among the replicas with room that hold the fewest
 models (where it evicts nothing, or the least), the shorter queue of two. Dispatching a model's request
 counts the replica as holding it at once, so a burst for a new model lands on one replica instead
-of loading it everywhere; the replica's next admission corrects the list (it may have evicted).
+of loading it everywhere; the replica's next admission corrects the list (it may have evicted),
+except for models of requests sent after the one it answers, which it had not seen yet.
 
 A replica that rejected a request (full or draining) or never answered one is unavailable for a
 backoff that starts at `backoff_initial_s` and doubles per consecutive failure up to
@@ -34,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 BACKOFF_INITIAL_S: Final = 0.010
@@ -56,11 +57,15 @@ class ReplicaLoad:
     """The replica's `max_ongoing_requests` (0: not known, never counted full)."""
     models: frozenset[str] = frozenset()
     """The multiplexed models it holds, as its last admission said (plus ones sent since)."""
+    sent: dict[str, int] = field(default_factory=dict)
+    """Models of requests sent here, by the dispatch number of the last one: an admission
+    answering an earlier request may not list them yet (see `on_admission`)."""
 
 
 class ReplicaChooser:
     __slots__ = (
-        "_backoff_initial", "_backoff_max", "_holders", "_loads", "_member_set", "_members", "_rng",
+        "_backoff_initial", "_backoff_max", "_dispatches", "_holders", "_loads", "_member_set",
+        "_members", "_rng",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +80,8 @@ class ReplicaChooser:
         self._backoff_max = backoff_max_s
         self._members: list[str] = []
         self._member_set: set[str] = set()
+        self._dispatches = 0
+        """Requests dispatched so far (their numbers order them against admissions)."""
         """The members again, for lookups: only members' models are indexed."""
         self._loads: dict[str, ReplicaLoad] = {}
         self._holders: dict[str, set[str]] = {}
@@ -90,8 +97,10 @@ class ReplicaChooser:
         self._members = list(dict.fromkeys(replica_ids))
         members = self._member_set = set(self._members)
         for rid, gone in self._loads.items():
-            if rid not in members and gone.models:
-                self._set_models(rid, gone, frozenset())  # departed: it holds nothing for us
+            if rid not in members:  # departed: it holds nothing for us
+                if gone.models:
+                    self._set_models(rid, gone, frozenset())
+                gone.sent.clear()
         idle_gone = [r for r, ld in self._loads.items() if r not in members and not ld.in_flight]
         for rid in idle_gone:
             del self._loads[rid]
@@ -186,6 +195,11 @@ class ReplicaChooser:
         first, second = self._rng.sample(fewest, 2)
         return second if self.queue_length(second, now) < self.queue_length(first, now) else first
 
+    @property
+    def dispatches(self) -> int:
+        """The number `on_dispatch` gave the latest request."""
+        return self._dispatches
+
     def models_of(self, replica_id: str) -> frozenset[str]:
         load = self._loads.get(replica_id)
         return load.models if load is not None else frozenset()
@@ -200,13 +214,18 @@ class ReplicaChooser:
         return None if math.isinf(at) else max(now, at)
 
     # -- events -----------------------------------------------------------------------------
-    def on_dispatch(self, replica_id: str, model_id: str | None = None) -> None:
+    def on_dispatch(self, replica_id: str, model_id: str | None = None) -> int:
+        """A request was sent there; returns its dispatch number (for `on_admission`)."""
         load = self._loads.get(replica_id)
         if load is None:
             load = self._loads[replica_id] = ReplicaLoad()
         load.in_flight += 1
-        if model_id is not None and model_id not in load.models and replica_id in self._member_set:
-            self._set_models(replica_id, load, load.models | {model_id})
+        self._dispatches += 1
+        if model_id is not None and replica_id in self._member_set:
+            load.sent[model_id] = self._dispatches
+            if model_id not in load.models:
+                self._set_models(replica_id, load, load.models | {model_id})
+        return self._dispatches
 
     def on_finish(self, replica_id: str) -> None:
         load = self._loads.get(replica_id)
@@ -224,16 +243,23 @@ class ReplicaChooser:
         now: float,
         models: Collection[str] | None = None,
         model_id: str | None = None,
+        dispatch: int | None = None,
     ) -> None:
         """Fold an admission in: its `num_ongoing` replaces the external-load estimate; a
         rejection starts (or doubles) the backoff, an acceptance clears it. `models` (when the
         replica multiplexes) replaces what it holds, plus `model_id`, the admitted request's
-        model, which loads there now."""
+        model, which loads there now, plus the models of requests sent there after this one
+        (`dispatch`: its number from `on_dispatch`; None: none are kept). The replica answered
+        before those arrived (NATS keeps one sender's order), so its list cannot show them."""
         load = self._loads.get(replica_id)
         if load is None:
             return
         if models is not None and replica_id in self._member_set:
             held = frozenset(models)
+            if load.sent:
+                after = self._dispatches if dispatch is None else dispatch
+                load.sent = {m: n for m, n in load.sent.items() if n > after}
+                held |= load.sent.keys()
             if accepted and model_id is not None:
                 held |= {model_id}
             if held != load.models:

@@ -312,8 +312,15 @@ class RouterCore(Generic[T]):
         return self._load_rose(now)
 
     def admitted(
-        self, replica_id: str, admission: Admission, now: float, model_id: str | None = None
+        self,
+        replica_id: str,
+        admission: Admission,
+        now: float,
+        model_id: str | None = None,
+        dispatch: int | None = None,
     ) -> None:
+        """`dispatch`: the request's number (`chooser.dispatches` right after `dispatched`),
+        which orders the replica's list of models against requests sent since (choice.py)."""
         self.health.observe(admission.health, now)
         self.chooser.on_admission(
             replica_id,
@@ -322,6 +329,7 @@ class RouterCore(Generic[T]):
             now,
             admission.models,
             model_id,
+            dispatch,
         )
 
     def unreachable(self, replica_id: str, now: float) -> None:

@@ -309,9 +309,14 @@ class Router:
             self._perform(actions, now)
 
     def admitted(
-        self, replica_id: str, admission: Admission, now: float, model_id: str | None = None
+        self,
+        replica_id: str,
+        admission: Admission,
+        now: float,
+        model_id: str | None = None,
+        dispatch: int | None = None,
     ) -> None:
-        self.core.admitted(replica_id, admission, now, model_id)
+        self.core.admitted(replica_id, admission, now, model_id, dispatch)
         self.liveness.heard(replica_id)
         if not admission.accepted:
             self.metrics.rejected.inc()

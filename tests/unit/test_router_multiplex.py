@@ -83,6 +83,20 @@ def test_a_dispatch_counts_the_model_at_once_and_the_next_admission_corrects_it(
     assert c.models_of(first) == {"other", "new"}
 
 
+def test_an_admission_answering_an_earlier_request_keeps_models_sent_since() -> None:
+    c = chooser(["a", "b"])
+    first = c.on_dispatch("a", "x")
+    second = c.on_dispatch("a", "m")
+    # a answered the first request before the second arrived: its list cannot show m yet
+    c.on_admission("a", True, 2, 0.0, models=("x",), model_id="x", dispatch=first)
+    assert c.holders("m") == {"a"}
+    c.on_admission("a", True, 2, 0.0, models=("x", "m"), model_id="m", dispatch=second)
+    third = c.on_dispatch("a", "y")
+    # an answer to a later request is the truth about m (evicted since): m goes
+    c.on_admission("a", True, 1, 0.0, models=("y",), model_id="y", dispatch=third)
+    assert c.models_of("a") == {"y"} and c.holders("m") == frozenset()
+
+
 def test_no_holder_falls_back_to_the_replicas_holding_the_fewest_models() -> None:
     c = chooser(["a", "b"])
     c.on_admission("a", True, 0, 0.0, models=("x", "y", "z"))
