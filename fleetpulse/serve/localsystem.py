@@ -47,6 +47,7 @@ from shared.procutil import die_with_parent
 
 SYSTEM_FILE = "system.json"
 FAILED_FILE = "failed.txt"
+DIED_FILE = "died.txt"
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 """How long the services may take to stop (the agent drains replicas) before SIGKILL."""
@@ -135,6 +136,15 @@ class LocalSystem:
                 progress("starting the local system (nats-server, controller, agent, proxy) ...")
                 said = now
             time.sleep(0.05)
+
+    def problem(self) -> str | None:
+        """Why the running system cannot serve (a service or the supervisor died), or None."""
+        died = self.state_dir / DIED_FILE
+        if died.exists():
+            return died.read_text(errors="replace")
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"the supervisor exited with code {self.proc.returncode}"
+        return None
 
     def _read_info(self) -> SystemInfo | None:
         try:
@@ -288,11 +298,21 @@ class Supervisor:
                 )
 
     def wait_for_parent(self) -> None:
-        """Until the pipe from the script closes (or SIGTERM)."""
+        """Until the pipe from the script closes (or SIGTERM); a service that dies meanwhile is
+        reported in `died.txt` (the script raises with it), not restarted."""
         fd = self.args.parent_fd
+        reported: set[str] = set()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
             while not self._stopping.is_set():
+                for name, proc in self.procs.items():
+                    if name not in reported and proc.poll() is not None:
+                        reported.add(name)
+                        with open(self.state_dir / DIED_FILE, "a") as f:
+                            f.write(
+                                f"the {name} exited with code {proc.returncode}:\n"
+                                f"{_tail(self.logs / f'{name}.log')}\n"
+                            )
                 if sel.select(timeout=0.5):
                     try:
                         data = os.read(fd, 64)

@@ -713,6 +713,7 @@ def _wait_running(
     said = written
     view: Any = None
     while True:
+        _check_system(driver)
         found = driver.call(_status_entry(driver.bus, app.name), 30)
         if found is not None:
             revision, view = found
@@ -744,6 +745,12 @@ def _wait_running(
                 + (_progress(view) if view is not None else "not reported yet")
             )
         time.sleep(0.1)
+
+
+def _check_system(driver: _Driver) -> None:
+    problem = None if driver.system is None else driver.system.problem()
+    if problem is not None:
+        raise RayServeException(f"the local system cannot serve: {problem}")
 
 
 def _progress(view: Any) -> str:
@@ -784,6 +791,7 @@ def _wait_routed(driver: _Driver, name: str, prefix: str, deadline: float) -> No
     assert driver.bus is not None
     end = min(deadline, time.monotonic() + ROUTE_WAIT_S)
     while time.monotonic() < end:
+        _check_system(driver)
         routed = driver.call(_routed(driver.bus, name, prefix), 30)
         if routed is None or routed:
             return

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -113,8 +115,9 @@ class Script:
         self.port = free_port()
         self.out = tmp / f"{name}.out"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETPULSE_")}
-        self.tmp = tmp / f"{name}.tmp"  # the script's $TMPDIR: state dirs, nats store, logs
-        self.tmp.mkdir()
+        # the script's $TMPDIR (state dirs, nats store, logs): short, as unix socket paths
+        # under it (HAProxy's master socket) must stay within 107 bytes
+        self.tmp = Path(tempfile.mkdtemp(prefix="fpsr-"))
         self.env.update(
             PYTHONPATH=str(ROOT),
             FLEETPULSE_PROXY_PORT=str(self.port),
@@ -167,6 +170,7 @@ def scripts(tmp_path: Path) -> Iterator[list[Script]]:
     yield made
     for s in made:
         s.kill()
+        shutil.rmtree(s.tmp, ignore_errors=True)
 
 
 def pids_printed(output: str, tag: str) -> list[int]:
@@ -376,6 +380,54 @@ def test_sigkill_of_the_script_stops_the_whole_local_system(
     s.proc.wait()
     wait_gone(kids, 60)
     assert s.leftovers() == []  # the supervisor cleaned up before it exited
+
+
+def test_a_killed_supervisor_takes_the_services_and_replicas_with_it(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    _, kids = start_blocking(tmp_path, scripts)
+    (supervisor,) = [p for p in kids if "fleetpulse.serve.localsystem" in command(p)]
+    os.kill(supervisor, signal.SIGKILL)
+    wait_gone(kids, 60)  # PR_SET_PDEATHSIG: nats-server, services, and the agent's replicas
+
+
+DEAD_PROXY = """
+    import os
+    import signal
+    import time
+
+    from fleetpulse import serve
+    import sys
+
+
+    @serve.deployment
+    def hello() -> str:
+        return "hello"
+
+
+    serve.start()
+    (proxy,) = [p for p in _fp_descendants() if b"services.proxy" in open(f"/proc/{p}/cmdline", "rb").read()]
+    os.kill(proxy, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while sys.modules["fleetpulse.serve.run"]._driver.system.problem() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        serve.run(hello.bind())
+    except serve.RayServeException as exc:
+        print("REFUSED", str(exc).splitlines()[0])
+"""
+
+
+def test_a_service_that_dies_fails_the_next_call_with_its_log(
+    tmp_path: Path, scripts: list[Script]
+) -> None:
+    s = Script(tmp_path, "dead_proxy", DEAD_PROXY)
+    scripts.append(s)
+    code, out = s.run()
+    assert code == 0, out
+    assert "REFUSED the local system cannot serve: the proxy exited with code -9:" in out, out
+    # the SIGKILLed proxy could not clean up after itself; the supervisor did for the rest
+    assert [n for n in s.leftovers() if n.startswith("fleetpulse-")] == []
 
 
 def test_a_taken_http_port_is_a_clear_error(tmp_path: Path, scripts: list[Script]) -> None:
