@@ -227,8 +227,8 @@ class FrontDoor:
         async for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip()
             self._recent.append(line)
-            if "[ALERT]" in line or "[EMERG]" in line:
-                logger.warning("haproxy: %s", line)
+            if ("[ALERT]" in line or "[EMERG]" in line) and "has no server available" not in line:
+                logger.warning("haproxy: %s", line)  # (an app at zero has no server: normal)
             else:
                 logger.debug("haproxy: %s", line)
 
