@@ -209,3 +209,32 @@ async def test_a_replica_whose_http_server_cannot_start_exits_saying_so(
     assert exited[0].exit_code == 1
     assert not events.state("ready")  # never announced as serving
     assert await asyncio.to_thread(proc.wait, WAIT_S) != 0
+
+
+async def test_a_fastapi_ingress_is_served_under_its_route_prefix(
+    procs: ServiceProcesses, bus: Bus, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = Lifecycles()
+    await bus.subscribe(S.report("lifecycle", "app", "dep", "r1"), events.on_msg)
+    await bus.flush()
+    monkeypatch.setenv(ROUTE_PREFIX_ENV, "/items")
+    args = replica_args(
+        nats_url, "r1", import_path="examples.ray_style.fastapi_items:Store",
+        extra=["--health-check-period-s", "0.5"],
+    )  # fmt: skip
+    proc = procs.start(args)
+    ready = await eventually(lambda: events.state("ready"), what="the replica is ready")
+    async with httpx.AsyncClient(base_url=f"http://{ready[0].http_address}") as client:
+        apple = await client.get("/items/apple")
+        assert apple.status_code == 200, apple.text
+        assert apple.json() == {"name": "apple", "price": 1.5, "store": "corner",
+                                "state": "lifespan"}  # fmt: skip
+        assert apple.headers["x-served-by"] == "fleetpulse"  # the app's own middleware
+        assert (await client.get("/items/plum")).status_code == 404  # HTTPException
+        bad = await client.post("/items/", json={"name": "pear"})
+        assert bad.status_code == 422  # pydantic validation, FastAPI's answer
+        added = await client.post("/items/", json={"name": "pear", "price": 2.0})
+        assert added.json() == {"added": "pear", "count": 2}
+        assert (await client.get("/items/docs")).status_code == 200  # OpenAPI under the prefix
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(proc.wait, WAIT_S) == 0
