@@ -182,10 +182,11 @@ class Acc:
         out.update(percentiles(self.latencies_s))
         out["rps"] = n / self.elapsed_s if self.elapsed_s else 0.0
         out["rps_per_round"] = self.per_round
-        data = sum(t for r, t in self.cpu_s.items() if r in DATA_ROLES)
-        out["cpu_us_per_request"] = data / n * 1e6
-        out["cpu_all_us_per_request"] = sum(self.cpu_s.values()) / n * 1e6
-        out["cpu_us_per_request_by_role"] = {r: t / n * 1e6 for r, t in self.cpu_s.items()}
+        if self.cpu_s:  # none for a --target (its processes are not ours to read)
+            data = sum(t for r, t in self.cpu_s.items() if r in DATA_ROLES)
+            out["cpu_us_per_request"] = data / n * 1e6
+            out["cpu_all_us_per_request"] = sum(self.cpu_s.values()) / n * 1e6
+            out["cpu_us_per_request_by_role"] = {r: t / n * 1e6 for r, t in self.cpu_s.items()}
         out["client_cpu_us_per_request"] = self.client_cpu_s / n * 1e6
         if self.ttfc_s:
             out["ttfc_p50_ms"] = statistics.median(self.ttfc_s) * 1e3
@@ -384,6 +385,7 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
     runner = Runner(sizes)
     accs = {s.name: {wl.key: Acc() for wl in WORKLOADS} for s in systems}
     wakes: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    rss_seen: dict[str, list[float]] = {s.name: [] for s in systems}
     try:
         if sizes.first_warmup_s:
             for wl in WORKLOADS:
@@ -400,6 +402,9 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
                 if s.has_wake:
                     w = await runner.wake(s)
                     wakes[s.name].append(w)
+                rss = s.replica_rss_mb()  # now: the replica the rows measured, warm
+                if rss is not None:
+                    rss_seen[s.name].append(rss)
             print(f"  round {r + 1}/{sizes.rounds} done ({_load()})", file=sys.stderr, flush=True)
     finally:
         await runner.close()
@@ -414,7 +419,8 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
             "start_s": getattr(s, "start_s", None),
             "workloads": wl_out,
             "wake": {"runs": wakes[s.name], "median_s": statistics.median(ok) if ok else None},
-            "replica_rss_mb": s.replica_rss_mb(),
+            "replica_rss_mb": max(rss_seen[s.name]) if rss_seen[s.name] else None,
+            "replica_rss_mb_per_round": rss_seen[s.name],
             "roles": {role: len(pids) for role, pids in s.roles().items()},
         }
     return out
@@ -606,12 +612,17 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sizes.rounds} round(s) of {sizes.segment_s:g} s segments; {_load()}; logs in {log_dir}",
           flush=True)  # fmt: skip
 
+    fp_front: list[str] = []
+
     async def run() -> dict[str, Any]:
         systems = await start_systems(names, args.target, sizes, log_dir, args.loop)
         try:
             for s in systems:
-                print(f"  {s.name}: {s.url} (started in {getattr(s, 'start_s', 0):.1f} s)",
+                front = f"; front door: {s.front_kind()}" if isinstance(s, FleetpulseSystem) else ""
+                print(f"  {s.name}: {s.url} (started in {getattr(s, 'start_s', 0):.1f} s{front})",
                       flush=True)  # fmt: skip
+                if isinstance(s, FleetpulseSystem):
+                    fp_front.append(s.front_kind())
             return await measure(systems, sizes)
         finally:
             await stop_systems(systems)
@@ -623,7 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         res = asyncio.run(run())
     rows = evaluate(res)
-    coexist = "all systems ran at once; each workload's segments alternate among them, order rotated per round"
+    coexist = (
+        "the systems ran at once, each started once; each workload's segments alternate among "
+        "them, the order rotated every round"
+        if len(res) > 1
+        else "one system"
+    )
     print_results(
         res, rows,
         f"fleetpulse vs Ray Serve 2.60, {sizes.rounds} round(s) x {sizes.segment_s:g} s, one replica, "
@@ -635,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cost does not hide the servers' difference; the aiohttp row is the cross-check. CPU/"
         "request: utime+stime of the data-path processes (front door, replica, transport) per "
         f"request. Load: {load_before[0]:.1f} before, {_load()} after (other work shares the cores)."
+        + (f" fleetpulse's front door: {fp_front[0]}." if fp_front else "")
     )
     errors = {
         f"{name}/{key}": w.get("errors")
@@ -647,6 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     payload: dict[str, Any] = {
         "systems": res, "rows": rows, "sizes": asdict(sizes), "smoke": args.smoke,
         "client": f"raw asyncio HTTP/1.1 keep-alive on {args.loop}", "coexist": coexist,
+        "fleetpulse_front_door": fp_front[0] if fp_front else None,
         "load_before": load_before, "load_after": os.getloadavg(), "errors": errors,
     }  # fmt: skip
     if not args.smoke and not args.no_plot and (p := plot(res)):

@@ -328,6 +328,14 @@ class FleetpulseSystem(System):
                 (out["replica"] if app == driver.BENCH_APP else out["other replicas"]).append(pid)
         return out
 
+    def front_kind(self) -> str:
+        """What serves the proxy's port: HAProxy when the proxy runs one, else the proxy."""
+        proxy = self.procs.get("proxy")
+        kids = descendants(proxy.pid) if proxy is not None else []
+        if any(os.path.basename(cmdline(p)[0] if cmdline(p) else "") == "haproxy" for p in kids):
+            return "HAProxy (run by the proxy), the Python proxy behind it"
+        return "the Python proxy (every request over NATS)"
+
     def zero_replicas(self) -> int:
         agent = self.procs.get("agent")
         if agent is None:
