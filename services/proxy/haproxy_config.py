@@ -79,10 +79,10 @@ HOP_BY_HOP_REQUEST: Final = (
     "Proxy-Authorization",
     "TE",
     "Trailer",
-    "Upgrade",
 )
-"""Removed from requests as the Python proxy does (HAProxy itself handles `Connection` and the
-framing headers)."""
+"""Removed from requests as the Python proxy does (HAProxy itself handles `Connection`, the
+framing headers and `Upgrade`, which it passes on so WebSockets reach replicas that accept
+them)."""
 _SAFE_PREFIX: Final = re.compile(r"/[A-Za-z0-9._~!*()+,;=:@/-]*")
 """Route prefixes HAProxy matches directly; anything else sends every request to the Python
 proxy (nothing could be quoted wrongly; `%` would be read as a log-format directive in
