@@ -143,6 +143,7 @@ class FrontDoor:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._recent: deque[str] = deque(maxlen=5)
+        self._readers: set[asyncio.Task[None]] = set()
         self._errors = RateLimiter(30.0, clock)
         self.applied = asyncio.Event()
         """Set after each apply that left HAProxy in line with the inputs (tests wait on it)."""
@@ -205,7 +206,10 @@ class FrontDoor:
             preexec_fn=die_with_parent(),
         )
         self._proc = proc
-        asyncio.get_running_loop().create_task(self._log_output(proc))
+        # read its output for as long as it runs (a full pipe would block HAProxy)
+        reader = asyncio.get_running_loop().create_task(self._log_output(proc))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_TIMEOUT_S
         while True:
