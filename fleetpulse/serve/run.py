@@ -39,23 +39,22 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.appconfig import AppConfig
-from shared.appgraph import BuiltApp
-from shared.appmodel import Application, Deployment, build
+from shared.appmodel import Application, Deployment
 
-from . import byvalue
 from . import context as _context
+from . import scriptapps as _apps
 from .handle import DeploymentHandle
+from .scriptapps import RayServeException as RayServeException
+from .scriptapps import ServeStatus as ServeStatus
 
 if TYPE_CHECKING:
     from shared.bus import Bus
@@ -76,46 +75,11 @@ LOG_TAIL_LINES = 25
 ROUTE_WAIT_S = 30.0
 UNCHANGED_SETTLE_S = 2.0
 """After a redeploy, how long a RUNNING status not yet rewritten is taken as this version's."""
-_PLACEHOLDER = "fleetpulse.serve.run:application"
-_APP_PATH = re.compile(r"applications\[0\]\.import_path\[([^\]]+)\]")
-
 T = TypeVar("T")
-
-
-class RayServeException(RuntimeError):
-    """A serve call failed against the system (Ray Serve's exception of that name)."""
 
 
 class DeployFailed(RayServeException):
     """The application could not be deployed; the message says which deployment and why."""
-
-
-# -- status in Ray Serve's shape --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeploymentStatusOverview:
-    status: str
-    """UPDATING, HEALTHY, UNHEALTHY, DEPLOY_FAILED, UPSCALING or DOWNSCALING."""
-    status_trigger: str
-    replica_states: Mapping[str, int]
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ApplicationStatusOverview:
-    status: str
-    """DEPLOYING, RUNNING, UNHEALTHY, DEPLOY_FAILED or DELETING."""
-    message: str
-    last_deployed_time_s: float
-    deployments: Mapping[str, DeploymentStatusOverview]
-
-
-@dataclass(frozen=True, slots=True)
-class ServeStatus:
-    proxies: Mapping[str, str] = field(default_factory=dict)
-    applications: Mapping[str, ApplicationStatusOverview] = field(default_factory=dict)
-    target_capacity: float | None = None
 
 
 # -- the driver: one system, one connection, one loop per process ------------------------------
@@ -337,12 +301,12 @@ def run(
     if controller_options is not None:
         _ignored("controller_options")
     # checked before any system starts: a mistake in the app costs no start-up
-    config, ingress = _app_config(target, name, route_prefix, logging_config, _byvalue_dir())
+    config, ingress = _apps.app_config(target, name, route_prefix, logging_config, _byvalue_dir())
     driver = _get_driver()
     assert driver is not None and driver.bus is not None
     t0 = time.monotonic()
-    _say(f"deploying application {name!r} ({_describe(config)}) ...")
-    changed, status_rev = driver.call(_write_app(driver.bus, config), 30)
+    _say(f"deploying application {name!r} ({_apps.describe(config)}) ...")
+    changed, status_rev = driver.call(_apps.write_app(driver.bus, config), 30)
     driver.deployed.add(name)
     _wait_running(driver, config, changed, status_rev, t0 + _timeout_s)
     if config.route_prefix is not None:
@@ -366,7 +330,7 @@ def status() -> ServeStatus:
     if driver is None:
         return ServeStatus()
     assert driver.bus is not None
-    return driver.call(_read_status(driver.bus), 30)
+    return driver.call(_apps.read_status(driver.bus), 30)
 
 
 def delete(name: str, _blocking: bool = True) -> None:
@@ -375,7 +339,7 @@ def delete(name: str, _blocking: bool = True) -> None:
     if driver is None:
         return
     assert driver.bus is not None
-    deleted = driver.call(_delete_app(driver.bus, name), 30)
+    deleted = driver.call(_apps.delete_app(driver.bus, name), 30)
     driver.deployed.discard(name)
     if not deleted:
         _say(f"serve.delete: there is no application {name!r}")
@@ -383,7 +347,7 @@ def delete(name: str, _blocking: bool = True) -> None:
     if _blocking:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if name not in driver.call(_read_status(driver.bus), 30).applications:
+            if name not in driver.call(_apps.read_status(driver.bus), 30).applications:
                 return
             time.sleep(0.1)
         _say(f"serve.delete: {name!r} is still stopping (its replicas drain)")
@@ -415,7 +379,7 @@ def get_app_handle(name: str) -> DeploymentHandle:
     if driver is None:
         raise RayServeException("no system is running: serve.run() an application first")
     assert driver.bus is not None
-    app = driver.call(_read_app(driver.bus, name), 30)
+    app = driver.call(_apps.read_app(driver.bus, name), 30)
     if app is None or app.ingress is None:
         raise RayServeException(f"Application '{name}' does not exist.")
     return driver.handle(name, app.ingress)
@@ -441,7 +405,7 @@ def get_deployment_handle(
         raise RayServeException("no system is running: serve.run() an application first")
     assert driver.bus is not None
     if _check_exists:
-        app = driver.call(_read_app(driver.bus, app_name), 30)
+        app = driver.call(_apps.read_app(driver.bus, app_name), 30)
         if app is None:
             raise RayServeException(f"Application '{app_name}' does not exist.")
         if deployment_name not in {d.name for d in app.deployments}:
@@ -452,55 +416,6 @@ def get_deployment_handle(
 
 
 # -- building -------------------------------------------------------------------------------------
-
-
-class _Shipped:
-    """Stands in the graph walk for a class or function shipped by value: its import path is
-    `fleetpulse.serve.byvalue:<name>`; any other attribute (reconfigure, ...) is the target's."""
-
-    def __init__(self, target: Any, name: str) -> None:
-        self.__module__ = byvalue.__name__
-        self.__qualname__ = name
-        self._target = target
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._target, attr)
-
-
-def _ship_graph(root: Application, directory: Path) -> tuple[Application, bool]:
-    """The graph with every deployment a replica cannot import by name shipped by value (same
-    node identity: a node bound twice is still one deployment)."""
-    memo: dict[int, Application] = {}
-    shipped = False
-
-    def node(n: Application) -> Application:
-        nonlocal shipped
-        if id(n) in memo:
-            return memo[id(n)]
-        d = n.deployment
-        if byvalue.needs_by_value(d.func_or_class):
-            d = Deployment(
-                _Shipped(d.func_or_class, byvalue.ship(d.func_or_class, directory)),
-                d.name,
-                d.options_given,
-            )
-            shipped = True
-        new = Application(
-            d, tuple(value(a) for a in n.args), {k: value(v) for k, v in n.kwargs.items()}
-        )
-        memo[id(n)] = new
-        return new
-
-    def value(v: Any) -> Any:
-        if isinstance(v, Application):
-            return node(v)
-        if isinstance(v, list | tuple):
-            return type(v)(value(x) for x in v)
-        if isinstance(v, dict):
-            return {k: value(x) for k, x in v.items()}
-        return v
-
-    return node(root), shipped
 
 
 def _byvalue_dir() -> Path:
@@ -532,173 +447,6 @@ def _local_state_dir() -> Path:
         return _state_dir
 
 
-def _app_config(
-    target: Application,
-    name: str,
-    route_prefix: str | None,
-    logging_config: Any,
-    directory: Path,
-) -> tuple[AppConfig, str]:
-    """The checked AppConfig of the bound application and its ingress deployment's name."""
-    import yaml  # here, not at the top: a replica imports this package and never runs a script
-
-    from shared.policyapi import policy_problem
-    from shared.serveconfig import check_config
-
-    graph, shipped = _ship_graph(target, directory)
-    built: BuiltApp = build(graph)  # GraphError: the message says which deployment and why
-    app: dict[str, Any] = {"name": name, "route_prefix": route_prefix, "import_path": _PLACEHOLDER}
-    if shipped:
-        app["runtime_env"] = {"env_vars": {byvalue.ENV_DIR: str(directory)}}
-    if logging_config is not None:
-        app["logging_config"] = _as_dict(logging_config)
-    text = yaml.safe_dump({"applications": [app]}, sort_keys=False)
-    checked = check_config(text, check_policy=policy_problem, build=lambda _code: built)
-    for w in checked.warnings:
-        warnings.warn(f"serve.run: {_plain(w.path, w.message)}", stacklevel=3)
-    if checked.problems:
-        raise ValueError(
-            f"serve.run: application {name!r} cannot be deployed: "
-            + "; ".join(_plain(p.path, p.message) for p in checked.problems)
-        )
-    (config,) = checked.apps
-    return config, built.ingress
-
-
-def _plain(path: str, message: str) -> str:
-    """A problem in the words of code, not of the app file serve.run wrote for the checker."""
-    where = _APP_PATH.sub(lambda m: f"deployment {m[1]!r}", path)
-    where = where.replace("applications[0].", "").replace("applications[0]", "")
-    return f"{where}: {message}" if where else message
-
-
-def _describe(app: AppConfig) -> str:
-    names = ", ".join(d.name for d in app.deployments)
-    route = f"route {app.route_prefix}" if app.route_prefix is not None else "no HTTP route"
-    return f"{names}; {route}"
-
-
-# -- KV ----------------------------------------------------------------------------------------
-
-
-async def _write_app(bus: Bus, app: AppConfig) -> tuple[bool, int | None]:
-    """Write the app to fp_apps as `fleetpulse deploy` does; (changed, the revision of its
-    status before the write)."""
-    from shared.errors import KVConflict, UsageError
-    from shared.kv import envelope
-    from shared.subjects import KV_APPS, KV_STATUS
-
-    kv = await bus.kv(KV_APPS)
-    current = {e.key: e for e in await kv.snapshot([">"])}
-    for other, entry in current.items():
-        if other == app.name or app.route_prefix is None:
-            continue
-        try:
-            prefix = AppConfig.from_json(entry.value).route_prefix
-        except Exception:
-            continue  # the controller ignores a bad value too; it holds no route
-        if prefix == app.route_prefix:
-            raise ValueError(
-                f"serve.run: route_prefix {app.route_prefix!r} is already used by the "
-                f"application {other!r}; pass another route_prefix, or serve.delete("
-                f"{other!r}) first"
-            )
-    try:
-        value = app.to_json()
-    except UsageError as exc:
-        raise ValueError(f"serve.run: application {app.name!r}: {exc}") from None
-    if len(value) > envelope.MAX_DOCUMENT_BYTES:
-        raise ValueError(
-            f"serve.run: application {app.name!r}: its config is {len(value)} bytes, more than "
-            f"{envelope.MAX_DOCUMENT_BYTES}; pass large constructor values by file or URL"
-        )
-    status_kv = await bus.kv(KV_STATUS)
-    before = await status_kv.get(app.name)
-    old = current.get(app.name)
-    if old is not None and old.value == value:
-        return False, None if before is None else before.revision
-    try:
-        if old is None:
-            await kv.create(app.name, value)
-        else:
-            await kv.update(app.name, value, old.revision)
-    except KVConflict:
-        raise RayServeException(
-            f"application {app.name!r} was changed by someone else meanwhile; run again"
-        ) from None
-    return True, None if before is None else before.revision
-
-
-async def _read_status(bus: Bus) -> ServeStatus:
-    from shared.kv.status import AppStatusView
-    from shared.kvfollow import existing_kv
-    from shared.subjects import KV_APPS, KV_STATUS
-
-    apps_kv, status_kv = await existing_kv(bus, KV_APPS), await existing_kv(bus, KV_STATUS)
-    apps = {} if apps_kv is None else {e.key: e for e in await apps_kv.snapshot([">"])}
-    statuses: dict[str, AppStatusView] = {}
-    if status_kv is not None:
-        for e in await status_kv.snapshot([">"]):
-            with contextlib.suppress(Exception):
-                statuses[e.key] = AppStatusView.decode(e.value)
-    out: dict[str, ApplicationStatusOverview] = {}
-    for name in sorted(set(apps) | set(statuses)):
-        view = statuses.get(name)
-        if view is None:
-            out[name] = ApplicationStatusOverview("DEPLOYING", "", 0.0, {})
-            continue
-        deployments = {
-            dname: DeploymentStatusOverview(
-                d.status,
-                d.last_decision,
-                {
-                    "RUNNING": d.running_replicas,
-                    "STARTING": max(0, d.target_replicas - d.running_replicas),
-                },
-                d.message,
-            )
-            for dname, d in view.deployments.items()
-        }
-        message = "; ".join(f"{n}: {d.message}" for n, d in deployments.items() if d.message)
-        status = view.status if name in apps else "DELETING"
-        out[name] = ApplicationStatusOverview(status, message, view.updated_at, deployments)
-    return ServeStatus(applications=out)
-
-
-async def _status_entry(bus: Bus, name: str) -> tuple[int, Any] | None:
-    from shared.kv.status import AppStatusView
-    from shared.subjects import KV_STATUS
-
-    entry = await (await bus.kv(KV_STATUS)).get(name)
-    if entry is None:
-        return None
-    try:
-        return entry.revision, AppStatusView.decode(entry.value)
-    except Exception:
-        return None
-
-
-async def _read_app(bus: Bus, name: str) -> AppConfig | None:
-    from shared.kvfollow import existing_kv
-    from shared.subjects import KV_APPS
-
-    kv = await existing_kv(bus, KV_APPS)
-    entry = None if kv is None else await kv.get(name)
-    return None if entry is None else AppConfig.from_json(entry.value)
-
-
-async def _delete_app(bus: Bus, name: str) -> bool:
-    from shared.kvfollow import existing_kv
-    from shared.subjects import KV_APPS
-
-    kv = await existing_kv(bus, KV_APPS)
-    entry = None if kv is None else await kv.get(name)
-    if kv is None or entry is None:
-        return False
-    await kv.delete(name)
-    return True
-
-
 # -- waiting --------------------------------------------------------------------------------------
 
 
@@ -714,7 +462,7 @@ def _wait_running(
     view: Any = None
     while True:
         _check_system(driver)
-        found = driver.call(_status_entry(driver.bus, app.name), 30)
+        found = driver.call(_apps.status_entry(driver.bus, app.name), 30)
         if found is not None:
             revision, view = found
             fresh = (
@@ -792,30 +540,11 @@ def _wait_routed(driver: _Driver, name: str, prefix: str, deadline: float) -> No
     end = min(deadline, time.monotonic() + ROUTE_WAIT_S)
     while time.monotonic() < end:
         _check_system(driver)
-        routed = driver.call(_routed(driver.bus, name, prefix), 30)
+        routed = driver.call(_apps.routed(driver.bus, name, prefix), 30)
         if routed is None or routed:
             return
         time.sleep(0.05)
     _say(f"no proxy routes {name!r} ({prefix}) yet")
-
-
-async def _routed(bus: Bus, name: str, prefix: str) -> bool | None:
-    """Whether fp_routes says a proxy sends `prefix` to the app; None: no routes published."""
-    from shared.kv import buckets, envelope
-    from shared.kv.routes import RouteDoc
-    from shared.kvfollow import existing_kv
-
-    kv = await existing_kv(bus, buckets.ROUTES.name)
-    if kv is None:
-        return None
-    entry = await kv.get(name)
-    if entry is None:
-        return False
-    try:
-        doc = envelope.decode(entry.value, RouteDoc)
-    except Exception:
-        return False
-    return doc.registered and doc.route_prefix == prefix
 
 
 def _wait_for_interrupt() -> None:
@@ -828,18 +557,6 @@ def _wait_for_interrupt() -> None:
 
 
 # -- small helpers ------------------------------------------------------------------------------
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        return dict(value)
-    for dump in ("model_dump", "dict"):
-        if callable(getattr(value, dump, None)):
-            out: dict[str, Any] = getattr(value, dump)()
-            return out
-    return dict(vars(value))
 
 
 def _ignored(what: str) -> None:
