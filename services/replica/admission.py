@@ -1,4 +1,9 @@
-"""Admission control: at most `max_ongoing_requests` at once, nothing new while draining."""
+"""Admission control: at most `max_ongoing_requests` at once, nothing new while draining.
+
+One counter for every carrier: requests over NATS (runtime.py) and HTTP requests and WebSockets
+the replica serves itself (http_server.py) take and release the same slots. An HTTP request that
+reaches a draining replica is still run, within the limit (`while_draining`): its server takes no
+new connections by then, so only requests already on their way arrive."""
 
 from __future__ import annotations
 
