@@ -343,3 +343,15 @@ async def test_a_draining_runtime_drains_its_http_server_with_it() -> None:
         await asyncio.wait_for(drained, 10.0)
     assert rt.stats.completed == 1
     await bus.close()
+
+
+def test_admission_runs_http_that_reaches_a_draining_replica_within_the_limit() -> None:
+    from services.replica.admission import Admission
+
+    a = Admission(2)
+    a.draining = True
+    assert not a.try_admit()  # over NATS: a router tries another replica
+    assert a.try_admit(while_draining=True) and a.try_admit(while_draining=True)
+    assert not a.try_admit(while_draining=True)  # the limit holds all the same
+    a.release()
+    assert a.ongoing == 1
