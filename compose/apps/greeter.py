@@ -17,7 +17,7 @@ class Greeter:
     async def __call__(self, request: Request) -> Response:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        name = request.query_params.get("name", ["world"])[0]
+        name = request.query_params.get("name", "world")
         body = {"message": f"{self.greeting}, {name}", "host": socket.gethostname()}
         return Response(
             body=json.dumps(body).encode(), headers={"content-type": "application/json"}
