@@ -390,7 +390,9 @@ def run_status(args: argparse.Namespace) -> int:
         if args.json:
             doc = status_json(statuses, apps, group, time.time())
             doc["controllers"] = group.to_json()
-            doc["runtime_envs"] = envnotes.env_json(agents, args.app)
+            envs = envnotes.env_json(agents, args.app)
+            if envs:  # present only when an agent prepares or failed one
+                doc["runtime_envs"] = envs
             print(json.dumps(doc, indent=2, sort_keys=True))
         else:
             console = Console()
