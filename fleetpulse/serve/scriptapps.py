@@ -24,7 +24,7 @@ import yaml
 
 from shared.appconfig import AppConfig
 from shared.appgraph import BuiltApp
-from shared.appmodel import Application, Deployment, build
+from shared.appmodel import Application, Deployment, GraphError, build
 
 from . import byvalue
 
@@ -127,12 +127,22 @@ def app_config(
     directory: Path,
 ) -> tuple[AppConfig, str]:
     """The checked AppConfig of the bound application and its ingress deployment's name."""
+    from shared.errors import UsageError
+    from shared.subjects import validate_name
+
+    try:
+        validate_name(name, "application name")
+    except UsageError as exc:
+        raise ValueError(f"serve.run: {exc}") from None
 
     from shared.policyapi import policy_problem
     from shared.serveconfig import check_config
 
     graph, shipped = ship_graph(target, directory)
-    built: BuiltApp = build(graph)  # GraphError: the message says which deployment and why
+    try:
+        built: BuiltApp = build(graph)
+    except GraphError as exc:  # the message says which deployment and why
+        raise ValueError(f"serve.run: {exc}") from None
     app: dict[str, Any] = {"name": name, "route_prefix": route_prefix, "import_path": PLACEHOLDER}
     if shipped:
         app["runtime_env"] = {"env_vars": {byvalue.ENV_DIR: str(directory)}}
@@ -153,8 +163,11 @@ def app_config(
 
 def plain(path: str, message: str) -> str:
     """A problem in the words of code, not of the app file serve.run wrote for the checker."""
-    where = _APP_PATH.sub(lambda m: f"deployment {m[1]!r}", path)
-    where = where.replace("applications[0].", "").replace("applications[0]", "")
+    m = _APP_PATH.match(path)
+    if m is not None:  # applications[0].import_path[Model].max_ongoing_requests
+        key = path[m.end() :].lstrip(".")
+        return f"deployment {m[1]!r}: {key + ': ' if key else ''}{message}"
+    where = path.replace("applications[0].", "").replace("applications[0]", "")
     return f"{where}: {message}" if where else message
 
 

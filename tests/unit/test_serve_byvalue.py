@@ -80,3 +80,22 @@ def test_load_errors_say_what_is_wrong(tmp_path: Path) -> None:
         byvalue.load("Counter", str(tmp_path))
     with pytest.raises(AttributeError):
         byvalue.__getattr__("__path__")
+
+
+def test_serve_run_checks_the_app_before_starting_anything(tmp_path: Path) -> None:
+    """What the app file's checker says, in code's words; a bad name is a ValueError."""
+    from fleetpulse import serve
+    from fleetpulse.serve import scriptapps
+
+    counter = serve.deployment(make_local())
+    config, ingress = scriptapps.app_config(counter.bind(1), "default", "/", None, tmp_path)
+    (dep,) = config.deployments
+    assert ingress == "Counter" and dep.import_path.startswith("fleetpulse.serve.byvalue:Counter_")
+    assert dep.env == {byvalue.ENV_DIR: str(tmp_path)}
+    with pytest.raises(ValueError, match="invalid application name 'x y'"):
+        scriptapps.app_config(counter.bind(1), "x y", "/", None, tmp_path)
+    with pytest.raises(ValueError, match=r"argument 0 is a object: constructor arguments"):
+        scriptapps.app_config(counter.bind(object()), "default", "/", None, tmp_path)
+    bad = counter.options(max_ongoing_requests=0)
+    with pytest.raises(ValueError, match=r"deployment 'Counter': max_ongoing_requests: must be"):
+        scriptapps.app_config(bad.bind(1), "default", "/", None, tmp_path)
