@@ -231,3 +231,39 @@ async def test_a_call_deployment_refuses_websockets_and_serves_http() -> None:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         sock.close()
+
+
+class Counting:
+    async def __call__(self, request: Request) -> dict[str, int]:
+        size = parts = 0
+        async for part in request.stream():
+            size += len(part)
+            parts += 1
+        return {"bytes": size, "parts": parts}
+
+
+async def test_a_large_request_body_streams_to_the_handler() -> None:
+    """24 MiB, far over the NATS carrier's limit: no refusal, read part by part."""
+    user = await UserDeployment.create("x:y", (), {}, target=Counting)
+    app = build_asgi_app(user)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await eventually(lambda: server.started, what="uvicorn started")
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(24):
+            yield b"b" * (1 << 20)
+
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"http://127.0.0.1:{sock.getsockname()[1]}/", data=body()) as resp,
+        ):
+            doc = await resp.json()
+        assert doc["bytes"] == 24 << 20 and doc["parts"] > 24
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
