@@ -7,10 +7,10 @@ fp_agents entry and exits 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
+from shared import aioloop
 from shared.metrics_catalog import serve_metrics
 from shared.signals import on_stop_signals
 
@@ -32,7 +32,7 @@ async def serve(cfg: AgentConfig) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(config_from_args(args)))
+    return aioloop.run(serve(config_from_args(args)))
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from shared import aioloop
 from shared.metrics_catalog import serve_metrics
 from shared.signals import on_stop_signals
 
@@ -31,7 +32,7 @@ async def serve(cfg: AuthConfig) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(config_from_args(args)))
+    return aioloop.run(serve(config_from_args(args)))
 
 
 def main() -> int:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 import uuid
 from typing import TYPE_CHECKING
 
-from shared import settings
+from shared import aioloop, settings
 from shared.metrics_catalog import add_metrics_port_argument, metrics_port, serve_metrics
 from shared.signals import on_stop_signals
 
@@ -84,7 +83,7 @@ async def serve(cfg: ServiceConfig) -> int:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(config_from_args(args)))
+    return aioloop.run(serve(config_from_args(args)))
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from services.proxy.config import ProxyConfig, add_proxy_arguments
 from services.proxy.server import ProxyServer, serve_until
+from shared import aioloop
 from shared.natsbus import NatsBus
 from shared.signals import on_stop_signals
 
@@ -36,7 +37,7 @@ async def serve(config: ProxyConfig, *, stop: asyncio.Event | None = None, **kw:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(ProxyConfig.from_args(args)))
+    return aioloop.run(serve(ProxyConfig.from_args(args)))
 
 
 def main() -> int:

@@ -34,7 +34,7 @@ import nats.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from shared import settings
+from shared import aioloop, settings
 from shared.bus import Msg, subject_matches, validate_subject
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import FleetpulseError, UsageError
@@ -402,7 +402,7 @@ def run_record(args: argparse.Namespace) -> int:
                 args.progress_interval_s, os.environ
             ),
         )
-        stats = asyncio.run(export_stream(export))
+        stats = aioloop.run(export_stream(export))
         verb = "exported"
     else:
         if args.start is not None or args.end is not None:
@@ -419,7 +419,7 @@ def run_record(args: argparse.Namespace) -> int:
             metrics_port=metrics_port(args),
         )
         serve_metrics(cfg.metrics_port, "recorder")
-        stats = asyncio.run(_record_until_signal(cfg))
+        stats = aioloop.run(_record_until_signal(cfg))
         verb = "recorded"
     rate = stats.received / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
     print(

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
-from shared import settings
+from shared import aioloop, settings
 from shared.bus import Bus
 from shared.metrics_catalog import serve_metrics
 from shared.natsauth import process_auth
@@ -146,13 +146,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def run(main: Coroutine[Any, Any, int]) -> int:
     """On uvloop where it is installed (the HTTP server and nats-py both run on it: measured in
-    docs/dataplane.md), else on asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
+    docs/dataplane.md), else on asyncio's own loop (shared/aioloop.py, as every service)."""
+    return aioloop.run(main)
 
 
 def main() -> int:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from services.router.config import GatewayConfig, add_gateway_arguments
 from services.router.gateway import serve
+from shared import aioloop
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    return asyncio.run(serve(GatewayConfig.from_args(args)))
+    return aioloop.run(serve(GatewayConfig.from_args(args)))
 
 
 def main() -> int:
