@@ -104,6 +104,13 @@ class PackageCache:
         await asyncio.to_thread(self.evict, in_use | {sha})
         return dest
 
+    async def close(self) -> None:
+        """Cancel the fetches in progress (the agent is stopping): what they wrote is removed."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def evict(self, in_use: set[str]) -> list[str]:
         """Remove least recently used packages not in `in_use` until under the bound."""
         total = sum(self.sizes.values())

@@ -109,6 +109,14 @@ class PyEnvs:
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
         return await asyncio.shield(task)
 
+    async def close(self) -> None:
+        """Cancel the builds in progress: their installers are killed, their partial
+        environments removed (the agent is stopping)."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _build(self, key: str, pip: Mapping[str, Any]) -> str:
         async with self._sem:
             reqs = tuple(str(p) for p in pip.get("packages", ()))

@@ -140,6 +140,10 @@ class RuntimeEnvs:
             self._wake()
 
     async def close(self) -> None:
-        for task in list(self._tasks.values()):
+        """Stop every preparation: fetches and builds cancelled, nothing left half-done."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.cache.close()
+        await self.pyenvs.close()

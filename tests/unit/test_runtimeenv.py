@@ -336,3 +336,36 @@ def test_status_lines_say_what_an_agent_prepares_and_for_how_long() -> None:
         "runtime_env of b.E on a1 FAILED 2m55s ago: runtime_env: pip install failed: ERROR: no x==9",
     ]
     assert [n["deployment"] for n in env_json([agent], app="b")] == ["b.E"]
+
+
+async def test_an_installer_killed_mid_build_leaves_nothing_half_built(tmp_path: Path) -> None:
+    """The agent stops (`close()`) while the installer runs: the installer is killed,
+    the partial environment removed; an agent killed outright leaves a partial directory that
+    the next start removes."""
+    pidfile = tmp_path / "pid"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    root = tmp_path / "envs"
+    envs = PyEnvs(root, str(fake))
+    spec = {"packages": ["x"], "installer": "pip", "pip_version": ""}
+    task = asyncio.create_task(envs.ensure(spec))
+    await eventually(lambda: pidfile.exists() and pidfile.read_text().strip() != "", 10, "pid")
+    assert len(envs.building()) == 1
+    pid = int(pidfile.read_text())
+    await envs.close()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: not list(root.iterdir()), 10, "the partial environment removed")
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await eventually(gone, 10, "the installer killed")
+    (root / f"{packages.PARTIAL_PREFIX}abc-xyz").mkdir()  # what a SIGKILLed agent leaves
+    PyEnvs(root, sys.executable)
+    assert list(root.iterdir()) == []
