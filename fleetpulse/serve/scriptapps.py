@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from shared.appconfig import AppConfig
 from shared.appgraph import BuiltApp
 from shared.appmodel import Application, Deployment, GraphError, build
@@ -134,6 +132,8 @@ def app_config(
         validate_name(name, "application name")
     except UsageError as exc:
         raise ValueError(f"serve.run: {exc}") from None
+
+    import yaml  # here: a replica imports this package and never runs a script (no yaml there)
 
     from shared.policyapi import policy_problem
     from shared.serveconfig import check_config
