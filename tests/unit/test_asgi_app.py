@@ -198,6 +198,7 @@ class Slow:
 
 async def test_a_client_disconnect_cancels_the_handler() -> None:
     app = await make(Slow)
+    app.watch_after_s = 0.01  # the watch starts for requests running longer (1 s by default)
     instance: Slow = app.instance
     gone = asyncio.Event()
     sent: list[Any] = []

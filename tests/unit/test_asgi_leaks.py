@@ -168,7 +168,7 @@ async def run_batch(app: ReplicaAsgi, n: int) -> None:
 
 async def test_ten_thousand_bad_requests_leave_no_task_and_bounded_memory() -> None:
     user = await UserDeployment.create("x:y", (), {}, target=Bad)
-    app = build_asgi_app(user, ws_send_timeout_s=0.002)
+    app = build_asgi_app(user, ws_send_timeout_s=0.002, watch_after_s=0.005)
     instance: Bad = app.instance
     tasks_before = len(asyncio.all_tasks())
     for _ in range(5):  # warm-up: caches, the error log's first lines, the thread pool
