@@ -192,3 +192,16 @@ async def test_the_multiplexed_model_id_reaches_the_replica(bus: FakeBus) -> Non
             h.options(multiplexed_model_id=7)  # type: ignore[arg-type]
     finally:
         await back.stop()
+
+
+async def test_responses_as_arguments_from_synchronous_user_code(bus: FakeBus) -> None:
+    back = await back_end(bus)
+    h = handle(bus)
+    try:
+
+        def sync_user_code() -> Any:  # a sync method: runs in a worker thread
+            return h.add.remote(h.double.remote(3), y=h.double.remote(4)).result(timeout_s=5)
+
+        assert await asyncio.to_thread(sync_user_code) == 6 + 8
+    finally:
+        await back.stop()
