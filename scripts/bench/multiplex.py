@@ -3,17 +3,21 @@
 N models over M real replica processes (scripts/bench/multiplex_app.py: each replica an LRU of at
 most K models, a load costing --load-ms of real time and the model's weights in memory), on one
 embedded nats-server. C concurrent callers send requests whose model is drawn from a Zipf law
-(--skew 0: uniform) through one router:
+(--skew 0: uniform), three ways:
 
-- aware: `handle.options(model_id=m)`: the request names its model, the router sends it to a
-  replica holding it when one has room (services/router/choice.py), the replica's user code reads
-  it with `serve.get_multiplexed_model_id()`;
+- aware: `handle.options(model_id=m)` through a router: the request names its model, the router
+  sends it to a replica holding it when one has room (services/router/choice.py), the replica's
+  user code reads it with `serve.get_multiplexed_model_id()`;
 - blind: the same work with the model passed as an argument: the router sees no model and routes
-  by load alone (power of two choices), as a router without multiplexing would.
+  by load alone (power of two choices), as a router without multiplexing would, and as the
+  HAProxy front door's `balance random(2)` does for HTTP;
+- hash: no router; a static hash of the model id picks the replica (what a front door hashing
+  the `serve_multiplexed_model_id` header could do), ignoring what is loaded and the load.
 
-Rounds alternate the two modes (ABBA) so drift in machine load hits both alike; before each
-phase every replica's models are unloaded and a new router starts, so each phase starts cold. The hit rate is the share
-of requests that caused no load (1 - loads / requests, loads counted by the replicas).
+Rounds alternate the modes (ABC CBA ...) so drift in machine load hits all alike; before each
+phase every replica's models are unloaded and a new router starts, so each phase starts cold.
+The hit rate is the share of requests that caused no load (1 - loads / requests, loads counted
+by the replicas).
 
     .venv/bin/python -m scripts.bench.multiplex [--models 12] [--replicas 4] [--per-replica 3]
         [--requests 600] [--concurrency 8] [--load-ms 50] [--skew 0.8] [--rounds 4] [--smoke]
@@ -28,6 +32,7 @@ import random
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,18 +58,20 @@ APP, DEP = "bench", "Models"
 IMPORT_PATH = "scripts.bench.multiplex_app:Models"
 SMOKE = {"models": 4, "replicas": 2, "per_replica": 2, "requests": 40, "concurrency": 4,
          "load_ms": 20.0, "rounds": 2}  # fmt: skip
-MODES = ("aware", "blind")
+MODES = ("aware", "blind", "hash")
 
 
 def zipf_weights(n: int, skew: float) -> list[float]:
     return [1.0 / (rank + 1) ** skew for rank in range(n)]
 
 
-async def call_replica(bus: NatsBus, rid: str, method: str) -> Any:
+async def call_replica(
+    bus: NatsBus, rid: str, method: str, args: tuple[Any, ...] = (), model_id: str | None = None
+) -> Any:
     """One call straight to one replica (not through a router): stats and resets must reach
-    each replica, not whichever the router picks."""
+    each replica, not whichever the router picks; the hash mode picks the replica itself."""
     req = Request(f"{method}-{rid}-{time.monotonic_ns()}", method, False, False, None,
-                  encode(CallArgs((), {})), "args")  # fmt: skip
+                  encode(CallArgs(args, {})), "args", model_id)  # fmt: skip
     stream = await bus.request_stream(S.rpc(APP, DEP, rid), encode(req))
     try:
         while True:
@@ -81,6 +88,8 @@ async def call_replica(bus: NatsBus, rid: str, method: str) -> Any:
 
 async def phase(
     handle: DeploymentHandle,
+    bus: NatsBus,
+    rids: list[str],
     mode: str,
     models: list[str],
     weights: list[float],
@@ -103,8 +112,12 @@ async def phase(
             t0 = time.perf_counter()
             if mode == "aware":
                 await aware[m].remote(i)
-            else:
+            elif mode == "blind":
                 await blind.remote(m, i)
+            else:  # a static hash of the model picks the replica (no router, no load)
+                await call_replica(
+                    bus, rids[zlib.crc32(m.encode()) % len(rids)], "predict", (i,), m
+                )
             latencies.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(caller() for _ in range(concurrency)))
@@ -147,7 +160,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await put_membership(bus, APP, DEP, 1, seats)
         seed = 0
         for r in range(args.rounds):
-            order = MODES if r % 2 == 0 else MODES[::-1]
+            order = MODES if r % 2 == 0 else MODES[::-1]  # ABC CBA ...
             for mode in order:
                 for rid in rids:  # every phase starts cold: no model loaded ...
                     await call_replica(bus, rid, "reset")
@@ -155,7 +168,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 handle = await connect_handle(APP, DEP, bus=bus)
                 seed += 1
                 samples[mode] += await phase(
-                    handle, mode, models, weights, args.requests, args.concurrency, seed
+                    handle, bus, rids, mode, models, weights, args.requests, args.concurrency, seed
                 )
                 await handle.close()
                 for rid in rids:
@@ -212,16 +225,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         ["routing", "n", "hit rate", "loads", "evictions", "p50 ms", "p90 ms", "p99 ms", "mean"],
         rows,
     )
-    aware, blind = res["aware"], res["blind"]
+    aware, blind, hashed = res["aware"], res["blind"], res["hash"]
     res["p50_ratio"] = aware["p50_ms"] / blind["p50_ms"]
     res["p99_ratio"] = aware["p99_ms"] / blind["p99_ms"]
     res["mean_ratio"] = aware["mean_ms"] / blind["mean_ms"]
+    res["mean_ratio_hash"] = aware["mean_ms"] / hashed["mean_ms"]
     path = write_json("multiplex", res)
     print(f"\nwrote {path}")
     result_line(
         "multiplex",
         hit_rate_aware=aware["hit_rate"], hit_rate_blind=blind["hit_rate"],
-        p50_ratio=res["p50_ratio"], p99_ratio=res["p99_ratio"], mean_ratio=res["mean_ratio"],
+        hit_rate_hash=hashed["hit_rate"], p50_ratio=res["p50_ratio"],
+        p99_ratio=res["p99_ratio"], mean_ratio=res["mean_ratio"],
+        mean_ratio_hash=res["mean_ratio_hash"],
     )  # fmt: skip
 
 
