@@ -52,6 +52,8 @@ START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 """How long the services may take to stop (the agent drains replicas) before SIGKILL."""
 PROXY_DRAIN_S = "2"
+MAX_REPLICAS = "32"
+"""The local agent's capacity: Ray's docs scale to 10 replicas; a replica reserves no CPU."""
 LOG_TAIL_CHARS = 2000
 
 
@@ -195,6 +197,8 @@ def _die_with_parent_gently() -> Callable[[], None] | None:
 
 def _check_port(host: str, port: int) -> None:
     with socket.socket() as s:
+        # as the front door binds: connections a previous run closed (TIME_WAIT) do not count
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
@@ -254,8 +258,8 @@ class Supervisor:
             raise StartError(f"nats-server did not start: {exc}") from None
         url = self.server.url
         common = ["--nats", url]
-        agent = ["-m", "services.agent", *common, "--agent-id", "local",
-                 "--workdir", a.workdir, "--log-dir", str(self.logs / "replicas")]  # fmt: skip
+        agent = ["-m", "services.agent", *common, "--agent-id", "local", "--max-replicas",
+                 MAX_REPLICAS, "--workdir", a.workdir, "--log-dir", str(self.logs / "replicas")]  # fmt: skip
         if a.pythonpath:
             agent += ["--pythonpath", a.pythonpath]
         self._spawn("controller", ["-m", "services.controller", *common, "--member-id", "serve"])

@@ -39,11 +39,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
+import decimal
+import enum
 import inspect
 import json
 import logging
+import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from pathlib import PurePath
 from typing import Any, Final
 
 from starlette.requests import Request as StarletteRequest
@@ -144,7 +150,7 @@ def stream_item_bytes(item: Any) -> bytes:
         return bytes(item)
     if isinstance(item, str):
         return item.encode()
-    return json.dumps(item).encode() + b"\n"
+    return json.dumps(item, default=jsonable).encode() + b"\n"
 
 
 async def _stream_bytes(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
@@ -167,7 +173,33 @@ def to_response(value: Any) -> StarletteResponse:
         return StarletteResponse(bytes(value), media_type="application/octet-stream")
     if isinstance(value, str):
         return StarletteResponse(value.encode(), media_type="text/plain; charset=utf-8")
-    return StarletteResponse(json.dumps(value).encode(), media_type="application/json")
+    return StarletteResponse(
+        json.dumps(value, default=jsonable).encode(), media_type="application/json"
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """What `json.dumps` cannot write, as Ray Serve writes it (FastAPI's encoder): a mapping
+    (Starlette's `query_params`, headers) as an object, a set or tuple as an array, a pydantic
+    model by `model_dump`, a dataclass by its fields, a numpy value by `tolist`, an enum by its
+    value, dates in ISO 8601, UUIDs, paths and decimals as strings."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    for method, kwargs in (("model_dump", {"mode": "json"}), ("tolist", {})):
+        fn = getattr(value, method, None)
+        if callable(fn) and not isinstance(value, type):
+            return fn(**kwargs)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | PurePath | decimal.Decimal):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def takes_request(fn: Callable[..., Any]) -> bool:
