@@ -27,6 +27,12 @@ class Shipped:
             out["pkg"] = {pkg}.VERSION
         except ImportError:
             out["pkg"] = None
+        try:
+            import fp_extra  # a py_modules package, when the app ships one
+
+            out["extra"] = fp_extra.VALUE
+        except ImportError:
+            out["extra"] = None
         return out
 
 
@@ -40,6 +46,14 @@ def write_app(root: Path, helper_version: str, pkg: str = "fpwheel") -> Path:
     (root / "shipped_app.py").write_text(APP_CODE.format(pkg=pkg))
     (root / "shipped_helper.py").write_text(f"VERSION = {helper_version!r}\n")
     return root
+
+
+def write_module(parent: Path, value: str) -> Path:
+    """A package directory `fp_extra` (for py_modules) whose VALUE is `value`."""
+    pkg = parent / "fp_extra"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"VALUE = {value!r}\n")
+    return pkg
 
 
 def make_wheel(out_dir: Path, name: str, version: str) -> Path:

@@ -26,7 +26,7 @@ from shared.kv.status import AppStatusView
 from shared.natsbus import NatsBus
 from shared.subjects import KV_STATUS
 from tests.e2e.test_cli import fleetpulse
-from tests.runtimeenv_fixtures import make_wheel, write_app
+from tests.runtimeenv_fixtures import make_wheel, write_app, write_module
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -47,6 +47,7 @@ applications:
     import_path: shipped_app:app
     runtime_env:
       working_dir: {wd}
+      py_modules: [{extra}]
       pip: ["fpwheel==2.0"]
 """
 
@@ -113,7 +114,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     wd = write_app(tmp / "wd", "v1")
     (wd / "huge.bin").write_bytes(b"\0" * 1024)  # excluded: never shipped
     config = tmp / "apps.yaml"
-    config.write_text(APPS.format(wd=wd))
+    extra = write_module(tmp / "libs", "from py_modules")
+    config.write_text(APPS.format(wd=wd, extra=extra))
     stack = Up(tmp, config)
     try:
         yield stack
@@ -161,19 +163,20 @@ async def test_code_only_in_the_working_dir_and_two_pins_side_by_side(up: Up) ->
     two = await _answer(f"{up.http}/pin2")
     assert one["helper"] == "v1" and two["helper"] == "v1"
     assert (one["pkg"], two["pkg"]) == ("1.0", "2.0")  # one agent, two environments
+    assert (one["extra"], two["extra"]) == (None, "from py_modules")
     cache = up.tmp / "cache" / "packages"
-    assert sorted(str(p) for p in cache.iterdir()) == sorted([one["cwd"], two["cwd"]])
+    assert len(list(cache.iterdir())) == 3  # two working_dirs (see below), one py_modules
     # pin1 excludes *.bin, pin2 does not: two packages of one directory
     assert _names(Path(one["cwd"])) == ["shipped_app.py", "shipped_helper.py"]
     assert (Path(two["cwd"]) / "huge.bin").exists()
-    assert "2 uploaded" in up.text()
+    assert "3 uploaded" in up.text()
 
 
 async def test_a_changed_working_dir_rolls_out_with_no_failed_request(up: Up) -> None:
     await _answer(f"{up.http}/pin1")
     wd2 = write_app(up.tmp / "wd2", "v2")
     config = up.tmp / "v2.yaml"
-    config.write_text(APPS.format(wd=wd2).split("  - name: pin2")[0])
+    config.write_text(APPS.format(wd=wd2, extra="").split("  - name: pin2")[0])
     failures: list[Any] = []
     seen: set[str] = set()
     stop = asyncio.Event()
