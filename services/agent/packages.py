@@ -50,7 +50,8 @@ class PackageCache:
         self.sizes: dict[str, int] = {}
         self.fetches = 0
         self.fetched_bytes = 0
-        root.mkdir(parents=True, exist_ok=True)
+        if not root.is_dir():
+            return  # made at the first fetch: an agent that ships no code writes nothing
         removed = packages.clean_partial(root)
         if removed:
             log.info("package cache %s: removed %d partial download(s) or unpack(s)", root, removed)
@@ -78,6 +79,7 @@ class PackageCache:
 
     async def _fetch(self, ref: Mapping[str, Any], in_use: set[str]) -> Path:
         sha, size = str(ref["sha256"]), int(ref["size"])
+        await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
         tmp = self.root / f"{packages.PARTIAL_PREFIX}{sha}-{os.getpid()}.zip"
         try:
             url = ref.get("url")

@@ -82,8 +82,7 @@ class PyEnvs:
         self._failed: dict[str, tuple[float, str]] = {}
         self._building: dict[str, Building] = {}
         self.builds = 0
-        root.mkdir(parents=True, exist_ok=True)
-        packages.clean_partial(root)
+        packages.clean_partial(root)  # made at the first build
         self._id = f"{python} {sys.version.split()[0]}"
 
     def key(self, pip: Mapping[str, Any]) -> str:
@@ -121,6 +120,7 @@ class PyEnvs:
         async with self._sem:
             reqs = tuple(str(p) for p in pip.get("packages", ()))
             self._building[key] = Building(key, reqs, time.time())
+            await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
             log.info("building python environment %s: %s", key, " ".join(reqs))
             tmp = Path(tempfile.mkdtemp(prefix=f"{packages.PARTIAL_PREFIX}{key}-", dir=self.root))
             try:

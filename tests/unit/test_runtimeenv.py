@@ -369,3 +369,56 @@ async def test_an_installer_killed_mid_build_leaves_nothing_half_built(tmp_path:
     (root / f"{packages.PARTIAL_PREFIX}abc-xyz").mkdir()  # what a SIGKILLed agent leaves
     PyEnvs(root, sys.executable)
     assert list(root.iterdir()) == []
+
+
+async def test_the_agent_holds_a_replica_until_its_runtime_env_and_reports_a_failure(
+    tmp_path: Path,
+) -> None:
+    """The shell: a replica whose package cannot be had (this bus has no object store) waits
+    while it is being prepared (no slot, a `preparing` note), then fails its start with exit
+    code 126 and a `failed` note with the reason; a replica with no runtime_env is untouched."""
+    from dataclasses import replace
+
+    from services.agent.config import AgentConfig
+    from services.agent.service import AgentService
+    from shared.bus import Msg
+    from shared.fakebus import FakeServer
+    from shared.subjects import DEFAULT_SUBJECTS as S
+    from shared.wire import decode_as
+    from shared.wire.messages import Lifecycle
+    from tests.unit.test_agent_core import target
+
+    server = FakeServer()
+    bus, watcher = server.connect(), server.connect()
+    exits: list[Lifecycle] = []
+
+    async def on_life(msg: Msg) -> None:
+        exits.append(decode_as(msg.data, Lifecycle))
+
+    await watcher.subscribe(S.report("lifecycle", "app", "dep"), on_life)
+    cfg = AgentConfig(
+        nats_url="nats://unused",
+        agent_id="me",
+        log_dir=str(tmp_path),
+        cache_dir=str(tmp_path / "c"),
+    )
+    svc = AgentService(cfg, bus=bus)
+    plain = target("r0")
+    shipped = target("r1")
+    rt = {"working_dir": {"sha256": "a" * 64, "size": 10}}
+    shipped = replace(shipped, spec=replace(shipped.spec, runtime_env=rt))
+    assert svc._prepared({"r0": plain, "r1": shipped}) == {"r0": plain}
+    (note,) = svc.info().environments
+    assert (note.deployment, note.state) == ("app.dep", "preparing")
+    assert "fetching package aaaaaaaaaaaa" in note.detail or note.detail == "preparing"
+    await eventually(lambda: not svc.envs.preparing(), 10, "the preparation to fail")
+    assert svc._prepared({"r1": shipped}) == {"r1": shipped}  # failed: started, to fail
+    (note,) = svc.info().environments
+    assert note.state == "failed" and "no object store" in note.detail
+    await svc._start(shipped)
+    await bus.flush()
+    await watcher.flush()
+    assert [(e.replica_id, e.state, e.exit_code) for e in exits] == [("r1", "exited", 126)]
+    assert not (tmp_path / "c" / "packages" / ("a" * 64)).exists()
+    await bus.close()
+    await watcher.close()
