@@ -32,8 +32,8 @@ _FUNCTION_KEY = object()
 
 
 class _Queue:
-    def __init__(self, max_batch_size: int, wait_s: float) -> None:
-        self.max_batch_size, self.wait_s = max_batch_size, wait_s
+    def __init__(self, settings: BatchedFunction) -> None:
+        self.settings = settings
         self.items: list[tuple[Any, asyncio.Future[Any]]] = []
         self.full = asyncio.Event()
         self.flushes: set[asyncio.Task[None]] = set()
@@ -43,23 +43,36 @@ class _Queue:
         self.flushes.add(task)
         task.add_done_callback(self.flushes.discard)
 
+    def _take(self) -> int:
+        """How many of the queued items make the next batch: as many as fit in
+        `max_batch_size` (counted by `batch_size_fn` when there is one), at least one."""
+        limit, n = self.settings.max_batch_size, len(self.items)
+        while n > 1 and self.settings.size([item for item, _ in self.items[:n]]) > limit:
+            n -= 1
+        return n
+
+    def _is_full(self) -> bool:
+        items = [item for item, _ in self.items]
+        return self.settings.size(items) >= self.settings.max_batch_size
+
     async def submit(self, call: Callable[[list[Any]], Awaitable[Any]], item: Any) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.items.append((item, future))
         if len(self.items) == 1:
             self._start_flush(call)
-        if len(self.items) >= self.max_batch_size:
+        if self._is_full():
             self.full.set()
         return await future
 
     async def _flush(self, call: Callable[[list[Any]], Awaitable[Any]]) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.full.wait(), self.wait_s)
-        batch, self.items = self.items[: self.max_batch_size], self.items[self.max_batch_size :]
+            await asyncio.wait_for(self.full.wait(), self.settings.batch_wait_timeout_s)
+        n = self._take()
+        batch, self.items = self.items[:n], self.items[n:]
         self.full = asyncio.Event()
         if self.items:  # the overflow starts the next batch at once
             self._start_flush(call)
-            if len(self.items) >= self.max_batch_size:
+            if self._is_full():
                 self.full.set()
         try:
             results = list(await call([item for item, _ in batch]))
@@ -84,38 +97,104 @@ def batch(
     *,
     max_batch_size: int = 10,
     batch_wait_timeout_s: float = 0.01,
+    batch_size_fn: Callable[[list[Any]], int] | None = None,
 ) -> Any:
-    """Ray Serve's defaults: at most 10 items, 0.01 s of waiting for more."""
+    """Ray Serve's defaults: at most 10 items, 0.01 s of waiting for more. `batch_size_fn`
+    measures a batch in its own unit (tokens, nodes) instead of counting items."""
+    _check(max_batch_size, batch_wait_timeout_s)
+
+    def wrap(fn: Callable[..., Any]) -> BatchedFunction:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@serve.batch needs an async function, not {fn.__qualname__}")
+        return BatchedFunction(fn, max_batch_size, batch_wait_timeout_s, batch_size_fn)
+
+    return wrap if _func is None else wrap(_func)
+
+
+def _check(max_batch_size: int, batch_wait_timeout_s: float) -> None:
     if max_batch_size < 1 or batch_wait_timeout_s < 0:
         raise ValueError("max_batch_size must be >= 1 and batch_wait_timeout_s >= 0")
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"@serve.batch needs an async function, not {fn.__qualname__}")
-        # owner -> model id -> queue (a batch holds calls for one model only)
-        queues: weakref.WeakKeyDictionary[Any, dict[str, _Queue]] = weakref.WeakKeyDictionary()
-        plain: dict[str, _Queue] = {}
 
-        @functools.wraps(fn)
-        async def batched(*args: Any) -> Any:
-            if len(args) not in (1, 2):
-                raise TypeError("a @serve.batch function takes one item per call")
-            owner, item = (args[0], args[1]) if len(args) == 2 else (_FUNCTION_KEY, args[0])
-            if owner is _FUNCTION_KEY:
-                per_model = plain
-            else:
-                per_model = queues.get(owner) or queues.setdefault(owner, {})
-            model = get_multiplexed_model_id()
-            queue = per_model.get(model)
-            if queue is None:
-                queue = per_model[model] = _Queue(max_batch_size, batch_wait_timeout_s)
+class BatchedFunction:
+    """The decorated function: called with one item, run with a list. A method's instances each
+    get their own queues (bound through `__get__`). Pickles without its queues, so a deployment
+    shipped by value (serve.run from a script) carries only the function and its settings."""
 
-            def call(items: list[Any]) -> Awaitable[Any]:
-                pending: Awaitable[Any] = fn(items) if owner is _FUNCTION_KEY else fn(owner, items)
-                return pending
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        max_batch_size: int,
+        wait_s: float,
+        size_fn: Callable[[list[Any]], int] | None,
+    ) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn, self._size_fn = fn, size_fn
+        self.max_batch_size, self.batch_wait_timeout_s = max_batch_size, wait_s
+        self._queues: weakref.WeakKeyDictionary[Any, dict[str, _Queue]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._plain: dict[str, _Queue] = {}
 
-            return await queue.submit(call, item)
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_queues"], state["_plain"] = None, {}
+        return state
 
-        return batched
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._queues = weakref.WeakKeyDictionary()
 
-    return wrap if _func is None else wrap(_func)
+    def __get__(self, owner: Any, cls: type | None = None) -> Any:
+        return self if owner is None else _BoundBatch(self, owner)
+
+    def set_max_batch_size(self, value: int) -> None:
+        _check(value, self.batch_wait_timeout_s)
+        self.max_batch_size = value
+
+    def set_batch_wait_timeout_s(self, value: float) -> None:
+        _check(self.max_batch_size, value)
+        self.batch_wait_timeout_s = value
+
+    async def __call__(self, *args: Any) -> Any:
+        if len(args) != 1:
+            raise TypeError("a @serve.batch function takes one item per call")
+        return await self.submit(_FUNCTION_KEY, args[0])
+
+    async def submit(self, owner: Any, item: Any) -> Any:
+        if owner is _FUNCTION_KEY:
+            per_model = self._plain
+        else:
+            per_model = self._queues.get(owner) or self._queues.setdefault(owner, {})
+        model = get_multiplexed_model_id()
+        queue = per_model.get(model)
+        if queue is None:
+            queue = per_model[model] = _Queue(self)
+        fn = self._fn
+
+        def call(items: list[Any]) -> Awaitable[Any]:
+            pending: Awaitable[Any] = fn(items) if owner is _FUNCTION_KEY else fn(owner, items)
+            return pending
+
+        return await queue.submit(call, item)
+
+    def size(self, items: list[Any]) -> int:
+        return len(items) if self._size_fn is None else int(self._size_fn(items))
+
+
+class _BoundBatch:
+    """`instance.method` of a batched method: Ray's `self.__call__.set_max_batch_size(...)`
+    reaches the settings through it."""
+
+    __slots__ = ("_batched", "_owner")
+
+    def __init__(self, batched: BatchedFunction, owner: Any) -> None:
+        self._batched, self._owner = batched, owner
+
+    async def __call__(self, *args: Any) -> Any:
+        if len(args) != 1:
+            raise TypeError("a @serve.batch function takes one item per call")
+        return await self._batched.submit(self._owner, args[0])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batched, name)
