@@ -422,3 +422,40 @@ async def test_the_agent_holds_a_replica_until_its_runtime_env_and_reports_a_fai
     assert not (tmp_path / "c" / "packages" / ("a" * 64)).exists()
     await bus.close()
     await watcher.close()
+
+
+async def test_a_url_working_dir_is_fetched_checked_and_its_single_top_folder_is_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GitHub-style archive (one top folder) from an https URL: fetched with the declared
+    size as its bound, checked against its sha256, its top folder the working directory."""
+    archive = tmp_path / "archive.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("repo-abc123/app.py", "A = 1\n")
+    sha, size = packages.sha256_file(archive), archive.stat().st_size
+    asked: list[tuple[str, int]] = []
+
+    def fake_download(url: str, path: Path, *, timeout: float, limit: int) -> None:
+        asked.append((url, limit))
+        path.write_bytes(archive.read_bytes())
+
+    monkeypatch.setattr(packages, "download", fake_download)
+    envs = RuntimeEnvs(
+        PackageCache(tmp_path / "cache", None),
+        PyEnvs(tmp_path / "envs", sys.executable),
+        wake=lambda: None,
+    )
+    url = "https://github.com/o/r/archive/abc123.zip"
+    rt = {"working_dir": {"url": url, "sha256": sha, "size": size}}
+    assert envs.state(rt) is None
+    await eventually(lambda: not envs.preparing(), 10, "the fetch")
+    ready = envs.state(rt)
+    assert isinstance(ready, Prepared), ready
+    assert ready.cwd == str(tmp_path / "cache" / sha / "repo-abc123")
+    assert asked == [(url, size + 1)]
+
+    bad = {"working_dir": {"url": url, "sha256": "b" * 64, "size": size}}
+    assert envs.state(bad) is None
+    await eventually(lambda: not envs.preparing(), 10, "the fetch")
+    failed = envs.state(bad)
+    assert isinstance(failed, Failed) and "does not match" in failed.reason
