@@ -7,8 +7,9 @@ session, die with the agent, the agent's child environment) with stdin a pipe. T
 replica, `take()` hands the next live spare the replica's arguments, environment, directory and
 log file as one JSON line and returns the process, which becomes that replica; the agent then
 tracks it as it tracks a process it spawned. A spare is used only where the replica would have
-started the same way: the spare's interpreter and `-m services.replica`, and the same PYTHON*
-start-up variables (PYTHONPATH apart: the spare applies it). Otherwise, or when no spare is live,
+started the same way: the spare's interpreter and `-m services.replica`, the same PYTHON*
+start-up variables and the same working directory (a runtime_env's own interpreter, import roots
+or working_dir: a cold start, so its modules shadow installed ones as they would). Otherwise, or when no spare is live,
 `take()` returns None and the agent spawns as before. A spare used is replaced `refill_after_s`
 later (`refill()`, each agent tick), so the new spare's imports do not compete for the CPU with
 the replica that is starting. `close()` retires them; a spare whose agent is gone exits (EOF on stdin, or its death signal).
@@ -34,14 +35,14 @@ REFILL_AFTER_S = 1.0
 CMDLINE_ROOM = 4096
 """Padding on a spare's command line: room for the replica's arguments, which the spare writes
 there when it becomes the replica, so `ps` and /proc show a replica like any other."""
-UNCHANGED_BY_SPARE = "PYTHONPATH"
-"""The one PYTHON* variable a started spare can still apply (spare.py: sys.path)."""
 
 
 def same_start(spare_env: Mapping[str, str], env: Mapping[str, str]) -> bool:
     """Whether an interpreter started with `spare_env` starts as one started with `env` would:
-    the PYTHON* variables it reads at start-up agree (PYTHONPATH apart)."""
-    keys = {k for k in (*spare_env, *env) if k.startswith("PYTHON") and k != UNCHANGED_BY_SPARE}
+    the PYTHON* variables it reads at start-up agree, PYTHONPATH included (a runtime_env's
+    import roots come before site-packages: a module of the same name there must win over the
+    one the spare already imported, so such a replica starts cold)."""
+    keys = {k for k in (*spare_env, *env) if k.startswith("PYTHON")}
     return all(spare_env.get(k) == env.get(k) for k in keys)
 
 
@@ -108,8 +109,8 @@ class Spares:
         output appended to `log_file`), or None: start it the usual way."""
         if list(argv[:3]) != [self.python, "-m", REPLICA_MODULE]:
             return None
-        if not same_start(self._env, env):
-            return None
+        if not same_start(self._env, env) or os.path.abspath(cwd) != os.path.abspath(self._cwd):
+            return None  # a working_dir is first on sys.path: the same shadowing as PYTHONPATH
         order = {
             "args": list(argv[3:]),
             "env": dict(env),

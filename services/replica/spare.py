@@ -92,9 +92,8 @@ def set_pythonpath(path: list[str], pythonpath: str) -> None:
     """The order's PYTHONPATH entries right after sys.path[0], where a fresh interpreter puts
     them (ahead of the standard library and site-packages); entries already there move up."""
     entries = list(dict.fromkeys(p for p in pythonpath.split(os.pathsep) if p))
-    head = path[:1]
     rest = [p for p in path[1:] if p not in entries]
-    path[:] = [*head, *(p for p in entries if p not in head), *rest]
+    path[:] = [*path[:1], *entries, *rest]
 
 
 def set_cmdline(argv: Sequence[str]) -> bool:

@@ -86,25 +86,17 @@ async def test_a_replica_starts_in_the_spare_as_a_cold_start_would(
     procs: ChildProcesses, bus: Bus, nats_url: str, tmp_path: Path
 ) -> None:
     spare_pid = await spare_ready(procs)
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    extra = tmp_path / "extra-path"
     out = tmp_path / "where.json"
-    env = {
-        OUT_ENV: str(out),
-        "FP_SPARE_TEST_MARKER": "mine",
-        "PYTHONPATH": procs.pythonpath([str(extra)]),
-    }
-    pid = procs.start("r-spare-1", argv(nats_url, "r-spare-1"), "r-spare-1", env, cwd=str(workdir))
+    env = {OUT_ENV: str(out), "FP_SPARE_TEST_MARKER": "mine"}
+    pid = procs.start("r-spare-1", argv(nats_url, "r-spare-1"), "r-spare-1", env)
     assert pid == spare_pid  # the spare became the replica
     await wait_for_replica(bus, "r-spare-1", WAIT_S)
     seen = json.loads(out.read_text())
     assert seen["pid"] == spare_pid
     assert seen["marker"] == "mine"  # the replica's own environment...
     assert seen["agent_only"] == "agent"  # ...over the agent's child environment
-    assert seen["cwd"] == str(workdir)
-    assert seen["path"][0] == str(workdir)  # `python -m` in that directory
-    assert seen["path"][1] == str(extra)  # then PYTHONPATH, ahead of the standard library
+    assert seen["cwd"] == str(ROOT)
+    assert seen["path"][:2] == [str(ROOT), str(ROOT)]  # `python -m` here, then PYTHONPATH
     assert cmdline_of(pid) == argv(nats_url, "r-spare-1")  # as a cold start's: ps, tools
     log = (tmp_path / "logs" / "r-spare-1.log").read_text()
     assert "spare_app: constructed" in log and "ready" in log
@@ -115,8 +107,8 @@ async def test_a_replica_starts_in_the_spare_as_a_cold_start_would(
 
 @pytest.mark.parametrize(
     "change",
-    [{"PYTHONOPTIMIZE": "1"}, {"python": "python3"}],
-    ids=["python-startup-variable", "other-interpreter"],
+    [{"PYTHONOPTIMIZE": "1"}, {"python": "python3"}, {"PYTHONPATH": "extra"}, {"cwd": "work"}],
+    ids=["python-startup-variable", "other-interpreter", "import-roots", "working-dir"],
 )
 async def test_a_replica_the_spare_cannot_start_the_same_way_is_a_cold_start(
     procs: ChildProcesses, bus: Bus, nats_url: str, tmp_path: Path, change: dict[str, str]
@@ -125,12 +117,18 @@ async def test_a_replica_the_spare_cannot_start_the_same_way_is_a_cold_start(
     out = tmp_path / "where.json"
     cmd = argv(nats_url, "r-cold-1")
     env = {OUT_ENV: str(out)}
+    cwd = None
     if "python" in change:  # another name (a runtime_env's own interpreter): not the spare's
         cmd[0] = str(Path(sys.executable).with_name(change["python"]))
         assert cmd[0] != sys.executable
+    elif "PYTHONPATH" in change:  # a runtime_env's py_modules: they must shadow what is installed
+        env["PYTHONPATH"] = procs.pythonpath([str(tmp_path / change["PYTHONPATH"])])
+    elif "cwd" in change:  # a runtime_env's working_dir: first on sys.path, the same
+        (tmp_path / change["cwd"]).mkdir()
+        cwd = str(tmp_path / change["cwd"])
     else:
         env.update(change)
-    pid = procs.start("r-cold-1", cmd, "r-cold-1", env)
+    pid = procs.start("r-cold-1", cmd, "r-cold-1", env, cwd=cwd)
     assert pid != spare_pid
     assert procs.spares is not None and procs.spares.pids() == [spare_pid]  # still spare
     await wait_for_replica(bus, "r-cold-1", WAIT_S)
