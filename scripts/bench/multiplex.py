@@ -12,7 +12,8 @@ embedded nats-server. C concurrent callers send requests whose model is drawn fr
   by load alone (power of two choices), as a router without multiplexing would, and as the
   HAProxy front door's `balance random(2)` does for HTTP;
 - hash: no router; a static hash of the model id picks the replica (what a front door hashing
-  the `serve_multiplexed_model_id` header could do), ignoring what is loaded and the load.
+  the `serve_multiplexed_model_id` header could do), ignoring what is loaded and the load; the
+  hash is salted per phase, so the phases average over placements (an even one is luck).
 
 Rounds alternate the modes (ABC CBA ...) so drift in machine load hits all alike; before each
 phase every replica's models are unloaded and a new router starts, so each phase starts cold.
@@ -101,6 +102,8 @@ async def phase(
     picks = rng.choices(models, weights, k=requests)
     aware = {m: handle.options(method="predict", model_id=m) for m in models}
     blind = handle.options(method="predict_blind")
+    # salted per phase: each phase is another hash placement, so the runs average over them
+    home = {m: rids[zlib.crc32(f"{seed}:{m}".encode()) % len(rids)] for m in models}
     latencies: list[float] = []
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     for i, m in enumerate(picks):
@@ -115,9 +118,7 @@ async def phase(
             elif mode == "blind":
                 await blind.remote(m, i)
             else:  # a static hash of the model picks the replica (no router, no load)
-                await call_replica(
-                    bus, rids[zlib.crc32(m.encode()) % len(rids)], "predict", (i,), m
-                )
+                await call_replica(bus, home[m], "predict", (i,), m)
             latencies.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(caller() for _ in range(concurrency)))
