@@ -26,7 +26,6 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from shared.wire.codec import encode
-from shared.wire.columnar import handle_report_to_columnar
 from shared.wire.messages import HandleReport, HealthStatus, RequestStats
 
 logger = logging.getLogger(__name__)
@@ -131,4 +130,8 @@ def encode_handle_report(
         data = encode(report)
         if len(data) <= max_payload:
             return [data]
+    # imported here: pyarrow is for wide reports, and a replica whose user code holds a handle
+    # (its router in the same process) must not pay for it in every narrow one
+    from shared.wire.columnar import handle_report_to_columnar
+
     return handle_report_to_columnar(report, max_payload)

@@ -57,6 +57,13 @@ def test_what_a_replica_builds_on_imports_none_of_them_either(module: str) -> No
     assert sorted(closure("services.replica", module) & set(FORBIDDEN)) == []
 
 
+def test_a_replica_holding_a_handle_imports_no_pyarrow_for_its_router() -> None:
+    # composition: the router runs in the replica's process; its narrow reports are msgpack,
+    # pyarrow is for wide ones only (numpy stays: the router's windows are numpy arrays)
+    tops = closure("services.replica.__main__", "services.router.handle")
+    assert sorted(tops & (set(FORBIDDEN) - {"numpy"})) == []
+
+
 def test_user_code_in_a_replica_can_still_import_aiohttp() -> None:
     out = run_python("""
         import services.replica.__main__, sys
