@@ -74,7 +74,11 @@ PROGRESS_EVERY_S = 10.0
 LOG_TAIL_LINES = 25
 ROUTE_WAIT_S = 30.0
 UNCHANGED_SETTLE_S = 2.0
-"""After a redeploy, how long a RUNNING status not yet rewritten is taken as this version's."""
+"""After a redeploy that changed no version, how long an unrewritten status is taken as this
+one's."""
+ROLLOUT_SEEN_S = 15.0
+"""After a redeploy that changed a version, how long to wait to see the rollout in the status
+before the status is taken as this version's anyway."""
 T = TypeVar("T")
 
 
@@ -306,9 +310,9 @@ def run(
     assert driver is not None and driver.bus is not None
     t0 = time.monotonic()
     _say(f"deploying application {name!r} ({_apps.describe(config)}) ...")
-    changed, status_rev = driver.call(_apps.write_app(driver.bus, config), 30)
+    written = driver.call(_apps.write_app(driver.bus, config), 30)
     driver.deployed.add(name)
-    _wait_running(driver, config, changed, status_rev, t0 + _timeout_s)
+    _wait_running(driver, config, written, t0 + _timeout_s)
     if config.route_prefix is not None:
         _wait_routed(driver, name, config.route_prefix, t0 + _timeout_s)
     where = (
@@ -450,29 +454,36 @@ def _local_state_dir() -> Path:
 # -- waiting --------------------------------------------------------------------------------------
 
 
-def _wait_running(
-    driver: _Driver, app: AppConfig, changed: bool, status_rev: int | None, deadline: float
-) -> None:
+def _wait_running(driver: _Driver, app: AppConfig, written: _apps.Written, deadline: float) -> None:
     """Until the controller reports this version of `app` RUNNING; DeployFailed on
-    DEPLOY_FAILED, TimeoutError past `deadline`, both with what the controller says."""
+    DEPLOY_FAILED, TimeoutError past `deadline`, both with what the controller says.
+
+    A status read right after the write may still describe the previous version: when the write
+    changed a deployment's version, this version's status is the one after the controller was
+    seen rolling it out (DEPLOYING: a replica takes a second or more to start, so a poll sees
+    it); when it changed no version, the first status rewritten after the write (or, when the
+    change moved nothing the status shows, the status after a short settle)."""
     assert driver.bus is not None
     wanted = {d.name for d in app.deployments}
-    written = time.monotonic()
-    said = written
+    start = time.monotonic()
+    said = start
     view: Any = None
+    current = written.status_revision is None or not written.changed
     while True:
         _check_system(driver)
         found = driver.call(_apps.status_entry(driver.bus, app.name), 30)
         if found is not None:
             revision, view = found
-            fresh = (
-                not changed
-                or status_rev is None
-                or revision > status_rev
-                or time.monotonic() - written > UNCHANGED_SETTLE_S
-            )
-            if fresh and set(view.deployments) == wanted:
-                if view.status == "RUNNING":
+            newer = written.status_revision is None or revision > written.status_revision
+            waited = time.monotonic() - start
+            if newer and written.rollout:
+                rolling = any(d.status == "UPDATING" for d in view.deployments.values())
+                current = current or view.status == "DEPLOYING" or rolling
+            elif not written.rollout:
+                current = current or newer or waited > UNCHANGED_SETTLE_S
+            current = current or waited > ROLLOUT_SEEN_S
+            if current and set(view.deployments) == wanted:
+                if view.status == "RUNNING" and _sized(app, view):
                     return
                 if view.status == "DEPLOY_FAILED":
                     raise DeployFailed(
@@ -482,7 +493,7 @@ def _wait_running(
         now = time.monotonic()
         if now > deadline:
             raise TimeoutError(
-                f"application {app.name!r} is not RUNNING after {now - written + 0.0:.0f} s: "
+                f"application {app.name!r} is not RUNNING after {now - start:.0f} s: "
                 + (_progress(view) if view is not None else "the controller reported nothing")
                 + _replica_log_tail(driver, app.name, view)
             )
@@ -493,6 +504,18 @@ def _wait_running(
                 + (_progress(view) if view is not None else "not reported yet")
             )
         time.sleep(0.1)
+
+
+def _sized(app: AppConfig, view: Any) -> bool:
+    """A deployment with a fixed num_replicas runs that many (Ray's serve.run waits for a
+    config's upscale or downscale; the controller calls the app RUNNING meanwhile, as Ray does
+    for an autoscaler's). Autoscaling deployments are not waited for."""
+    for d in app.deployments:
+        v = view.deployments[d.name]
+        fixed = d.autoscaling is None and d.num_replicas is not None
+        if fixed and not v.target_replicas == v.running_replicas == d.num_replicas:
+            return False
+    return True
 
 
 def _check_system(driver: _Driver) -> None:

@@ -180,7 +180,28 @@ def describe(app: AppConfig) -> str:
 # -- KV ----------------------------------------------------------------------------------------
 
 
-async def write_app(bus: Bus, app: AppConfig) -> tuple[bool, int | None]:
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a write changed: whether the value did, whether a deployment's version did (new
+    replicas: a rollout), and the app's status revision before the write."""
+
+    changed: bool
+    rollout: bool
+    status_revision: int | None
+
+
+def _rollout(old: bytes | None, new: AppConfig) -> bool:
+    try:
+        before = None if old is None else AppConfig.from_json(old)
+    except Exception:
+        return True
+    if before is None:
+        return True
+    versions = {d.name: before.version_of(d) for d in before.deployments}
+    return any(versions.get(d.name) != new.version_of(d) for d in new.deployments)
+
+
+async def write_app(bus: Bus, app: AppConfig) -> Written:
     """Write the app to fp_apps as `fleetpulse deploy` does; (changed, the revision of its
     status before the write)."""
     from shared.errors import KVConflict, UsageError
@@ -214,8 +235,10 @@ async def write_app(bus: Bus, app: AppConfig) -> tuple[bool, int | None]:
     status_kv = await bus.kv(KV_STATUS)
     before = await status_kv.get(app.name)
     old = current.get(app.name)
+    status_revision = None if before is None else before.revision
     if old is not None and old.value == value:
-        return False, None if before is None else before.revision
+        return Written(False, False, status_revision)
+    rollout = _rollout(None if old is None else old.value, app)
     try:
         if old is None:
             await kv.create(app.name, value)
@@ -225,7 +248,7 @@ async def write_app(bus: Bus, app: AppConfig) -> tuple[bool, int | None]:
         raise RayServeException(
             f"application {app.name!r} was changed by someone else meanwhile; run again"
         ) from None
-    return True, None if before is None else before.revision
+    return Written(True, rollout, status_revision)
 
 
 async def read_status(bus: Bus) -> ServeStatus:

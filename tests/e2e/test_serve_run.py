@@ -265,6 +265,15 @@ APPS = """
 
 
     @serve.deployment
+    class Lister:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def items(self) -> list:
+            return list(range(self.n))
+
+
+    @serve.deployment
     class Broken:
         def __init__(self) -> None:
             raise ValueError("this constructor fails on purpose")
@@ -283,6 +292,10 @@ APPS = """
     print("ADD", adder.remote(1).result())
     serve.run(Adder.bind(10), name="adder", route_prefix="/add")  # a redeploy: a rollout
     print("ADD", serve.get_app_handle("adder").remote(1).result())
+
+    # a deployment without __call__, reached by handle only (Ray's local_dev.py Doubler)
+    lister = serve.run(Lister.bind(3), name="lister", route_prefix=None)
+    print("ITEMS", lister.items.remote().result())
 
     status = serve.status()
     print("APPS", *sorted(f"{n}={a.status}" for n, a in status.applications.items()))
@@ -321,10 +334,11 @@ def test_handles_status_redeploy_failure_delete_and_shutdown(
     assert f"HTTP on http://127.0.0.1:{port}" in out, out  # serve.start's http_options
     assert "DOUBLE 6" in out, out
     assert "ADD 2" in out and "ADD 11" in out, out
-    assert "APPS adder=RUNNING my_app=RUNNING" in out, out
+    assert "ITEMS [0, 1, 2]" in out, out
+    assert "APPS adder=RUNNING lister=RUNNING my_app=RUNNING" in out, out
     assert "BROKEN DeployFailed True" in out, out
     assert "CLASH True" in out, out
-    assert "AFTER-DELETE adder broken" in out, out
+    assert "AFTER-DELETE adder broken lister" in out, out
     assert "SHUTDOWN-LEFT 0" in out, out
     assert "STATUS-AFTER {}" in out, out
     assert s.leftovers() == []
