@@ -196,6 +196,13 @@ class DeploymentResponse:
     def cancel(self) -> None:
         self._future.cancel()
 
+    def __reduce__(self) -> Any:
+        # as Ray: a response is resolved only as a top-level argument, never serialised
+        raise TypeError(
+            "a DeploymentResponse cannot be serialised: pass it as a top-level argument of a "
+            "handle call (it is resolved first), or await it"
+        )
+
 
 _END: Final = object()
 
