@@ -32,6 +32,8 @@ SPARE_MODULE = "services.replica.spare"
 REPLICA_MODULE = "services.replica"
 REFILL_AFTER_S = 1.0
 """A used spare is replaced this long after: the replica it became is importing user code."""
+RETRY_AFTER_S = 10.0
+"""After a spare died unused, the next one waits this long."""
 CMDLINE_ROOM = 4096
 """Padding on a spare's command line: room for the replica's arguments, which the spare writes
 there when it becomes the replica, so `ps` and /proc show a replica like any other."""
@@ -68,10 +70,26 @@ class Spares:
         self._due = 0.0
         self.taken = 0
         """Replicas started in a spare."""
+        self.died = 0
+        """Spares that exited before use."""
 
     def refill(self, now: float) -> None:
-        """Start spares up to `count` (dead ones are dropped), unless one was taken lately."""
-        self._spares = [p for p in self._spares if p.poll() is None]
+        """Start spares up to `count`, unless one was taken lately. A spare that died unused
+        (it could not import what a replica imports: the replicas will fail the same way) is
+        dropped and logged, and the next one waits `RETRY_AFTER_S`: no spawn loop."""
+        alive = []
+        for proc in self._spares:
+            code = proc.poll()
+            if code is None:
+                alive.append(proc)
+                continue
+            self.died += 1
+            self._due = max(self._due, now + RETRY_AFTER_S)
+            log.warning(
+                "spare replica process %d exited with %d before use (see %s); next in %g s",
+                proc.pid, code, self.log_path, RETRY_AFTER_S,
+            )  # fmt: skip
+        self._spares = alive
         if now < self._due:
             return
         while len(self._spares) < self.count:

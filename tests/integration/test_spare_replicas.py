@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from services.agent.procs import ChildProcesses, child_env
-from services.agent.spare import Spares
+from services.agent.spare import RETRY_AFTER_S, Spares
 from shared.bus import Bus
 from shared.natsbus import NatsBus
 from tests.integration.spare_app import OUT_ENV
@@ -152,3 +152,29 @@ async def test_a_spare_that_died_is_passed_over_and_close_leaves_nothing(
     assert procs.spares.pids() == []
     for gone in (pid, new_spare):
         assert proc_state(gone)[0] in ("gone", "Z")
+
+
+def test_a_spare_that_cannot_start_is_retried_after_a_pause_not_in_a_loop(tmp_path: Path) -> None:
+    spares = Spares(
+        python="/bin/false", cwd=str(ROOT), env={}, log_path=tmp_path / "spare.log",
+        refill_after_s=0.0,
+    )  # fmt: skip
+    try:
+        spares.refill(100.0)
+        (first,) = spares.pids()
+        eventually_sync(lambda: proc_state(first)[0] in ("Z", "gone"))
+        spares.refill(100.1)  # died unused: dropped, and no new one yet
+        assert spares.pids() == [] and spares.died == 1
+        spares.refill(100.0 + RETRY_AFTER_S - 0.1)
+        assert spares.pids() == []
+        spares.refill(100.2 + RETRY_AFTER_S)
+        assert len(spares.pids()) == 1
+    finally:
+        spares.close()
+
+
+def eventually_sync(cond: Any, within_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
