@@ -5,10 +5,18 @@ error and keeps serving."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
 
+import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.requests import Request as StarletteRequest
+
+from services.replica.asgi import build_asgi_app, serve_carried
+from services.replica.usercode import UserDeployment
 from shared.wire import decode_as, encode
 from shared.wire.messages import (
     Admission,
@@ -114,3 +122,59 @@ async def test_a_raising_call_is_a_user_error_reply(buses: Any) -> None:
     assert isinstance(out[-1], ErrorReply) and out[-1].code == "user_error"
     assert any(isinstance(m, Chunk) for m in out)
     await rt.stop()
+
+
+class Mirror:
+    """What a handler sees of its request, as JSON."""
+
+    async def __call__(self, request: StarletteRequest) -> dict[str, Any]:
+        return {
+            "method": request.method,
+            "path": request.url.path,
+            "query": request.query_params.multi_items(),
+            "x": [(k, v) for k, v in request.headers.items() if k.startswith("x-h")],
+            "body": (await request.body()).hex(),
+            "root": request.scope.get("root_path", ""),
+        }
+
+
+NAME = st.text(alphabet="abcdefghij0123456789", min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+    segments=st.lists(NAME, max_size=3),
+    query=st.lists(st.tuples(NAME, NAME), max_size=3),
+    headers=st.lists(st.tuples(NAME, NAME), max_size=3, unique_by=lambda kv: kv[0]),
+    body=st.binary(max_size=40),
+)
+def test_a_request_looks_the_same_to_user_code_on_both_carriers(
+    method: str,
+    segments: list[str],
+    query: list[tuple[str, str]],
+    headers: list[tuple[str, str]],
+    body: bytes,
+) -> None:
+    path = "/shop/" + "/".join(segments)
+    qs = "&".join(f"{k}={v}" for k, v in query)
+    hdrs = tuple((f"x-h{k}", v) for k, v in headers)
+
+    async def both() -> tuple[Any, Any]:
+        user = await UserDeployment.create("x:y", (), {}, target=Mirror)
+        app = build_asgi_app(user, route_prefix="/shop")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            direct = (await c.request(method, f"{path}?{qs}", content=body, headers=hdrs)).json()
+        chunks: list[bytes] = []
+
+        async def emit(data: bytes) -> None:
+            chunks.append(data)
+
+        carried = HttpRequest(method, path, qs, hdrs, body)
+        await serve_carried(app, carried, emit=emit, collect=True)
+        return direct, json.loads(decode_as(chunks[0], HttpResponse).body)
+
+    direct, over_nats = asyncio.run(both())
+    assert over_nats == direct
+    assert direct["root"] == "/shop" and direct["body"] == body.hex()
