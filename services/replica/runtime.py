@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
 from fleetpulse.serve.multiplex import held_models, set_request_model_id
 from shared.badinput import BadInput
 from shared.bus import Bus, Msg, Subscription
@@ -26,7 +24,7 @@ from shared.localhealth import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.probes import not_held
 from shared.subjects import Subjects
 from shared.transitions import RefusalLog
-from shared.wire import decode_as, encode
+from shared.wire import decode_as, encode, uservalues
 from shared.wire.messages import (
     MAX_MODELS,
     Admission,
@@ -631,7 +629,7 @@ class ReplicaRuntime:
 
 def _pack(value: Any) -> bytes:
     try:
-        return msgpack.packb(value, use_bin_type=True)
+        return uservalues.pack(value)
     except Exception as exc:
         raise _RequestError(
             "user_error", f"result is not msgpack-serialisable: {type(exc).__name__}: {exc}"

@@ -24,8 +24,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgpack
-
 from services.router.call import BAD_RESPONSE, ResponseReader, open_call
 from services.router.config import RouterConfig, default_router_config
 from services.router.errors import RequestFailed
@@ -34,6 +32,7 @@ from shared.bus import Bus
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.localhealth import DEFAULT_PROVIDERS, LocalHealthProviders
 from shared.subjects import DEFAULT_SUBJECTS, Subjects, validate_name
+from shared.wire import uservalues
 from shared.wire.codec import encode
 from shared.wire.messages import CallArgs
 
@@ -251,7 +250,7 @@ class DeploymentHandle:
 
 def unpack_result(data: bytes) -> Any:
     """A chunk's msgpack value (user data: map keys need not be strings)."""
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    return uservalues.unpack(data)
 
 
 async def _iterate(reader: ResponseReader) -> AsyncIterator[Any]:

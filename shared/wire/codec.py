@@ -19,7 +19,7 @@ import msgpack
 
 from shared.errors import UsageError, WireError
 from shared.wire import _fields as f
-from shared.wire import reasons
+from shared.wire import reasons, uservalues
 from shared.wire.address import http_address_problem
 from shared.wire.limits import MAX_CONTAINERS, MAX_MESSAGE_BYTES, WIRE_VERSION
 from shared.wire.messages import (
@@ -272,7 +272,7 @@ def encode(msg: WireMessage) -> bytes:
     is not msgpack-serialisable or the result exceeds MAX_MESSAGE_BYTES."""
     wire = to_wire_map(msg)
     try:
-        data: bytes = msgpack.packb(wire, use_bin_type=True)
+        data: bytes = msgpack.packb(wire, use_bin_type=True, default=uservalues.PACK_DEFAULT)
     except (TypeError, ValueError, OverflowError) as exc:
         raise UsageError(f"cannot encode {msg.KIND} message: {exc}") from exc
     if len(data) > MAX_MESSAGE_BYTES:
@@ -607,6 +607,7 @@ def unpack_map(data: bytes) -> Map:
             max_array_len=n,
             max_map_len=n,
             max_ext_len=n,
+            ext_hook=uservalues.EXT_HOOK,  # numpy arrays in user values; other ext opaque
         )
     except WireError:
         raise
