@@ -64,8 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetpulse.serve")
 
 DEFAULT_APP_NAME = "default"
-DEFAULT_HTTP_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 8000
 NATS_URL_ENV = "FLEETPULSE_NATS_URL"
 """Names an existing system to use instead of starting a local one (shared/cliargs.py's)."""
 DEPLOY_TIMEOUT_S = 600.0
@@ -181,14 +179,20 @@ def _get_driver(*, start: bool = True) -> _Driver | None:
 
 
 def _start_local() -> _Driver:
+    from shared import settings
+
     from .localsystem import LocalSystem
 
-    host = str(_http_options.get("host") or os.environ.get("FLEETPULSE_PROXY_HOST") or "")
-    host = host or DEFAULT_HTTP_HOST
-    port = _http_options.get("port")
-    if port is None:
-        port = int(os.environ.get("FLEETPULSE_PROXY_PORT") or DEFAULT_HTTP_PORT)
-    port = int(port) or _free_port(host)
+    # serve.start's http_options, else the proxy's own settings ($FLEETPULSE_PROXY_HOST/_PORT,
+    # whose defaults are Ray's 127.0.0.1:8000); checked as the proxy checks them
+    for key, row in (("host", settings.PROXY_HOST), ("port", settings.PROXY_PORT)):
+        given = _http_options.get(key)
+        problem = None if given is None else row.problem(given)
+        if problem is not None:
+            raise ValueError(f"serve.start: http_options[{key!r}] {problem}, not {given!r}")
+    host = str(settings.PROXY_HOST.resolve(_http_options.get("host"), os.environ))
+    port = int(settings.PROXY_PORT.resolve(_http_options.get("port"), os.environ))
+    port = port or _free_port(host)
     script_dir = sys.path[0] if sys.path and sys.path[0] else os.getcwd()
     system = LocalSystem(
         host,
@@ -272,6 +276,8 @@ def start(
             if options:
                 _say("serve.start: the system is running already; http_options not applied")
             return
+        if options.get("port") is not None:
+            options["port"] = int(options["port"])
         _http_options.update({k: options[k] for k in ("host", "port") if k in options})
     _get_driver()
 
