@@ -524,6 +524,8 @@ def print_results(res: dict[str, Any], rows: list[dict[str, Any]], title: str) -
 
     table = []
     for r in rows:
+        if all(r["values"].get(n) is None for n in names):
+            continue  # a row none of these systems has (a --target alone has no handle)
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         verdict = {True: "pass", False: "FAIL", None: "-"}[r["pass"]]
         table.append([r["metric"], *(fmt(r["values"].get(n)) for n in names), ratio,
@@ -608,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault(k, v)
     log_dir = Path(tempfile.mkdtemp(prefix="fp-bench-http-ray-"))
     load_before = os.getloadavg()
-    print(f"http_ray: {', '.join(names + (['target'] if args.target else []))}; "
+    print(f"http_ray: {', '.join(names + (['endpoint'] if args.target else []))}; "
           f"{sizes.rounds} round(s) of {sizes.segment_s:g} s segments; {_load()}; logs in {log_dir}",
           flush=True)  # fmt: skip
 
@@ -667,10 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fleetpulse_front_door": fp_front[0] if fp_front else None,
         "load_before": load_before, "load_after": os.getloadavg(), "errors": errors,
     }  # fmt: skip
-    if not args.smoke and not args.no_plot and (p := plot(res)):
+    if not args.smoke and not args.no_plot and names and (p := plot(res)):
         payload["plot"] = p
         print(f"wrote {p}")
-    path = write_json("http_ray", payload)
+    # a --target alone gets its own file: it must not replace the side-by-side result
+    path = write_json("http_ray" if names else "http_ray_target", payload)
     print(f"wrote {shown(path)}")
     ratio = {r["metric"]: r["ratio"] for r in rows}
     fields: dict[str, object] = {}

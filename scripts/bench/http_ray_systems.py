@@ -224,7 +224,7 @@ class System:
 
 
 class TargetSystem(System):
-    name = "target"
+    name = "endpoint"
     has_handle = False
     has_wake = False
 
