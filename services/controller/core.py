@@ -89,6 +89,8 @@ class ControllerCore:
         self.subjects = Subjects(self.cfg.namespace)
         self.apps: dict[str, AppConfig] = {}
         self.deployments: dict[DepKey, ManagedDeployment] = {}
+        self._env_notes: dict[str, dict[DepKey, str]] = {}
+        """Agent id -> deployment -> what it says of that deployment's runtime_env."""
         self.deleting: dict[DepKey, ManagedDeployment] = {}
         self.stall = StallGuard()
         self.stall_state: StallState | None = None
@@ -512,6 +514,7 @@ class ControllerCore:
         """An agent announced itself (KV fp_agents put)."""
         first = not self.placement.ever_seen
         self.placement.heard(info, recv)
+        self._environments(info.agent_id, info)
         if first:  # placement is on from now: replicas without an agent wait for room
             for table in (self.deployments, self.deleting):
                 for m in table.values():
@@ -520,6 +523,27 @@ class ControllerCore:
     def agent_gone(self, agent_id: str) -> None:
         """An agent removed its entry (clean shutdown)."""
         self.placement.gone(agent_id)
+        self._environments(agent_id, None)
+
+    def _environments(self, agent_id: str, info: AgentInfo | None) -> None:
+        """The agents' notes on runtime environments (preparing, failed) into the status
+        messages of the deployments they name (shared/kv/agents.py EnvNote)."""
+        before = self._env_notes.pop(agent_id, {})
+        now: dict[DepKey, str] = {}
+        for n in info.environments if info is not None else ():
+            app, _, dep = n.deployment.partition(".")
+            what = "runtime_env failed" if n.state == "failed" else "runtime_env"
+            now[(app, dep)] = f"{what} on agent {agent_id}: {n.detail}"
+        if now:
+            self._env_notes[agent_id] = now
+        if not before and not now:
+            return  # the usual announcement: nothing to do
+        for key in before.keys() | now.keys():
+            m = self.deployments.get(key) or self.deleting.get(key)
+            if m is not None:
+                texts = [notes[key] for _, notes in sorted(self._env_notes.items()) if key in notes]
+                failed = [t for t in texts if t.startswith("runtime_env failed")]
+                m.state.environment = (failed or texts or [""])[0]
 
     def _finish_deletes(self) -> list[Action]:
         out: list[Action] = []

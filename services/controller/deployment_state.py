@@ -32,7 +32,9 @@ Status follows the brief: UPDATING until the current version first meets its tar
 rollout; a deployment created at zero is HEALTHY at once, so a later wake-up is UPSCALING),
 HEALTHY when the target is met with healthy replicas (target 0 reached counts), UPSCALING /
 DOWNSCALING while moving, UNHEALTHY after a recent verdict or crash until healthy again,
-DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start. The status is not a
+DEPLOY_FAILED after `max_start_failures` replicas in a row failed to start (the message carries
+what an agent said of the deployment's runtime_env, `environment`: why it failed, or that it is
+still being prepared while UPDATING). The status is not a
 state machine of its own: `_compute_status` derives it afresh from the records at every tick (by
 the rules above, in that order), so any status may follow any other and none is refused; what moves
 by events, and is refused when an event is illegal, is each replica record (lifecycle.py).
@@ -116,6 +118,9 @@ class DeploymentState:
     for room, not starting, so no start timeout runs for it."""
     unplaced: str = ""
     """Why some replica fits on no agent (placement.py), or "" (the status message says it)."""
+    environment: str = ""
+    """What agents say of its runtime_env (fp_agents: preparing it, or the error that failed
+    it), or "": the status message carries it (core.on_agent)."""
     on_remove: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
     """Called with the id of every record removed (what it held on its agent is released)."""
     _next_id: int = 0
@@ -459,15 +464,18 @@ class DeploymentState:
 
     def _compute_status(self, now: float) -> tuple[DeploymentStatus, str]:
         if self.start_failures >= MAX_START_FAILURES:
+            env = f": {self.environment}" if self.environment else ""
             return (
                 DeploymentStatus.DEPLOY_FAILED,
-                f"{self.start_failures} replicas in a row failed to start",
+                f"{self.start_failures} replicas in a row failed to start{env}",
             )
         view = self.view()
         running = len(view.running) - view.running_condemned
         current = view.running_current
         rolling = bool(view.old)
         waiting = f"; a replica cannot be placed: {self.unplaced}" if self.unplaced else ""
+        if self.environment:
+            waiting += f"; {self.environment}"
         if rolling or (not self.settled and current < self.target):
             return DeploymentStatus.UPDATING, "starting replicas of version " + (
                 self.version or "-"
