@@ -32,8 +32,10 @@ does not hide the servers' difference; the aiohttp row shows what a general clie
     .venv/bin/python -m scripts.bench.http_ray [--rounds 5] [--segment 2] [--only SYSTEM ...]
         [--target URL] [--no-plot] [--smoke]
 
-`--target URL`: the HTTP echo rows against an endpoint already running (e.g. the compose stack's
-proxy, URL with the app's path), with the same client; alone unless `--only` adds systems.
+`--target URL`: the HTTP rows (POST 256 B / 64 KiB, sequential and 16 concurrent, aiohttp)
+against an endpoint already running, with the same client: any app answering a POST with 200
+(its body is not checked), e.g. the compose stack's greeter, `--target http://127.0.0.1:8000/greet`;
+alone unless `--only` adds systems, its JSON in http_ray_target.json.
 Output: a table (each metric for fleetpulse, Ray fastest, Ray default, the fleetpulse / Ray
 fastest ratio, the issue's target, pass/fail), bench-results/http_ray.json, docs/img/http_ray.png
 (not in smoke), `RESULT bench=http_ray ...` lines. `--smoke`: one short round, both Ray modes
@@ -227,8 +229,8 @@ class Runner:
             )  # fmt: skip
             conns = self._conns(system, wl.workers)
             for c in conns:  # warm-up, checked: also reopens what the server closed while idle
-                await _warm(c, raw, self.payloads[wl.size], warmup)
-            calls = [checked(c, raw, wl.size) for c in conns]
+                await _warm(c, raw, self.payloads[wl.size] if system.echoes else None, warmup)
+            calls = [checked(c, raw, wl.size if system.echoes else None) for c in conns]
         else:
             if wl.kind == "aiohttp":
                 call = warm_call = self._aiohttp_call(system, wl.size)
@@ -298,7 +300,7 @@ class Runner:
         async def call() -> None:
             async with session.post(path, data=payload) as resp:
                 body = await resp.read()
-            if resp.status != 200 or len(body) != size:
+            if resp.status != 200 or (system.echoes and len(body) != size):
                 raise HttpProtocolError(f"aiohttp: status {resp.status}, {len(body)} bytes")
 
         return call
@@ -334,7 +336,8 @@ class Runner:
             await s.close()
 
 
-async def _warm(conn: Connection, raw: bytes, payload: bytes, n: int) -> None:
+async def _warm(conn: Connection, raw: bytes, payload: bytes | None, n: int) -> None:
+    """`n` requests, each answered 200 with `payload` echoed (any body when None)."""
     for i in range(max(1, n)):
         try:
             r = await conn.request(raw)
@@ -343,7 +346,7 @@ async def _warm(conn: Connection, raw: bytes, payload: bytes, n: int) -> None:
                 raise
             conn.close()  # the server had closed it while idle: once more on a new one
             r = await conn.request(raw)
-        if r.status != 200 or bytes(r.body) != payload:
+        if r.status != 200 or (payload is not None and bytes(r.body) != payload):
             raise HttpProtocolError(f"warm-up: status {r.status}, {len(r.body)} bytes")
 
 

@@ -199,6 +199,8 @@ class System:
     zero_path = driver.ZERO_PREFIX
     has_handle = True
     has_wake = True
+    echoes = True
+    """Whether its HTTP answers echo the request body (checked); a --target need not."""
 
     def roles(self) -> dict[str, list[int]]:
         return {}
@@ -227,6 +229,7 @@ class TargetSystem(System):
     name = "endpoint"
     has_handle = False
     has_wake = False
+    echoes = False  # any app (the compose stack's greeter): only a 200 is required
 
     def __init__(self, url: str) -> None:
         from scripts.bench.httpclient import Endpoint

@@ -377,13 +377,16 @@ async def closed_loop(
     return res
 
 
-def checked(conn: Connection, raw: bytes, expect_len: int) -> Callable[[], Awaitable[object]]:
+def checked(
+    conn: Connection, raw: bytes, expect_len: int | None
+) -> Callable[[], Awaitable[object]]:
     """A call that sends `raw` on `conn` and fails unless the answer is 200 with a body of
-    `expect_len` bytes (the content is checked once, in the warm-up, not per request)."""
+    `expect_len` bytes (any length when None; the content is checked once, in the warm-up, not
+    per request)."""
 
     async def call() -> object:
         r = await conn.request(raw, keep_body=False)
-        if r.status != 200 or r.body_len != expect_len:
+        if r.status != 200 or (expect_len is not None and r.body_len != expect_len):
             raise HttpProtocolError(f"status {r.status}, {r.body_len} bytes")
         return None
 
