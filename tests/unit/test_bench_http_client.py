@@ -303,6 +303,8 @@ async def test_the_closed_loop_counts_requests_and_errors(tiny: tuple[TinyServer
         assert res.errors == 0 and len(res.latencies_s) > 20
         assert server.connections == 4
         assert res.throughput == pytest.approx(len(res.latencies_s) / res.elapsed_s)
+        any_length = await closed_loop([checked(conns[0], raw, None)], 10.0, max_requests=3)
+        assert (any_length.errors, len(any_length.latencies_s)) == (0, 3)
         wrong = await closed_loop([checked(conns[0], raw, 6)], 10.0, max_requests=3)
         assert (wrong.errors, wrong.latencies_s) == (3, [])
         assert "5 bytes" in wrong.first_error
