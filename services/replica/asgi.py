@@ -219,6 +219,7 @@ class CallApp:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self._fn = fn
         self._with_request = takes_request(fn)
+        self._coroutine = inspect.iscoroutinefunction(fn)  # decided once, not per request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -228,7 +229,10 @@ class CallApp:
                 await send({"type": "websocket.close", "code": 1003})
             return
         args = (StarletteRequest(scope, receive),) if self._with_request else ()
-        result = await invoke(self._fn, args, {})
+        if self._coroutine:
+            result = await self._fn(*args)
+        else:
+            result = await invoke(self._fn, args, {})
         await to_response(result)(scope, receive, send)
 
 
@@ -239,10 +243,10 @@ class _Watch:
     """The request's view of the server. Reads pass straight through while the handler is quick;
     one that runs longer than `after_s` gets a reader of its own (`pump`), one message
     ahead, so a disconnect is seen while the handler runs and cancels `task` (a task per request
-    would cost more than the rest of the request path: most requests end before the timer)."""
+    would cost more than the rest of the request path: most requests end before the sweep)."""
 
     __slots__ = ("_has_item", "_has_space", "_in_receive", "_items", "_pump", "_receive",
-                 "_send", "_task", "_timer", "_want_pump", "complete", "disconnected",
+                 "_send", "_task", "_want_pump", "complete", "disconnected", "since",
                  "started")  # fmt: skip
 
     def __init__(self, receive: Receive, send: Send, task: asyncio.Task[Any]) -> None:
@@ -253,17 +257,15 @@ class _Watch:
         self._has_item: asyncio.Event | None = None
         self._has_space: asyncio.Event | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self.since = 0.0
+        """When the request started (the loop's clock), for the sweep that arms the pump."""
         self._in_receive = False
         self._want_pump = False
         self.started = False
         self.complete = False
         self.disconnected = False
 
-    def arm(self, loop: asyncio.AbstractEventLoop, after_s: float) -> None:
-        self._timer = loop.call_later(after_s, self._start_pump)
-
-    def _start_pump(self) -> None:
+    def start_pump(self) -> None:
         if self.complete or self.disconnected or self._pump is not None:
             return
         if self._in_receive:  # the handler is reading itself: the pump starts when it is done
@@ -275,8 +277,6 @@ class _Watch:
         self._pump = asyncio.get_running_loop().create_task(self._run_pump())
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         if self._pump is not None:
             self._pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -310,7 +310,7 @@ class _Watch:
                 self.disconnected = True
             elif self._want_pump:
                 self._want_pump = False
-                self._start_pump()
+                self.start_pump()
             return message
         has_item, has_space = self._has_item, self._has_space
         assert has_item is not None and has_space is not None
@@ -384,6 +384,9 @@ class ReplicaAsgi:
         self.errors = _ErrorLog(clock, ERROR_LOG_INTERVAL_S)
         self.disconnects = 0
         self.state: dict[str, Any] = {}
+        self._running: dict[_Watch, None] = {}
+        """Requests without a disconnect watch yet, oldest first (dicts keep order)."""
+        self._sweeper: asyncio.Task[None] | None = None
         self._lifespan: _Lifespan | None = None
         self._lifespan_lock = asyncio.Lock()
 
@@ -456,7 +459,7 @@ class ReplicaAsgi:
         assert task is not None
         w = _Watch(receive, send, task)
         if not carried:
-            w.arm(task.get_loop(), self.watch_after_s)
+            self._watch(w, task.get_loop())
         token = enter_servable(self.instance)
         # the serve_multiplexed_model_id header names the request's model (multiplexing); over
         # the NATS carrier without it, the model the router's Request named stays in place
@@ -487,7 +490,27 @@ class ReplicaAsgi:
             leave_servable(token)
             if model_token is not None:
                 reset_request_model_id(model_token)
+            self._running.pop(w, None)
             await w.close()
+
+    def _watch(self, w: _Watch, loop: asyncio.AbstractEventLoop) -> None:
+        """Register a running request with the sweep (one timer task for all of them, alive
+        while requests run: a timer per request cost more than the rest of the ASGI path)."""
+        w.since = loop.time()
+        self._running[w] = None
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep(loop), name="asgi-disconnect-sweep")
+
+    async def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while self._running:
+                await asyncio.sleep(self.watch_after_s / 4)
+                due = loop.time() - self.watch_after_s
+                for w in [w for w in self._running if w.since <= due]:
+                    del self._running[w]
+                    w.start_pump()
+        finally:
+            self._sweeper = None
 
 
 class _Lifespan:
