@@ -33,8 +33,8 @@ import random
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,10 @@ async def phase(
     aware = {m: handle.options(method="predict", model_id=m) for m in models}
     blind = handle.options(method="predict_blind")
     # salted per phase: each phase is another hash placement, so the runs average over them
-    home = {m: rids[zlib.crc32(f"{seed}:{m}".encode()) % len(rids)] for m in models}
+    # (sha256, not crc32: crc32 is linear, so names that differ in their last characters
+    # land in the same pattern of buckets whatever the salt)
+    home = {m: rids[int.from_bytes(sha256(f"{seed}:{m}".encode()).digest()[:8], "big")
+                    % len(rids)] for m in models}  # fmt: skip
     latencies: list[float] = []
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     for i, m in enumerate(picks):
