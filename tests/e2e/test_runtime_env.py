@@ -224,6 +224,9 @@ async def test_a_requirement_that_does_not_exist_fails_the_deployment(up: Up) ->
         return view is not None and view.status == "DEPLOY_FAILED"
 
     await eventually(failed, 60, "badreq DEPLOY_FAILED")
+    view = await _status(up.nats, "badreq")
+    assert view is not None
+    assert "satisfies the requirement fpwheel==9.9" in view.deployments["Shipped"].message
     status = await asyncio.to_thread(
         fleetpulse, "status", "--nats", up.nats, "--app", "badreq", "--json"
     )
