@@ -178,6 +178,38 @@ def to_response(value: Any) -> StarletteResponse:
     )
 
 
+_OCTETS: Final = b"application/octet-stream"
+_TEXT: Final = b"text/plain; charset=utf-8"
+_JSON: Final = b"application/json"
+
+
+def plain_response(value: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    """Status, headers and body of a whole (not streamed, not Starlette) result, what
+    `to_response` would send, without building a Response object per request; None for the
+    others."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        status, ctype, body, extra = 200, _OCTETS, bytes(value), None
+    elif isinstance(value, str):
+        status, ctype, body, extra = 200, _TEXT, value.encode(), None
+    elif isinstance(value, ServeResponse):
+        raw = value.body
+        status, ctype, extra = value.status, None, value.headers
+        body = raw.encode() if isinstance(raw, str) else bytes(raw)
+    elif isinstance(value, StarletteResponse) or inspect.isgenerator(value) or is_stream(value):
+        return None
+    else:
+        status, ctype, body, extra = 200, _JSON, json.dumps(value, default=jsonable).encode(), None
+    headers = [(b"content-length", str(len(body)).encode())]
+    if ctype is not None:
+        headers.append((b"content-type", ctype))
+    if extra:
+        given = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+        headers = [h for h in headers if h[0] != b"content-length"] + given
+        if not any(k == b"content-length" for k, _ in given):
+            headers.append((b"content-length", str(len(body)).encode()))
+    return status, headers, body
+
+
 def jsonable(value: Any) -> Any:
     """What `json.dumps` cannot write, as Ray Serve writes it (FastAPI's encoder): a mapping
     (Starlette's `query_params`, headers) as an object, a set or tuple as an array, a pydantic
@@ -233,7 +265,13 @@ class CallApp:
             result = await self._fn(*args)
         else:
             result = await invoke(self._fn, args, {})
-        await to_response(result)(scope, receive, send)
+        plain = plain_response(result)
+        if plain is None:
+            await to_response(result)(scope, receive, send)
+            return
+        status, headers, body = plain
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 # -- one request's view of the server ---------------------------------------------------------

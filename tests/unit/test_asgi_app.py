@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -20,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from fleetpulse import serve
-from services.replica.asgi import ReplicaAsgi, build_asgi_app
+from services.replica.asgi import ReplicaAsgi, build_asgi_app, plain_response, to_response
 from services.replica.usercode import UserDeployment
 from tests.waiting import eventually
 
@@ -365,3 +367,35 @@ async def test_a_lifespan_scope_from_the_server_runs_the_lifespan_once() -> None
     await inbox.put({"type": "lifespan.shutdown"})
     await asyncio.wait_for(task, 5)
     assert events == ["start", "stop"]
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+RESULTS = (
+    st.binary(max_size=20)
+    | st.text(max_size=20)
+    | JSONISH
+    | st.builds(
+        serve.Response,
+        body=st.binary(max_size=10) | st.text(max_size=10),
+        status=st.integers(200, 599),
+        headers=st.dictionaries(
+            st.sampled_from(["x-a", "X-B", "content-type"]), st.text("abc", max_size=4)
+        ),
+    )
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(RESULTS)
+def test_the_fast_path_sends_what_a_starlette_response_would(value: Any) -> None:
+    plain = plain_response(value)
+    assert plain is not None
+    rendered = to_response(value)
+    assert plain[0] == rendered.status_code and plain[2] == rendered.body
+    assert sorted(plain[1]) == sorted(rendered.raw_headers)
