@@ -34,7 +34,8 @@ maintenance, so its requests go to the Python proxy, which says why.
 Back-pressure: each server's `maxconn` is its replica's `max_ongoing_requests`; beyond it requests
 queue in the backend, at most `max_queued` (then 503 `backpressure` at once) and for at most
 `queue_timeout_s` (then 503 `no_replica`). Failures: a connection refused or closed without a
-response, or a 503 (a full or stopping replica), is retried on another server (`retry-on
+response, or a 503 (a full or stopping replica), is retried on another server, and when no
+replica is left, on the Python proxy (each app backend's `backup` server) (`retry-on
 conn-failure empty-response 503`, `option redispatch`), and the first failed connection marks the server down (`PASSIVE_HEALTH`: health
 from what requests see; no probe of a healthy replica), so a killed replica fails no request
 while membership catches up; membership says who serves.
@@ -53,6 +54,8 @@ from services.proxy.registry import RouteTable
 from shared.kv.membership import Member
 
 PYTHON_BACKEND: Final = "fp_python"
+PYTHON_SERVER: Final = "fp_python"
+"""The Python proxy as every app backend's backup server."""
 FRONTEND: Final = "fp_front"
 SERVER_PREFIX: Final = "s"
 MULTIPLEXED_MODEL_ID_HEADER: Final = "serve_multiplexed_model_id"
@@ -426,6 +429,9 @@ def _backend(app: AppFront, s: FrontSettings, *, multiplexed: bool) -> list[str]
     ]
     for slot, endpoint in enumerate(app.slots):
         lines.append(_server_line(slot, endpoint, app))
+    # when every replica is down or gone, a request already here (or being retried after its
+    # replica died) goes to the Python proxy, which holds it or says why the app cannot serve
+    lines.append(f"  server {PYTHON_SERVER} {_address(s.python_host, s.python_port)} backup")
     lines.append("")
     return lines
 

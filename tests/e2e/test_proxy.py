@@ -272,5 +272,7 @@ async def test_a_thousand_concurrent_requests_at_zero_are_all_answered(
     outcomes = dict(
         re.findall(r'held_outcomes_total\{app="burst",outcome="(\w+)"\} (\S+)', metrics)
     )
-    assert float(outcomes.get("admitted", 0)) >= 100, outcomes
+    # with the HAProxy front door, only what arrives before the replica serves HTTP is held here;
+    # later requests go to it directly (all 1,000 answered is the promise)
+    assert float(outcomes.get("admitted", 0)) >= 1, outcomes
     assert set(outcomes) == {"admitted"}, outcomes

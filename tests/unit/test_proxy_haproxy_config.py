@@ -304,6 +304,8 @@ def test_backends_balance_bound_and_retry() -> None:
         assert f"server s1 127.0.0.1:9 maxconn 1 maxqueue 20 {PASSIVE_HEALTH} disabled" in backend
         assert "if { queue() ge 20 }" in backend and "Fp-Error backpressure" in backend
         assert "set-header X-Forwarded-Prefix /shop" in backend
+        # no replica left (all down or gone): the Python proxy holds or says why
+        assert "server fp_python 127.0.0.1:18081 backup" in backend
     assert "retry-on conn-failure empty-response 503" in config and "option redispatch 1" in config
     assert "timeout queue 60000ms" in config
     # health from what requests see: no HTTP check, a healthy replica is not probed
@@ -319,7 +321,7 @@ def test_an_unregistered_app_has_every_slot_disabled() -> None:
         None,
         default_max_queued=100,
     )
-    servers = [ln for ln in render_config(state, SETTINGS).splitlines() if "server s" in ln]
+    servers = [ln for ln in render_config(state, SETTINGS).splitlines() if " server s" in ln]
     assert servers and all(ln.endswith(" disabled") for ln in servers)
 
 
