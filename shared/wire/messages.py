@@ -117,9 +117,10 @@ class Admission:
     health: HealthStatus
     will_send_health_frames: bool
     models: tuple[str, ...] | None = None
-    """Optional (added after v1, left out of the bytes when None): the multiplexed models the
-    replica holds or is loading when it answers (at most `MAX_MODELS`), so routers send a
-    model's requests where it is loaded. None: the deployment multiplexes no models."""
+    """Optional (added after v1, left out of the bytes when None): the multiplexed models of the
+    replica's admitted requests in flight (each loads its model there), then those it holds or
+    is loading, newest first (at most `MAX_MODELS`), so routers send a model's requests where it
+    is loaded. None: the deployment multiplexes no models."""
     inline_result: bytes | None = None
     """Optional (added after v1, left out of the bytes when None): the whole unary result, chunk
     0's data, when the request `accepts_inline_result` and the call finished before the
