@@ -1,16 +1,19 @@
 """What the ASGI request model costs on the replica's direct HTTP path.
 
-Three servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, as a
+Four servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, as a
 replica runs its server, answering a 256 B POST with its body:
 
 - `raw`: a bare ASGI callable (no Starlette, no fleetpulse): the floor;
 - `call`: the replica's ASGI app for a `__call__` deployment (services/replica/asgi.py):
   `async def __call__(self, request): return await request.body()` with a Starlette Request;
-- `fastapi`: the replica's ASGI app for an `@serve.ingress(FastAPI())` class, the route a method.
+- `fastapi_plain`: the same FastAPI route as a plain function, the app served by uvicorn as it
+  is (what FastAPI itself costs);
+- `fastapi`: the replica's ASGI app for an `@serve.ingress(FastAPI())` class, the route a method
+  (what the class-based view and the replica's wrapper add to FastAPI's cost).
 
 The client (scripts/bench/httpclient.py, a lean keep-alive client in this process) runs
 sequential (1 connection) and 16 concurrent closed loops against each server, alternating the
-servers round by round so the noise of a shared machine falls on all three alike; the table
+servers round by round so the noise of a shared machine falls on all alike; the table
 gives p50/p99 latency, requests per second, and the ratio to `raw`.
 
     .venv/bin/python -m scripts.bench.asgi_model [--rounds 3] [--seconds 2] [--smoke]
@@ -42,7 +45,7 @@ from scripts.bench.common import (
 from scripts.bench.httpclient import Connection, Endpoint, build_request, checked, closed_loop
 
 NAME = "asgi_model"
-VARIANTS = ("raw", "call", "fastapi")
+VARIANTS = ("raw", "call", "fastapi_plain", "fastapi")
 BODY = b"x" * 256
 
 
@@ -78,9 +81,19 @@ class Api:
         return Response(await request.body(), media_type="application/octet-stream")
 
 
+plain_api = FastAPI()
+
+
+@plain_api.post("/")
+async def plain_echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/octet-stream")
+
+
 async def _app_for(variant: str) -> Any:
     if variant == "raw":
         return _raw
+    if variant == "fastapi_plain":
+        return plain_api
     from services.replica.asgi import build_asgi_app
     from services.replica.usercode import UserDeployment
 
