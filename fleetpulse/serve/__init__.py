@@ -12,7 +12,7 @@
         def __init__(self, model: serve.DeploymentHandle) -> None:
             self.model = model
         async def __call__(self, request: serve.Request) -> str:
-            return await self.model.remote(request)
+            return await self.model.remote(await request.json())
 
     app = Ingress.bind(Model.bind())
 
