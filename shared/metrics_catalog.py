@@ -103,6 +103,12 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_proxy_registry_changes_total",
         "fleetpulse_proxy_stream_errors_total",
         "fleetpulse_proxy_route_publish_errors_total",
+        "fleetpulse_proxy_front_changes_total",
+        "fleetpulse_proxy_front_errors_total",
+        "fleetpulse_proxy_front_servers",
+        "fleetpulse_proxy_front_responses_total",
+        "fleetpulse_proxy_front_queued_requests",
+        "fleetpulse_proxy_front_response_time_seconds",
     ),
     "router": (
         "fleetpulse_router_request_duration_seconds",

@@ -48,6 +48,7 @@ from services.proxy.haproxy_config import (
     render_config,
     transition,
 )
+from services.proxy.haproxy_stats import parse_stats
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.registry import RouteTable
 from shared.bus import Bus, RateLimiter
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S: Final = 10.0
 RETRY_S: Final = 1.0
 """Pause before retrying a failed apply, a failed watch or an unresolved host."""
+STATS_S: Final = 5.0
+"""How often HAProxy's counters are read into the metrics."""
 BATCH_S: Final = 0.005
 """Changes arriving within this window are applied together."""
 _CLI_ERRORS: Final = ("no such", "require", "unknown", "invalid", "denied", "failed", "error")
@@ -163,6 +166,7 @@ class FrontDoor:
             loop.create_task(self._watch_members(), name="front-membership"),
             loop.create_task(self._apply_loop(), name="front-apply"),
             loop.create_task(self._supervise(), name="front-supervise"),
+            loop.create_task(self._poll_stats(), name="front-stats"),
         ]
 
     async def stop(self) -> None:
@@ -407,6 +411,13 @@ class FrontDoor:
                 self.addresses.pop(host, None)
                 if self._errors.allow():
                     logger.warning("proxy: cannot resolve replica host %r: %s", host, exc)
+
+    async def _poll_stats(self) -> None:
+        """HAProxy's counters of the app backends into the proxy's metrics (haproxy_stats.py)."""
+        while True:
+            await asyncio.sleep(STATS_S)
+            with contextlib.suppress(OSError):  # a reload or a restart: the next reading
+                self.metrics.front_stats.backends = parse_stats(await self.admin("show stat"))
 
     def _set_gauges(self, state: FrontState) -> None:
         for app in state.apps:

@@ -19,6 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from services.proxy.haproxy_stats import FrontStats
 from services.proxy.registry import RouteTable
 from shared.metrics_catalog import REQUEST_LATENCY_BUCKETS_S
 
@@ -98,6 +99,10 @@ class ProxyMetrics:
             ["app"],
             registry=self.registry,
         )
+
+        self.front_stats = FrontStats()
+        """What HAProxy saw of the requests it sent straight to replicas (the front door fills it)."""
+        self.registry.register(self.front_stats)
 
     def observe(self, app: str, code: int | str, seconds: float) -> None:
         self.latency.labels(app, str(code)).observe(seconds)

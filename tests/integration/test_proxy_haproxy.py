@@ -246,6 +246,14 @@ async def test_routes_by_prefix_on_whole_segments(stack: Stack) -> None:
     assert seen["X-Forwarded-Proto"] == "http"
     assert seen["X-Forwarded-Prefix"] == "/shop"
     assert "Proxy-Authorization" not in seen
+    # what HAProxy saw shows on the proxy's /metrics (read from HAProxy every few seconds)
+    line = 'fleetpulse_proxy_front_responses_total{app="shop",balance="random",code="2xx"}'
+
+    async def counted() -> bool:
+        page = (await stack.text("/metrics"))[1]
+        return any(ln.startswith(line) and float(ln.split()[-1]) >= 5 for ln in page.splitlines())
+
+    await eventually(counted, within_s=20, what="front door responses counted")
 
 
 async def test_unknown_paths_and_unserviceable_apps_answer_from_the_python_proxy(
