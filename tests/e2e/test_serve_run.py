@@ -358,8 +358,29 @@ BLOCKING = """
 """
 
 
-def start_blocking(tmp_path: Path, scripts: list[Script]) -> tuple[Script, list[int]]:
-    s = Script(tmp_path, "blocking", BLOCKING)
+IN_A_THREAD = """
+    import threading
+    import time
+
+    from fleetpulse import serve
+
+
+    @serve.deployment
+    class Hello:
+        def __call__(self) -> str:
+            return "hello"
+
+
+    # started from a thread that ends: PR_SET_PDEATHSIG cannot be armed, the pipe still tells
+    threading.Thread(target=lambda: serve.run(Hello.bind())).start()
+    time.sleep(3600)
+"""
+
+
+def start_blocking(
+    tmp_path: Path, scripts: list[Script], body: str = BLOCKING
+) -> tuple[Script, list[int]]:
+    s = Script(tmp_path, "blocking", body)
     scripts.append(s)
     proc = s.start()
     deadline = time.monotonic() + SCRIPT_TIMEOUT_S
@@ -385,10 +406,11 @@ def test_ctrl_c_stops_the_whole_local_system(tmp_path: Path, scripts: list[Scrip
     assert s.leftovers() == []
 
 
+@pytest.mark.parametrize("body", [BLOCKING, IN_A_THREAD], ids=["main-thread", "other-thread"])
 def test_sigkill_of_the_script_stops_the_whole_local_system(
-    tmp_path: Path, scripts: list[Script]
+    tmp_path: Path, scripts: list[Script], body: str
 ) -> None:
-    s, kids = start_blocking(tmp_path, scripts)
+    s, kids = start_blocking(tmp_path, scripts, body)
     assert s.proc is not None
     s.proc.kill()
     s.proc.wait()
