@@ -25,8 +25,8 @@ checks and messages: shared/serveconfig.py), except that deployments a replica c
 (defined in the script's `__main__` or in a function) are shipped by value
 (fleetpulse/serve/byvalue.py); the script is never imported again. It writes the app to KV
 fp_apps (revision-checked; a route_prefix another app holds is refused, as deploy refuses it),
-waits until the controller reports it RUNNING (DEPLOY_FAILED raises with the controller's
-message and the failing replica's log), and on a local system until the proxy routes it, then
+waits until the controller reports this version RUNNING (DEPLOY_FAILED raises with the
+controller's message and the failing replica's log) and a proxy routes it (fp_routes), then
 returns a handle to the ingress deployment. A later `serve.run` with the same name redeploys that
 app (a rollout); another name adds an app.
 """
