@@ -80,7 +80,10 @@ class Stack:
         )
         self.procs.start(
             ["-m", "services.cli", "agent", "--nats", nats, "--agent-id", "a1",
-             "--max-replicas", "12", "--log-dir", str(self.tmp / "replicas")],
+             "--max-replicas", "12", "--log-dir", str(self.tmp / "replicas"),
+             # cold starts: a replica replaced in a spare process is back in ~0.1 s, too short
+             # a "down" window for the crash test to watch the app deregister and come back
+             "--spare-replicas", "0"],
             log=self.tmp / "agent.log",
         )  # fmt: skip
         proxy_log = self.tmp / "proxy.log"
