@@ -135,7 +135,7 @@ class LocalSystem:
                     f"{self.log_dir})"
                 )
             if now - said > 5:
-                progress("starting the local system (nats-server, controller, agent, proxy) ...")
+                progress(f"still starting ({timeout_s - (deadline - now):.0f} s) ...")
                 said = now
             time.sleep(0.05)
 
