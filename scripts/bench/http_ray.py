@@ -546,29 +546,40 @@ def plot(res: dict[str, Any]) -> str | None:
     except ImportError:
         print("WARNING: matplotlib is not installed, skipping the plot", file=sys.stderr)
         return None
-    panels = [
-        ("p50 latency, ms (log)", "p50_ms",
-         ["http_seq_256", "http_seq_64k", "aiohttp_seq_256", "handle_seq_256", "handle_seq_64k"]),
-        ("16 concurrent, req/s", "rps",
-         ["http_c16_256", "http_c16_64k", "handle_c16_256", "handle_c16_64k"]),
+    panels: list[tuple[str, list[tuple[str, str, str]]]] = [
+        ("p50 latency, ms (log)", [
+            ("http seq 256", "http_seq_256", "p50_ms"), ("http seq 64k", "http_seq_64k", "p50_ms"),
+            ("aiohttp seq 256", "aiohttp_seq_256", "p50_ms"),
+            ("stream 1st chunk", "stream", "ttfc_p50_ms"),
+            ("handle seq 256", "handle_seq_256", "p50_ms"),
+            ("handle seq 64k", "handle_seq_64k", "p50_ms"),
+        ]),
+        ("16 concurrent, req/s", [
+            ("http c16 256", "http_c16_256", "rps"), ("http c16 64k", "http_c16_64k", "rps"),
+            ("handle c16 256", "handle_c16_256", "rps"),
+            ("handle c16 64k", "handle_c16_64k", "rps"),
+        ]),
     ]  # fmt: skip
-    names = list(res)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [5, 4, 2]})
+    names = [n for n in (*SYSTEMS, *res) if n in res]
+    names = list(dict.fromkeys(names))  # the usual order, whatever order the JSON kept
+    colors = {"fleetpulse": "tab:blue", "ray-fastest": "tab:orange", "ray-default": "tab:green"}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), gridspec_kw={"width_ratios": [6, 4, 2]})
     width = 0.8 / max(1, len(names))
-    for ax, (title, metric, keys) in zip(axes[:2], panels, strict=True):
-        x = np.arange(len(keys))
+    for ax, (title, cells) in zip(axes[:2], panels, strict=True):
+        x = np.arange(len(cells))
         for i, name in enumerate(names):
-            vals = [res[name]["workloads"].get(k, {}).get(metric) or 0 for k in keys]
-            ax.bar(x + i * width, vals, width, label=name)
-        ax.set_xticks(x + width * (len(names) - 1) / 2, [k.replace("_", " ") for k in keys],
+            w = res[name]["workloads"]
+            vals = [w.get(key, {}).get(metric) or 0 for _, key, metric in cells]
+            ax.bar(x + i * width, vals, width, label=name, color=colors.get(name, "tab:gray"))
+        ax.set_xticks(x + width * (len(names) - 1) / 2, [c[0] for c in cells],
                       rotation=20, fontsize=8)  # fmt: skip
         ax.set_title(title)
-        if metric == "p50_ms":
+        if "log" in title:
             ax.set_yscale("log")
         ax.grid(True, axis="y", alpha=0.3)
     ax = axes[2]
     for i, name in enumerate(names):
-        ax.bar(i, res[name]["wake"].get("median_s") or 0, 0.6, label=name)
+        ax.bar(i, res[name]["wake"].get("median_s") or 0, 0.6, color=colors.get(name, "tab:gray"))
     ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
     ax.set_title("wake from zero over HTTP, s")
     ax.grid(True, axis="y", alpha=0.3)
