@@ -24,6 +24,7 @@ from typing import Any
 from shared.appconfig import AppConfig
 from shared.bus import Bus
 from shared.kv import buckets
+from shared.replicahttp import with_serving_env
 
 from .usercode import UserDeployment
 
@@ -44,7 +45,12 @@ def config_update(
         d = app.deployment(deployment)
     except Exception:
         return _KEEP
-    if app.version_of(d) != version or d.user_config is None or d.user_config == applied:
+    # the version as the controller computed it: with the ingress's serving env in the spec
+    if (
+        app.version_of(with_serving_env(app, d)) != version
+        or d.user_config is None
+        or d.user_config == applied
+    ):
         return _KEEP
     return d.user_config
 

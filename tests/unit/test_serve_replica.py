@@ -4,6 +4,7 @@ become handles, user_config reaches reconfigure() at start and on change, withou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from shared.appconfig import AppConfig, DeploymentConfig
 from shared.appgraph import handle_ref
 from shared.errors import ConfigError
 from shared.fakebus import FakeBus, FakeServer
+from shared.replicahttp import with_serving_env
 from shared.subjects import DEFAULT_SUBJECTS
 from tests.unit.serve_apps import replica_apps
 from tests.waiting import eventually as until
@@ -154,3 +156,15 @@ async def test_handles_compose_chain_block_and_stream(host: FakeBus) -> None:
             DeploymentHandle()
     finally:
         await back.stop()
+
+
+def test_an_ingress_replica_takes_a_new_user_config_too() -> None:
+    """The controller starts an ingress's replicas with its serving env in the spec (their
+    version includes it): a value without that env still names their version."""
+    d = DeploymentConfig("Tunable", f"{MOD}:Tunable", user_config={"k": 1})
+    app = AppConfig("shop", (d,), route_prefix="/shop")
+    version = app.version_of(with_serving_env(app, d))  # what the replica was started with
+    value = dataclasses.replace(
+        app, deployments=(dataclasses.replace(d, user_config={"k": 2}),)
+    ).to_json()
+    assert config_update(value, "Tunable", version, {"k": 1}) == {"k": 2}
