@@ -6,6 +6,7 @@ error and keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import uuid
 from typing import Any
@@ -178,3 +179,41 @@ def test_a_request_looks_the_same_to_user_code_on_both_carriers(
     direct, over_nats = asyncio.run(both())
     assert over_nats == direct
     assert direct["root"] == "/shop" and direct["body"] == body.hex()
+
+
+async def test_ten_thousand_bad_carried_requests_leave_the_replica_serving(buses: Any) -> None:
+    """Garbage bodies, requests no HTTP server would take, and handlers that raise, 10,000 of
+    them over the fake bus: each gets its error reply, nothing stays held, admitted or running,
+    and live objects stop growing after the warm-up."""
+    rbus, cbus = buses
+    rt = await make_replica(
+        rbus, import_path="tests.unit.asgi_apps:Raising", max_ongoing_requests=200
+    )
+
+    def garbage() -> bytes:
+        body = b"\x93garbage"
+        return encode(Request(uuid.uuid4().hex, "__call__", False, True, None, body, "http"))
+
+    kinds = (garbage, lambda: http("no-slash"), lambda: http("/", headers=(("a b", "v"),)),
+             lambda: http("/"))  # fmt: skip
+    codes = ("bad_request", "bad_request", "bad_request", "user_error")
+
+    async def batch(n: int) -> None:
+        outs = await asyncio.gather(*(collect(cbus, kinds[i % 4](), 10.0) for i in range(n)))
+        for i, out in enumerate(outs):
+            assert isinstance(out[-1], ErrorReply) and out[-1].code == codes[i % 4], out[-1]
+
+    for _ in range(10):  # warm-up: 1,000
+        await batch(100)
+    gc.collect()
+    objects = len(gc.get_objects())
+    for _ in range(90):
+        await batch(100)
+    gc.collect()
+    grown = len(gc.get_objects()) - objects
+    assert grown < 1000, f"{grown} more live objects after 9,000 bad requests"
+    assert not rt._tasks and not rt._held and rt.admission.ongoing == 0
+    assert rt.stats.failed == 10_000
+    out = await collect(cbus, http("/midway"))  # still serving: a stream, then its error
+    assert any(isinstance(m, Chunk) for m in out)
+    await rt.stop()
