@@ -439,6 +439,11 @@ class ReplicaAsgi:
             await self._lifespan.startup()
 
     async def shutdown(self) -> None:
+        """The app's lifespan shutdown (once), and the disconnect sweep stopped."""
+        sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
         async with self._lifespan_lock:
             if self._lifespan is not None:
                 lifespan, self._lifespan = self._lifespan, None
