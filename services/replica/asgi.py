@@ -418,6 +418,8 @@ class ReplicaAsgi:
         self.instance = instance
         self.route_prefix = route_prefix
         self.has_lifespan = has_lifespan
+        self.is_ingress = has_lifespan
+        """An `@serve.ingress` app (the others are a `__call__` served by CallApp)."""
         self.ws_send_timeout_s = ws_send_timeout_s
         self.errors = _ErrorLog(clock, ERROR_LOG_INTERVAL_S)
         self.disconnects = 0

@@ -611,7 +611,10 @@ class ReplicaRuntime:
         """The replica's app for `__call__`; a gateway call naming another method (Fp-Method)
         gets that method served the same way."""
         if method == "__call__":
-            return build_asgi_app(self.user)
+            app = build_asgi_app(self.user)
+            if not app.is_ingress:
+                self.user.resolve(method)  # none (served by handle only): method_not_found
+            return app
         return build_asgi_app(self.user.resolve(method))
 
     async def _stream(self, items: Any, reply: str, *, collect: bool) -> int:

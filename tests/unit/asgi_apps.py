@@ -19,3 +19,10 @@ class Raising:
         yield b"first"
         await asyncio.sleep(0)
         raise RuntimeError("broke midway")
+
+
+class HandleOnly:
+    """Reached by handle only (no __call__), as Ray's composition examples' inner deployments."""
+
+    def double(self, x: int) -> int:
+        return 2 * x

@@ -217,3 +217,11 @@ async def test_ten_thousand_bad_carried_requests_leave_the_replica_serving(buses
     out = await collect(cbus, http("/midway"))  # still serving: a stream, then its error
     assert any(isinstance(m, Chunk) for m in out)
     await rt.stop()
+
+
+async def test_a_deployment_without_call_starts_and_answers_method_not_found(buses: Any) -> None:
+    rbus, cbus = buses
+    rt = await make_replica(rbus, import_path="tests.unit.asgi_apps:HandleOnly")
+    out = await collect(cbus, http("/"))
+    assert isinstance(out[-1], ErrorReply) and out[-1].code == "method_not_found"
+    await rt.stop()
