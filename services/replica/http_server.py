@@ -204,6 +204,7 @@ class ReplicaHttpServer:
             host=host,
             port=port,
             http="httptools",
+            ws="websockets-sansio",  # the maintained implementation ("auto" picks the legacy one)
             loop="none",  # the replica's loop (uvloop where installed), already running
             lifespan=lifespan,
             access_log=False,
