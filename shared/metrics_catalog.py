@@ -87,6 +87,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_agent_replicas_running",
         "fleetpulse_agent_capacity",
         "fleetpulse_agent_replica_starts_total",
+        "fleetpulse_agent_replica_spare_starts_total",
         "fleetpulse_agent_replica_start_failures_total",
         "fleetpulse_agent_replica_stops_total",
         "fleetpulse_agent_replica_kills_total",

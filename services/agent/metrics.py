@@ -17,6 +17,11 @@ CAPACITY = Gauge(
     "fleetpulse_agent_capacity", "Replica processes this agent runs at most", ["agent"]
 )
 STARTS = Counter("fleetpulse_agent_replica_starts_total", "Replica processes started")
+SPARE_STARTS = Counter(
+    "fleetpulse_agent_replica_spare_starts_total",
+    "Replica processes started in a spare (its imports done ahead, spare.py); the rest of "
+    "fleetpulse_agent_replica_starts_total were cold starts",
+)
 START_FAILURES = Counter(
     "fleetpulse_agent_replica_start_failures_total", "Replica processes that could not be spawned"
 )

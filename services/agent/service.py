@@ -68,6 +68,7 @@ from .metrics import (
     EXITS,
     KILLS,
     RUNNING,
+    SPARE_STARTS,
     START_FAILURES,
     STARTS,
     STOPS,
@@ -364,6 +365,7 @@ class AgentService:
                 env.update(self.creds.issue(spec, self.clock.wall()))
             if prepared.pythonpath:
                 env["PYTHONPATH"] = self.procs.pythonpath(prepared.pythonpath)
+            spares_taken = self.procs.spares.taken if self.procs.spares is not None else 0
             pid = self.procs.start(spec.replica_id, argv, name, env, cwd=prepared.cwd)
         except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
             log.error("replica %s could not be started: %s", spec.replica_id, exc)
@@ -371,9 +373,13 @@ class AgentService:
             await self._on_exit(spec.replica_id, EXIT_SPAWN_FAILED)
             return
         STARTS.inc()
+        spare = self.procs.spares is not None and self.procs.spares.taken > spares_taken
+        if spare:
+            SPARE_STARTS.inc()
         log.info(
-            "replica %s started: pid %d, log %s", spec.replica_id, pid, self.procs.log_path(name)
-        )
+            "replica %s started%s: pid %d, log %s",
+            spec.replica_id, " in a spare" if spare else "", pid, self.procs.log_path(name),
+        )  # fmt: skip
         # the spawn, not the replica's own "starting" after its imports, begins its start time
         # (what the what-if model reads from recordings)
         await self._lifecycle(spec, LifecycleState.STARTING)

@@ -178,3 +178,37 @@ def eventually_sync(cond: Any, within_s: float = WAIT_S) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.02)
+
+
+async def test_the_agent_starts_a_wake_in_its_spare_and_counts_it(
+    bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from services.agent.config import AgentConfig
+    from services.agent.service import AgentService
+    from shared.subjects import KV_TARGETS
+    from tests.integration.test_agent import put_targets
+
+    def spare_starts() -> float:
+        return REGISTRY.get_sample_value("fleetpulse_agent_replica_spare_starts_total") or 0.0
+
+    targets = await bus.kv(KV_TARGETS)  # the controller's bucket, which the agent watches
+    agent = AgentService(
+        AgentConfig(nats_url=nats_url, agent_id="ag-spare", log_dir=str(tmp_path), spare_replicas=1)
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        # no target yet: the agent has started its spare, which imports and waits
+        await eventually(lambda: agent.procs.spares is not None and agent.procs.spares.pids())
+        spare_pid = await spare_ready(agent.procs)
+        before = spare_starts()
+        await put_targets(targets, [("r-woken", "ag-spare")])
+        await wait_for_replica(bus, "r-woken", WAIT_S)
+        assert agent.pid("r-woken") == spare_pid
+        assert spare_starts() == before + 1
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, WAIT_S)
+    assert agent.procs.spares is not None and agent.procs.spares.pids() == []  # retired
+    assert proc_state(spare_pid)[0] in ("gone", "Z")
