@@ -26,7 +26,16 @@ from shared.errors import ConfigError, WireError
 from shared.wire import reasons
 
 Kind = Literal[
-    "str", "int", "float", "bool", "list", "map", "env", "resources", "logging", "config",
+    "str",
+    "int",
+    "float",
+    "bool",
+    "list",
+    "map",
+    "env",
+    "resources",
+    "logging",
+    "config",
     "runtime",
 ]
 _JSON_KINDS = ("list", "map", "env", "resources", "logging", "config", "runtime")

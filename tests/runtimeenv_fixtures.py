@@ -9,7 +9,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-APP_CODE = '''
+APP_CODE = """
 import os
 
 from fleetpulse import serve
@@ -37,7 +37,7 @@ class Shipped:
 
 
 app = Shipped.bind()
-'''
+"""
 
 
 def write_app(root: Path, helper_version: str, pkg: str = "fpwheel") -> Path:

@@ -372,9 +372,7 @@ def test_dry_run_says_what_it_did_not_check(capsys: pytest.CaptureFixture[str]) 
     assert "(VLLMDeployment) exist in it" in out
 
 
-def test_dry_run_of_a_refused_manifest(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_dry_run_of_a_refused_manifest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "rayservice.yaml"
     path.write_text(fixture("rayservice_sample.yaml").replace("working_dir: ", "conda: "))
     assert run_deploy(argparse.Namespace(file=str(path), dry_run=True)) == 2
