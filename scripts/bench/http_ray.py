@@ -35,7 +35,9 @@ does not hide the servers' difference; the aiohttp row shows what a general clie
 `--target URL`: the HTTP rows (POST 256 B / 64 KiB, sequential and 16 concurrent, aiohttp)
 against an endpoint already running, with the same client: any app answering a POST with 200
 (its body is not checked), e.g. the compose stack's greeter, `--target http://127.0.0.1:8000/greet`;
-alone unless `--only` adds systems, its JSON in http_ray_target.json.
+alone unless `--only` adds systems, its JSON in http_ray_target.json. The fleetpulse proxy runs
+with the environment it is given: `FLEETPULSE_PROXY_FRONT=python` measures the Python proxy alone
+(every request over NATS) instead of the HAProxy front door.
 Output: a table (each metric for fleetpulse, Ray fastest, Ray default, the fleetpulse / Ray
 fastest ratio, the issue's target, pass/fail), bench-results/http_ray.json, docs/img/http_ray.png
 (not in smoke), `RESULT bench=http_ray ...` lines. `--smoke`: one short round, both Ray modes
