@@ -343,6 +343,9 @@ def render_config(state: FrontState, s: FrontSettings) -> str:
         f"  retries {s.retries}",
         "  retry-on conn-failure empty-response 503",
         "  option redispatch 1",
+        # each chunk of a streamed response leaves as it comes (no MSG_MORE coalescing of a
+        # burst: tokens produced together still reach the client one by one, as Ray's does)
+        "  option http-no-delay",
         "",
         f"frontend {FRONTEND}",
         f"  bind {s.bind}",

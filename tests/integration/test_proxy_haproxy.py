@@ -74,9 +74,17 @@ class StandIn:
         self.port = self.runner.addresses[0][1]
         return self
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append(request)
         self.headers.append(CIMultiDict(request.headers))
+        if request.path.endswith("/stream") and self.hold is not None:  # a chunk, then the rest
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            await resp.write(b"first;")
+            await self.hold.wait()
+            await resp.write(b"second")
+            await resp.write_eof()
+            return resp
         if self.hold is not None:
             await self.hold.wait()
         return web.Response(text=f"{self.name}:{request.path}")
@@ -381,6 +389,22 @@ async def test_multiplexed_requests_stick_to_one_replica(stack: Stack) -> None:
             assert status == 200
             landed.setdefault(model, set()).add(body.split(":")[0])
     assert all(len(where) == 1 for where in landed.values()), landed
+
+
+async def test_a_streamed_response_passes_chunk_by_chunk(stack: Stack) -> None:
+    """Tokens reach the client as the replica writes them: the first chunk arrives while the
+    replica still holds the rest."""
+    release = asyncio.Event()
+    llm = await stand_in(stack, "llm", hold=release)
+    await stack.status("llm", "/llm", 1)
+    await stack.members("llm", [("l1", llm.address)])
+    await direct(stack, "llm", 1)
+    async with stack.http.post("/llm/stream", data=b"x" * 256) as resp:
+        assert resp.status == 200
+        first = await asyncio.wait_for(resp.content.readany(), 10)
+        assert first == b"first;"
+        release.set()
+        assert await resp.content.read() == b"second"
 
 
 def test_rendered_configurations_are_valid_for_haproxy(tmp_path: object) -> None:
