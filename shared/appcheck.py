@@ -49,7 +49,6 @@ from shared.appkeys import (
     Problem,
     first_non_json,
     is_null,
-    node_keys,
     node_kind,
     node_line,
     show_value,
@@ -117,12 +116,15 @@ class Checker:
         merged = len(node.value) - explicit  # flatten_mapping puts merged pairs first
         out = Map(node, {}, {})
         from_merge: set[str] = set()
+        renamed: set[str] = set()
         for index, (key_node, value_node) in enumerate(node.value):
             key = key_node.value if isinstance(key_node, ScalarNode) else None
             if not isinstance(key, str) or not key_node.tag.endswith(":str"):
                 self.add(path, key_node, f"keys must be names, got {node_kind(key_node)}")
                 continue
             sub = f"{path}.{key}" if path else key
+            if key in renamed and is_null(value_node):
+                continue  # the current name null, the older one set: that one holds
             if key in out.nodes and key not in from_merge:
                 self.add(sub, key_node, f"duplicate key (first at line {out.line(key)})")
                 continue
@@ -133,10 +135,14 @@ class Checker:
                 from_merge.add(key)
             if key not in keys and RENAMED.get(key) in keys:
                 new = RENAMED[key]
+                if is_null(value_node):
+                    continue  # not set (`serve build` writes both names, one of them null)
                 self.warn(sub, key_node, f"Ray Serve's older name of {new!r}; read as {new!r}")
-                if new in node_keys(node):
+                other = _value_of(node, new)
+                if other is not None and not is_null(other):
                     self.add(sub, key_node, f"give {new!r} or its older name {key!r}, not both")
                     continue
+                renamed.add(new)
                 key, sub = new, f"{path}.{new}" if path else new
             if key not in keys:
                 self.add(sub, key_node, unknown_key(key, keys))
@@ -469,6 +475,11 @@ class Checker:
         """Ray's `logging_config` (shared.logconfig), canonical with its defaults."""
         if is_null(node):
             return {}
+        if isinstance(node, MappingNode):  # `[]` is Ray's default (`serve build` writes it)
+            kept = [(k, v) for k, v in node.value if not (
+                isinstance(k, ScalarNode) and k.value == "additional_log_standard_attrs"
+                and isinstance(v, SequenceNode) and not v.value)]  # fmt: skip
+            node = MappingNode(node.tag, kept, node.start_mark, node.end_mark)
         before = len(self.problems)
         m = self.mapping(node, path, LOGGING_KEYS)
         if m is None or len(self.problems) != before:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -33,7 +33,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from shared import appkeys, raymanifest, runtimeenv
 from shared.appcheck import Checker, Map
-from shared.appconfig import AppConfig, DeploymentConfig
+from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appgraph import BuiltApp, BuiltDeployment
 from shared.appkeys import RENAMED, Bad, Conv, PolicyCheck, Problem
 
@@ -178,6 +178,8 @@ class ServeChecker(Checker):
         self._file_runtime_nodes: list[tuple[str, Node, Node]] = []
         self._file_runtime: dict[str, Any] | None = None
         self._runtime_by_node: dict[int, dict[str, Any]] = {}
+        self._file_logging: Node | None = None
+        self._file_logging_checked: tuple[Mapping[str, Any] | None] | None = None
 
     def file(self, root: Node | None) -> list[AppConfig]:
         if isinstance(root, MappingNode):
@@ -210,6 +212,13 @@ class ServeChecker(Checker):
                 self.warn(
                     key, key_node, "ignored: an Anyscale service setting about machines or the "
                     "service itself; fleetpulse runs on the agents you start",
+                )  # fmt: skip
+            elif key == "logging_config":
+                # Ray Serve: the controller's and proxies' logging, and each app's that sets none
+                self._file_logging = value
+                self.warn(
+                    key, key_node, "applied to each application that sets no logging_config "
+                    "(as in Ray Serve); fleetpulse's own services log as their flags say",
                 )  # fmt: skip
             elif key == "grpc_options":
                 self.warn(
@@ -249,6 +258,68 @@ class ServeChecker(Checker):
         app = MappingNode(root.tag, kept, root.start_mark, root.end_mark)
         seq = SequenceNode(_SEQ, [app], root.start_mark, root.end_mark)
         return MappingNode(_MAP, [(ScalarNode(_STR, "applications"), seq)], root.start_mark)
+
+    def app_logging(self, m: Map, path: str) -> Mapping[str, Any] | None:
+        if "logging_config" in m.nodes or self._file_logging is None:
+            return super().app_logging(m, path)
+        if self._file_logging_checked is None:  # checked once, whatever the number of apps
+            self._file_logging_checked = (
+                self.logging_config(self._file_logging, "logging_config"),
+            )
+        return self._file_logging_checked[0]
+
+    def autoscaling(
+        self, node: Node | None, path: str, defaults: Mapping[str, Any] | None = None
+    ) -> AutoscalingConfig | None:
+        """Also Ray Serve's `smoothing_factor` (deprecated there: both factors unless either is
+        set) and `aggregation_function` ('mean', what fleetpulse's window does)."""
+        smoothing: float | None = None
+        if isinstance(node, MappingNode):
+            where = path if defaults is None else f"{path}.autoscaling_config"
+            given = {RENAMED.get(k.value, k.value) for k, v in node.value
+                     if isinstance(k, ScalarNode) and not appkeys.is_null(v)}  # fmt: skip
+            kept = []
+            for key_node, value in node.value:
+                key = key_node.value if isinstance(key_node, ScalarNode) else None
+                if key not in ("smoothing_factor", "aggregation_function"):
+                    kept.append((key_node, value))
+                elif not appkeys.is_null(value):
+                    smoothing = self._ray_scaling_key(key, value, f"{where}.{key}", smoothing)
+            node = MappingNode(node.tag, kept, node.start_mark, node.end_mark)
+        scaling = super().autoscaling(node, path, defaults)
+        if scaling is None or smoothing is None:
+            return scaling
+        up = scaling.upscaling_factor if "upscaling_factor" in given else smoothing
+        down = scaling.downscaling_factor if "downscaling_factor" in given else smoothing
+        return replace(scaling, upscaling_factor=up, downscaling_factor=down)
+
+    def _ray_scaling_key(
+        self, key: str, node: Node, path: str, smoothing: float | None
+    ) -> float | None:
+        try:
+            value = self.construct(node)
+        except Bad as exc:
+            self.add(path, node, exc.message)
+            return smoothing
+        if key == "aggregation_function":
+            if value != "mean":
+                self.add(path, node, f"only 'mean' (fleetpulse averages the demand over "
+                         f"look_back_period_s), got {appkeys.show_value(value)}")  # fmt: skip
+            return smoothing
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            self.add(path, node, f"expected a number > 0, got {appkeys.show_value(value)}")
+            return smoothing
+        self.warn(path, node, "Ray Serve's deprecated smoothing_factor: read as upscaling_factor "
+                  "and downscaling_factor, where those are not set")  # fmt: skip
+        return float(value)
+
+    def policy(self, node: Node, path: str) -> str | None:
+        """Ray Serve also reads a policy's `module.function` form."""
+        if isinstance(node, MappingNode):
+            pairs = [(k, _colon_node(v) if k.value in ("policy_function", "name") else v)
+                     for k, v in node.value]  # fmt: skip
+            node = MappingNode(node.tag, pairs, node.start_mark, node.end_mark)
+        return super().policy(node, path)
 
     def app_env(self, m: Map, path: str) -> Mapping[str, str]:
         env = self.app_runtime(m, path).get("env_vars") or {}
@@ -357,6 +428,12 @@ class ServeChecker(Checker):
             self.deployment(d, dpath, env, import_path="code.defined:Deployment", runtime=runtime)
             out[d.values["name"]] = (dpath, item)
         return out
+
+
+def _colon_node(node: Node) -> Node:
+    if isinstance(node, ScalarNode) and node.tag == _STR and _colon_form(node.value) != node.value:
+        return ScalarNode(node.tag, _colon_form(node.value), node.start_mark, node.end_mark)
+    return node
 
 
 def _colon_form(value: Any) -> Any:

@@ -1,0 +1,140 @@
+"""Forms public Ray Serve config files use that Ray's `serve deploy` accepts (measured on public
+files with scripts/ray_configs.py): a file-level logging_config, `serve build` output (both names
+of a renamed key, one null; `additional_log_standard_attrs: []`), the deprecated
+`smoothing_factor`, `aggregation_function`, and a policy's `module.function` form."""
+
+from __future__ import annotations
+
+import textwrap
+
+from shared.serveconfig import Checked, check_config
+
+
+def checked(text: str) -> Checked:
+    return check_config(textwrap.dedent(text))
+
+
+def problems(c: Checked) -> list[tuple[str, str]]:
+    return [(p.path, p.message) for p in c.problems]
+
+
+def scaling_of(extra: str) -> Checked:
+    body = textwrap.indent(textwrap.dedent(extra), " " * 10)
+    return checked(
+        "applications:\n  - name: a\n    deployments:\n      - name: A\n"
+        "        import_path: m:A\n        autoscaling_config:\n" + body
+    )
+
+
+def test_a_file_level_logging_config_is_each_apps_that_sets_none() -> None:
+    c = checked(
+        """
+        logging_config:
+          encoding: JSON
+          log_level: DEBUG
+        applications:
+          - name: written
+            deployments:
+              - {name: A, import_path: 'm:A'}
+          - name: own
+            route_prefix: /own
+            logging_config: {log_level: WARNING}
+            deployments:
+              - {name: B, import_path: 'm:B'}
+          - name: code
+            route_prefix: /code
+            import_path: m:app
+        """
+    )
+    assert problems(c) == []
+    written, own = c.apps
+    assert written.deployment("A").logging_config["encoding"] == "JSON"
+    assert written.deployment("A").logging_config["log_level"] == "DEBUG"
+    assert own.deployment("B").logging_config["log_level"] == "WARNING"
+    assert own.deployment("B").logging_config["encoding"] == "TEXT"
+    (code,) = c.code_apps
+    assert code.logging is not None and code.logging["encoding"] == "JSON"
+    assert any(w.path == "logging_config" for w in c.warnings)
+
+
+def test_a_bad_file_level_logging_config_is_reported_once() -> None:
+    c = checked(
+        """
+        logging_config: {log_level: LOUD}
+        applications:
+          - {name: a, import_path: 'm:a'}
+          - {name: b, import_path: 'm:b', route_prefix: /b}
+        """
+    )
+    assert [path for path, _ in problems(c)] == ["logging_config.log_level"]
+
+
+def test_an_empty_additional_log_standard_attrs_is_rays_default() -> None:
+    c = checked(
+        """
+        applications:
+          - name: a
+            logging_config: {encoding: JSON, logs_dir: null, additional_log_standard_attrs: []}
+            deployments:
+              - {name: A, import_path: 'm:A'}
+        """
+    )
+    assert problems(c) == []
+    some = checked(
+        "applications:\n  - name: a\n    logging_config: {additional_log_standard_attrs: [name]}\n"
+        "    deployments:\n      - {name: A, import_path: 'm:A'}\n"
+    )
+    assert [p for p, _ in problems(some)] == [
+        "applications[0].logging_config.additional_log_standard_attrs"
+    ]
+
+
+def test_both_names_of_a_renamed_key_with_one_null_as_serve_build_writes_them() -> None:
+    c = scaling_of(
+        """\
+        upscale_smoothing_factor: null
+        downscale_smoothing_factor: 0.5
+        upscaling_factor: 1.5
+        downscaling_factor: null
+        """
+    )
+    assert problems(c) == []
+    scaling = c.apps[0].deployments[0].autoscaling
+    assert scaling is not None
+    assert (scaling.upscaling_factor, scaling.downscaling_factor) == (1.5, 0.5)
+    both = scaling_of("upscale_smoothing_factor: 2\nupscaling_factor: 3\n")
+    assert [m for _, m in problems(both)] == [
+        "give 'upscaling_factor' or its older name 'upscale_smoothing_factor', not both"
+    ]
+
+
+def test_smoothing_factor_stands_for_the_factors_not_set() -> None:
+    c = scaling_of("smoothing_factor: 0.5\nupscaling_factor: 2\n")
+    assert problems(c) == []
+    scaling = c.apps[0].deployments[0].autoscaling
+    assert scaling is not None
+    assert (scaling.upscaling_factor, scaling.downscaling_factor) == (2, 0.5)
+    assert any(w.path.endswith("autoscaling_config.smoothing_factor") for w in c.warnings)
+    old = scaling_of("smoothing_factor: 0.5\ndownscale_smoothing_factor: 0.25\n")
+    scaling = old.apps[0].deployments[0].autoscaling
+    assert scaling is not None
+    assert (scaling.upscaling_factor, scaling.downscaling_factor) == (0.5, 0.25)
+    assert scaling_of("smoothing_factor: null\n").problems == []
+    bad = scaling_of("smoothing_factor: 0\n")
+    assert [p for p, _ in problems(bad)] == [
+        "applications[0].deployments[0].autoscaling_config.smoothing_factor"
+    ]
+
+
+def test_aggregation_function_mean_is_what_the_window_does() -> None:
+    assert scaling_of("aggregation_function: mean\n").problems == []
+    bad = scaling_of("aggregation_function: max\n")
+    assert len(bad.problems) == 1 and "only 'mean'" in bad.problems[0].message
+
+
+def test_a_policy_in_the_module_dot_function_form() -> None:
+    for key in ("policy_function", "name"):
+        c = scaling_of(f"policy:\n  {key}: my.pkg.policies.scale\n")
+        assert problems(c) == [], key
+        scaling = c.apps[0].deployments[0].autoscaling
+        assert scaling is not None and scaling.policy == "my.pkg.policies:scale"
