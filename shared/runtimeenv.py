@@ -188,12 +188,26 @@ def _pip(installer: str, value: Any, read_file: Any) -> dict[str, Any]:
         raise RuntimeEnvError(installer, "requirements must be non-empty strings")
     if len(packages) > MAX_PACKAGES:
         raise RuntimeEnvError(installer, f"more than {MAX_PACKAGES} requirements")
-    for p in packages:
-        if p.lstrip().startswith("-") and not p.lstrip().startswith(("--index-url", "--find-links",
-                                                                     "--extra-index-url")):  # fmt: skip
-            raise RuntimeEnvError(installer, f"{p!r}: installer options are not passed through")
-    return {"packages": [p.strip() for p in packages], "installer": installer,
+    return {"packages": [_requirement(installer, p) for p in packages], "installer": installer,
             "pip_version": version}  # fmt: skip
+
+
+_INDEX_OPTIONS = {"-f": "--find-links", "--find-links": "--find-links", "-i": "--index-url",
+                  "--index-url": "--index-url", "--extra-index-url": "--extra-index-url"}  # fmt: skip
+"""The installer options a requirement line may give (where packages come from), by the spellings
+pip reads in a requirements file, which is where Ray Serve writes a `pip` list."""
+
+
+def _requirement(installer: str, line: str) -> str:
+    """A requirement, or an index option as one `--name=value` argument (the installer gets each
+    as a single command-line argument: `-f URL` there would not parse)."""
+    p = line.strip()
+    if not p.startswith("-"):
+        return p
+    name, _, value = p.replace("=", " ", 1).partition(" ")
+    if name in _INDEX_OPTIONS and value.strip():
+        return f"{_INDEX_OPTIONS[name]}={value.strip()}"
+    raise RuntimeEnvError(installer, f"{line!r}: installer options are not passed through")
 
 
 def requirement_lines(text: str) -> list[str]:

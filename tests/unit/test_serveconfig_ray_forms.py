@@ -138,3 +138,34 @@ def test_a_policy_in_the_module_dot_function_form() -> None:
         assert problems(c) == [], key
         scaling = c.apps[0].deployments[0].autoscaling
         assert scaling is not None and scaling.policy == "my.pkg.policies:scale"
+
+
+def test_pip_index_options_reach_the_installer_as_single_arguments() -> None:
+    c = checked(
+        """
+        applications:
+          - name: a
+            runtime_env:
+              pip:
+                - -f https://wheels.example/libtpu.html
+                - "--extra-index-url https://index.example/simple"
+                - --index-url=https://mirror.example/simple
+                - jax[tpu]
+            deployments:
+              - {name: A, import_path: 'm:A'}
+        """
+    )
+    assert problems(c) == []
+    assert c.apps[0].deployments[0].runtime_env["pip"]["packages"] == [
+        "--find-links=https://wheels.example/libtpu.html",
+        "--extra-index-url=https://index.example/simple",
+        "--index-url=https://mirror.example/simple",
+        "jax[tpu]",
+    ]
+    other = checked(
+        "applications:\n  - name: a\n    runtime_env: {pip: [--no-deps, x]}\n"
+        "    deployments:\n      - {name: A, import_path: 'm:A'}\n"
+    )
+    assert [m for _, m in problems(other)] == [
+        "'--no-deps': installer options are not passed through"
+    ]
