@@ -379,7 +379,7 @@ class ServeChecker(Checker):
         runtime = self.app_runtime(m, path)
         logs = self.app_logging(m, path)
         overrides = self._overrides(m.nodes.get("deployments"), path, env, runtime)
-        if len(self.problems) != before or "import_path" not in m.values:
+        if len(self.problems) != before or not {"name", "import_path"} <= m.values.keys():
             return
         self.code_apps.append(
             CodeApp(

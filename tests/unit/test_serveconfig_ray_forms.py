@@ -169,3 +169,19 @@ def test_pip_index_options_reach_the_installer_as_single_arguments() -> None:
     assert [m for _, m in problems(other)] == [
         "'--no-deps': installer options are not passed through"
     ]
+
+
+def test_a_bad_app_name_beside_an_import_path_is_a_problem_not_a_crash() -> None:
+    c = checked(
+        """
+        name: svc
+        compute_config: simple
+        applications:
+          - name: My Inference
+            import_path: inference.app:server
+        """
+    )
+    assert [p for p, _ in problems(c)] == ["applications[0].name"]
+    assert c.code_apps == []
+    unnamed = checked("applications:\n  - import_path: inference.app:server\n")
+    assert problems(unnamed) == [] and [a.name for a in unnamed.code_apps] == ["default"]
