@@ -60,6 +60,10 @@ _ANYSCALE_INFRA = [
     "max_surge_percent",
 ]
 """Anyscale service file keys about the machines and the service's own settings."""
+_ANYSCALE_V1_WRAPPER = "ray_serve_config"
+"""The older Anyscale service file (`anyscale service rollout`) nests the serve config here, beside
+its own keys (`name`, `project_id`, `cluster_env`, `build_id`, `compute_config`, `version`,
+`rollout_strategy`, `canary_percent`, `config`, ...), every one of them about the service itself."""
 _PROXY_FLAGS = {
     "host": "`fleetpulse proxy --host` (FLEETPULSE_PROXY_HOST)",
     "port": "`fleetpulse proxy --port` (or `fleetpulse up --http-port`)",
@@ -136,6 +140,10 @@ def check_config(
         loader.dispose()
     if build is not None and not out.problems:
         _build_all(out, build, check_policy, order)
+    if checker.wrapper:  # an older Anyscale service file: paths as the file nests them
+        outer = set(checker.outer)
+        out.problems = [_under(checker.wrapper, p) for p in out.problems]
+        out.warnings = [w if w in outer else _under(checker.wrapper, w) for w in out.warnings]
     out.problems.sort(key=lambda p: p.line or 0)
     out.warnings = sorted(set(out.warnings), key=lambda p: (p.line or 0, p.path))
     return _relocate(out, offset, manifest)
@@ -180,6 +188,10 @@ class ServeChecker(Checker):
         self._runtime_by_node: dict[int, dict[str, Any]] = {}
         self._file_logging: Node | None = None
         self._file_logging_checked: tuple[Mapping[str, Any] | None] | None = None
+        self.wrapper = ""
+        """`ray_serve_config` when the file is an older Anyscale service file."""
+        self.outer: list[Problem] = []
+        """The warnings about such a file's own keys (their paths are not under the wrapper)."""
 
     def file(self, root: Node | None) -> list[AppConfig]:
         if isinstance(root, MappingNode):
@@ -187,11 +199,43 @@ class ServeChecker(Checker):
                 self.loader.flatten_mapping(root)
             except yaml.YAMLError:
                 return super().file(root)  # its mapping check reports the bad merge key
+            root = self._older_anyscale(root)
             root = self._infrastructure(root)
             keys = appkeys.node_keys(root)
             if "import_path" in keys and "applications" not in keys:
                 root = self._legacy_form(root)
         return super().file(root)
+
+    def _older_anyscale(self, root: MappingNode) -> MappingNode:
+        """An older Anyscale service file: its `ray_serve_config`, the other keys warned of."""
+        keys = appkeys.node_keys(root)
+        inner = _value_of(root, _ANYSCALE_V1_WRAPPER)
+        if not isinstance(inner, MappingNode) or {"applications", "import_path"} & set(keys):
+            return root
+        try:
+            self.loader.flatten_mapping(inner)
+        except yaml.YAMLError:
+            return root
+        for key_node, _ in root.value:
+            if key_node.value != _ANYSCALE_V1_WRAPPER:
+                self.warn(
+                    str(key_node.value), key_node, "ignored: a setting of the Anyscale service "
+                    f"itself (an Anyscale service file of the older schema: its {_ANYSCALE_V1_WRAPPER} "
+                    "is read as the serve config)",
+                )  # fmt: skip
+        self.outer = list(self.warnings)
+        self.wrapper = _ANYSCALE_V1_WRAPPER
+        return inner
+
+    def check_runtime(self, raw: Any, path: str, node: Node) -> dict[str, Any]:
+        if isinstance(raw, Mapping) and "upload_path" in raw:  # Anyscale's, for the working_dir
+            self.warn(
+                f"{path}.upload_path" if path else "upload_path", _value_of(node, "upload_path")
+                or node, "ignored: where Anyscale uploads a local working_dir; fleetpulse "
+                "packages it into NATS's object store",
+            )  # fmt: skip
+            raw = {k: v for k, v in raw.items() if k != "upload_path"}
+        return super().check_runtime(raw, path, node)
 
     def _infrastructure(self, root: MappingNode) -> MappingNode:
         """Take out the keys about Ray's own services, with a warning each."""
@@ -428,6 +472,19 @@ class ServeChecker(Checker):
             self.deployment(d, dpath, env, import_path="code.defined:Deployment", runtime=runtime)
             out[d.values["name"]] = (dpath, item)
         return out
+
+
+def _under(wrapper: str, p: Problem) -> Problem:
+    return replace(p, path=f"{wrapper}.{p.path}" if p.path else wrapper)
+
+
+def _value_of(node: Node, key: str) -> Node | None:
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            if isinstance(k, ScalarNode) and k.value == key:
+                found: Node = v
+                return found
+    return None
 
 
 def _colon_node(node: Node) -> Node:

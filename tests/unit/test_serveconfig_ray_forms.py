@@ -185,3 +185,44 @@ def test_a_bad_app_name_beside_an_import_path_is_a_problem_not_a_crash() -> None
     assert c.code_apps == []
     unnamed = checked("applications:\n  - import_path: inference.app:server\n")
     assert problems(unnamed) == [] and [a.name for a in unnamed.code_apps] == ["default"]
+
+
+def test_an_older_anyscale_service_file_is_read_by_its_ray_serve_config() -> None:
+    c = checked(
+        """\
+        name: svc
+        project_id: prj_1
+        cluster_env: env:3
+        ray_serve_config:
+          applications:
+            - name: app
+              route_prefix: /app
+              import_path: deployment:app
+              runtime_env:
+                working_dir: https://code.example/a.zip
+                upload_path: s3://bucket/svc
+              deployments:
+                - name: Counter
+                  user_config: {count: 1}
+        rollout_strategy: ROLLOUT
+        """
+    )
+    assert problems(c) == []
+    (app,) = c.code_apps
+    assert (app.name, app.route_prefix, app.import_path) == ("app", "/app", "deployment:app")
+    assert app.runtime_env == {"working_dir": "https://code.example/a.zip"}
+    warned = {(w.path, w.line) for w in c.warnings}
+    assert {("name", 1), ("project_id", 2), ("cluster_env", 3), ("rollout_strategy", 15)} <= warned
+    assert ("ray_serve_config.applications[0].runtime_env.upload_path", 11) in warned
+    bad = checked(
+        "name: svc\nray_serve_config:\n  applications:\n"
+        "    - {name: a, import_path: 'm:a', num_replicas: 2}\n"
+    )
+    assert [(p.path, p.line) for p in bad.problems] == [
+        ("ray_serve_config.applications[0].num_replicas", 4)
+    ]
+
+
+def test_ray_serve_config_beside_applications_is_not_a_wrapper() -> None:
+    c = checked("ray_serve_config: {}\napplications:\n  - {name: a, import_path: 'm:a'}\n")
+    assert [p for p, _ in problems(c)] == ["ray_serve_config"]
