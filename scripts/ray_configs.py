@@ -12,11 +12,13 @@ from the file's folder, and one of three verdicts:
     needs files   every problem is a local file or folder the file names and DIR lacks
                   (a requirements file, a working_dir): the app's own files, not a rule
     refused       a rule of fleetpulse's refuses it (the messages say which)
+    crash         the check raised (a bug: the table shows the exception)
 
 Beside it, what Ray 2.x's own schema (ray.serve.schema, when Ray is installed) says of the same
-serve config: `ok`, `refused` or `needs code` (it imported something that is not here). For an
-Anyscale service file Ray judges the Serve part, as Anyscale's CLI hands it over (its own keys
-taken out, its local working_dir uploaded). The table lists every file not accepted.
+serve config, deployments' autoscaling_config included: `ok`, `refused` or `needs code` (it
+imported something that is not here). For an Anyscale service file Ray judges the Serve part, as
+Anyscale's CLI hands it over (its own keys taken out, its local working_dir uploaded; the older
+schema's `ray_serve_config`). The table lists every file not accepted.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ _ANYSCALE_MARKS = ("image_uri", "compute_config", "cloud", "containerfile", "wor
 
 def fleetpulse_verdict(path: Path) -> dict[str, Any]:
     sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        checked = check_file(str(path), dry_run=True, app_dir=str(path.parent))
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            checked = check_file(str(path), dry_run=True, app_dir=str(path.parent))
+    except Exception as exc:  # a bug of the checker's: counted, and the run goes on
+        crash = f"{type(exc).__name__}: {exc}"
+        return {"verdict": "crash", "problems": [crash], "warnings": [], "code_apps": 0}
     problems = [p.render(path.name) for p in checked.problems]
     if not problems:
         verdict = "accepted"
@@ -69,6 +75,8 @@ def serve_part(text: str) -> tuple[dict[str, Any] | None, bool]:
             inner = yaml.safe_load((doc.get("spec") or {}).get("serveConfigV2") or "")
             return (inner if isinstance(inner, dict) else None), False
     top = docs[0] if docs and isinstance(docs[0], dict) else None
+    if top is not None and isinstance(top.get("ray_serve_config"), dict):  # older Anyscale form
+        return top["ray_serve_config"], True
     if top is None or "applications" not in top or not (_ANYSCALE_MARKS & top.keys()):
         return top, False
     return {k: v for k, v in top.items() if k in _SERVE_KEYS}, True
@@ -76,6 +84,7 @@ def serve_part(text: str) -> tuple[dict[str, Any] | None, bool]:
 
 def ray_verdict(path: Path) -> str:
     try:
+        from ray.serve.config import AutoscalingConfig
         from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
     except ImportError:
         return "n/a (Ray not installed)"
@@ -88,6 +97,10 @@ def ray_verdict(path: Path) -> str:
     schema = ServeDeploySchema if "applications" in config else ServeApplicationSchema
     try:
         schema.model_validate(config)
+        for app in config.get("applications") or [config]:
+            for d in app.get("deployments") or []:  # the schema takes any mapping here
+                if isinstance(d, dict) and isinstance(d.get("autoscaling_config"), dict):
+                    AutoscalingConfig.model_validate(d["autoscaling_config"])
     except ImportError as exc:
         return f"needs code: {exc}"
     except Exception as exc:
@@ -112,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     counts = Counter(str(r["verdict"]) for r in rows)
     print(f"{len(rows)} files: " + ", ".join(f"{counts[v]} {v}" for v in
-                                             ("accepted", "needs files", "refused")))  # fmt: skip
+                                             ("accepted", "needs files", "refused", "crash")))  # fmt: skip
     both = Counter((str(r["verdict"]), str(r["ray"]).split(":")[0]) for r in rows)
     print("fleetpulse / Ray: " + ", ".join(f"{n} {f} / {r}" for (f, r), n in sorted(both.items())))
     print(f"\n{'verdict':<12} {'file':<60} first problem  [Ray]")
