@@ -5,8 +5,8 @@
 DIR holds config files as their authors wrote them (serve configs with `applications:`, the
 single-app form, RayService manifests with `serveConfigV2`, Anyscale service files), fetched by
 you: this repository ships none of them. Each file gets the check `fleetpulse deploy --dry-run
-FILE` makes (shared.appbuild.check_file: nothing imported, nothing connected), relative paths read
-from the file's folder, and one of three verdicts:
+FILE` makes (shared.appbuild.check_file: nothing imported, nothing connected; relative
+working_dir and requirements paths start at the current directory, as for deploy), and a verdict:
 
     accepted      no problem (apps defined in code are checked as far as a dry run can)
     needs files   every problem is a local file or folder the file names and DIR lacks
