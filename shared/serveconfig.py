@@ -384,9 +384,9 @@ class ServeChecker(Checker):
             self.check_runtime(raw, "", self._file_runtime_nodes[0][1]) if raw else {}
         )
         if raw:
-            self.warn("", self._file_runtime_nodes[0][1], "an Anyscale service file: its "
-                      "top-level " + ", ".join(k for k, _, _ in self._file_runtime_nodes)
-                      + " are every application's runtime_env")  # fmt: skip
+            keys = ", ".join(k for k, _, _ in self._file_runtime_nodes)
+            self.warn("", self._file_runtime_nodes[0][1], "an Anyscale service file: every "
+                      f"application's runtime_env starts from its top-level {keys}")  # fmt: skip
         return self._file_runtime
 
     def app_runtime(self, m: Map, path: str) -> Mapping[str, Any]:
