@@ -6,7 +6,13 @@ of a renamed key, one null; `additional_log_standard_attrs: []`), the deprecated
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.appkeys import Problem
 from shared.serveconfig import Checked, check_config
 
 
@@ -226,3 +232,73 @@ def test_an_older_anyscale_service_file_is_read_by_its_ray_serve_config() -> Non
 def test_ray_serve_config_beside_applications_is_not_a_wrapper() -> None:
     c = checked("ray_serve_config: {}\napplications:\n  - {name: a, import_path: 'm:a'}\n")
     assert [p for p, _ in problems(c)] == ["ray_serve_config"]
+
+
+_SCALARS = st.sampled_from(
+    [None, "", "m:app", "m.app", "bad name", "a", "/", "/x", 0, 1, -1, 2.5, True, "auto", []]
+)
+_KEYS = [
+    "name", "import_path", "route_prefix", "args", "runtime_env", "deployments", "logging_config",
+    "num_replicas", "autoscaling_config", "smoothing_factor", "upscale_smoothing_factor",
+    "upscaling_factor", "aggregation_function", "policy", "policy_function", "working_dir", "pip",
+    "env_vars", "upload_path", "user_config", "ray_actor_options", "init_args", "applications",
+    "ray_serve_config", "http_options", "compute_config", "requirements",
+]  # fmt: skip
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+_DEPLOYMENT = st.fixed_dictionaries(
+    {},
+    optional={
+        k: _VALUES
+        for k in (
+            "name",
+            "import_path",
+            "num_replicas",
+            "autoscaling_config",
+            "user_config",
+            "ray_actor_options",
+            "init_args",
+            "logging_config",
+        )
+    },
+)
+_APP = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["a", "bad name", "", None, 1]),
+        "import_path": st.sampled_from(["m:app", "m.app", "m", None]),
+        "route_prefix": st.sampled_from(["/", "/x", "x", None]),
+        "args": _VALUES,
+        "runtime_env": _VALUES,
+        "logging_config": _VALUES,
+        "deployments": st.lists(_DEPLOYMENT, max_size=2),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=4),
+    st.lists(_APP, max_size=3),
+    st.booleans(),
+)
+def test_any_mix_of_serve_keys_gets_problems_never_an_exception(
+    top: dict[str, Any], apps: list[dict[str, Any]], wrapped: bool
+) -> None:
+    doc: dict[str, Any] = dict(top)
+    if apps:
+        doc.pop("ray_serve_config", None)
+        doc["ray_serve_config" if wrapped else "applications"] = (
+            {"applications": apps} if wrapped else apps
+        )
+    c = check_config(yaml.safe_dump(doc))
+    assert all(isinstance(p, Problem) for p in [*c.problems, *c.warnings])
+    if not c.problems:
+        assert {a.name for a in c.apps}.isdisjoint({a.name for a in c.code_apps})
