@@ -14,6 +14,12 @@ every caller of that batch. Calls that arrive while a batch runs start the next 
 Multiplexing: as in Ray, calls for different models never share a batch (one queue per model id
 of the calling request), and inside the batch `serve.get_multiplexed_model_id()` is the batch's
 model (the flush runs in the first caller's context).
+
+Streaming (Ray's batched generators): a batched async generator yields one list per step, an
+entry per caller of the batch; each caller gets an async iterator of its own entries, which ends
+at an entry that is `StopIteration` (the class or an instance) or when the generator returns.
+Calling the method returns that iterator at once (no await), as Ray's does, so
+`StreamingResponse(self.tokens(prompt))` works.
 """
 
 from __future__ import annotations
@@ -23,18 +29,19 @@ import contextlib
 import functools
 import inspect
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .multiplex import get_multiplexed_model_id
 
 _FUNCTION_KEY = object()
+_VALUE, _END, _ERROR = "value", "end", "error"
 
 
 class _Queue:
     def __init__(self, settings: BatchedFunction) -> None:
         self.settings = settings
-        self.items: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.items: list[tuple[Any, Any]] = []  # (item, a Future, or a stream's asyncio.Queue)
         self.full = asyncio.Event()
         self.flushes: set[asyncio.Task[None]] = set()
 
@@ -55,14 +62,30 @@ class _Queue:
         items = [item for item, _ in self.items]
         return self.settings.size(items) >= self.settings.max_batch_size
 
-    async def submit(self, call: Callable[[list[Any]], Awaitable[Any]], item: Any) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.items.append((item, future))
+    def _enqueue(self, call: Callable[[list[Any]], Any], item: Any, sink: Any) -> None:
+        self.items.append((item, sink))
         if len(self.items) == 1:
             self._start_flush(call)
         if self._is_full():
             self.full.set()
+
+    async def submit(self, call: Callable[[list[Any]], Awaitable[Any]], item: Any) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._enqueue(call, item, future)
         return await future
+
+    async def submit_stream(
+        self, call: Callable[[list[Any]], AsyncIterator[Any]], item: Any
+    ) -> AsyncIterator[Any]:
+        chunks: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._enqueue(call, item, chunks)
+        while True:
+            kind, value = await chunks.get()
+            if kind == _END:
+                return
+            if kind == _ERROR:
+                raise value
+            yield value
 
     async def _flush(self, call: Callable[[list[Any]], Awaitable[Any]]) -> None:
         with contextlib.suppress(TimeoutError):
@@ -74,6 +97,9 @@ class _Queue:
             self._start_flush(call)
             if self._is_full():
                 self.full.set()
+        if self.settings.streaming:
+            await _run_stream(call, batch)
+            return
         try:
             results = list(await call([item for item, _ in batch]))
             if len(results) != len(batch):
@@ -91,6 +117,38 @@ class _Queue:
                 future.set_result(result)
 
 
+async def _run_stream(call: Callable[[list[Any]], Any], batch: list[tuple[Any, Any]]) -> None:
+    """Deal each step's list out to the batch's callers; end a caller's stream at its
+    StopIteration entry, everyone's when the generator returns, fail the open ones on an error."""
+    sinks: list[asyncio.Queue[tuple[str, Any]]] = [sink for _, sink in batch]
+    live = [True] * len(sinks)
+    try:
+        async for step in call([item for item, _ in batch]):
+            outs = list(step)
+            if len(outs) != len(sinks):
+                raise TypeError(
+                    f"a streaming @serve.batch function yielded {len(outs)} items for "
+                    f"{len(sinks)} inputs; yield one per input, in order"
+                )
+            for i, out in enumerate(outs):
+                if not live[i]:
+                    continue
+                if out is StopIteration or isinstance(out, StopIteration):
+                    live[i] = False
+                    sinks[i].put_nowait((_END, None))
+                else:
+                    sinks[i].put_nowait((_VALUE, out))
+    except Exception as exc:
+        for i, sink in enumerate(sinks):
+            if live[i]:
+                live[i] = False
+                sink.put_nowait((_ERROR, exc))
+        return
+    for i, sink in enumerate(sinks):
+        if live[i]:
+            sink.put_nowait((_END, None))
+
+
 def batch(
     _func: Callable[..., Any] | None = None,
     /,
@@ -104,8 +162,12 @@ def batch(
     _check(max_batch_size, batch_wait_timeout_s)
 
     def wrap(fn: Callable[..., Any]) -> BatchedFunction:
+        if inspect.isasyncgenfunction(fn):
+            return StreamingBatchedFunction(fn, max_batch_size, batch_wait_timeout_s, batch_size_fn)
         if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"@serve.batch needs an async function, not {fn.__qualname__}")
+            raise TypeError(
+                f"@serve.batch needs an async function or async generator, not {fn.__qualname__}"
+            )
         return BatchedFunction(fn, max_batch_size, batch_wait_timeout_s, batch_size_fn)
 
     return wrap if _func is None else wrap(_func)
@@ -145,8 +207,12 @@ class BatchedFunction:
         self.__dict__.update(state)
         self._queues = weakref.WeakKeyDictionary()
 
+    streaming = False
+
     def __get__(self, owner: Any, cls: type | None = None) -> Any:
-        return self if owner is None else _BoundBatch(self, owner)
+        if owner is None:
+            return self
+        return _BoundStreamBatch(self, owner) if self.streaming else _BoundBatch(self, owner)
 
     def set_max_batch_size(self, value: int) -> None:
         _check(value, self.batch_wait_timeout_s)
@@ -161,7 +227,7 @@ class BatchedFunction:
             raise TypeError("a @serve.batch function takes one item per call")
         return await self.submit(_FUNCTION_KEY, args[0])
 
-    async def submit(self, owner: Any, item: Any) -> Any:
+    def _queue_and_call(self, owner: Any) -> tuple[_Queue, Callable[[list[Any]], Any]]:
         if owner is _FUNCTION_KEY:
             per_model = self._plain
         else:
@@ -172,14 +238,51 @@ class BatchedFunction:
             queue = per_model[model] = _Queue(self)
         fn = self._fn
 
-        def call(items: list[Any]) -> Awaitable[Any]:
-            pending: Awaitable[Any] = fn(items) if owner is _FUNCTION_KEY else fn(owner, items)
-            return pending
+        def call(items: list[Any]) -> Any:
+            return fn(items) if owner is _FUNCTION_KEY else fn(owner, items)
 
+        return queue, call
+
+    async def submit(self, owner: Any, item: Any) -> Any:
+        queue, call = self._queue_and_call(owner)
         return await queue.submit(call, item)
+
+    def submit_stream(self, owner: Any, item: Any) -> AsyncIterator[Any]:
+        queue, call = self._queue_and_call(owner)
+        return queue.submit_stream(call, item)
 
     def size(self, items: list[Any]) -> int:
         return len(items) if self._size_fn is None else int(self._size_fn(items))
+
+
+class StreamingBatchedFunction(BatchedFunction):
+    """A batched async generator: each call returns the caller's own async iterator."""
+
+    streaming = True
+
+    async def __call__(self, *args: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        if len(args) != 1:
+            raise TypeError("a @serve.batch function takes one item per call")
+        async for value in self.submit_stream(_FUNCTION_KEY, args[0]):
+            yield value
+
+
+class _BoundStreamBatch:
+    """`instance.method` of a batched async generator method."""
+
+    __slots__ = ("_batched", "_owner")
+
+    def __init__(self, batched: BatchedFunction, owner: Any) -> None:
+        self._batched, self._owner = batched, owner
+
+    async def __call__(self, *args: Any) -> AsyncIterator[Any]:
+        if len(args) != 1:
+            raise TypeError("a @serve.batch function takes one item per call")
+        async for value in self._batched.submit_stream(self._owner, args[0]):
+            yield value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batched, name)
 
 
 class _BoundBatch:

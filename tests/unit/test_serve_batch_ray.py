@@ -60,3 +60,47 @@ async def test_batch_size_fn_measures_a_batch_in_its_own_unit() -> None:
     texts = ["a b", "c d e", "f", "g h i j k l"]  # 2 + 3 fit; 1 alone; 6 is over but goes alone
     assert await asyncio.gather(*(count(t) for t in texts)) == [2, 3, 1, 6]
     assert seen == [["a b", "c d e"], ["f"], ["g h i j k l"]]
+
+
+class _Counter:
+    """Ray's batched-streaming shape: one list per step, StopIteration ends a caller's stream."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    @serve.batch(max_batch_size=5, batch_wait_timeout_s=0.05)
+    async def numbers(self, maxes: list[int]) -> Any:
+        self.batches.append(list(maxes))
+        for i in range(max(maxes)):
+            yield [str(i) if m > i else StopIteration for m in maxes]
+            await asyncio.sleep(0)
+
+
+async def test_a_batched_async_generator_streams_each_caller_its_own_items() -> None:
+    counter = _Counter()
+
+    async def drain(n: int) -> list[str]:
+        stream = counter.numbers(n)  # no await: the call returns the stream, as in Ray
+        return [item async for item in stream]
+
+    got = await asyncio.gather(*(drain(n) for n in (1, 3, 0, 2)))
+    assert got == [["0"], ["0", "1", "2"], [], ["0", "1"]]
+    assert counter.batches == [[1, 3, 0, 2]]
+
+
+async def test_a_failing_batched_generator_fails_the_streams_still_open() -> None:
+    @serve.batch(max_batch_size=2, batch_wait_timeout_s=0.05)
+    async def broken(items: list[int]) -> Any:
+        yield [StopIteration, "a"]
+        raise RuntimeError("model fell over")
+
+    async def drain(n: int) -> list[Any]:
+        got: list[Any] = []
+        try:
+            async for item in broken(n):
+                got.append(item)
+        except RuntimeError as exc:
+            got.append(str(exc))
+        return got
+
+    assert list(await asyncio.gather(drain(1), drain(2))) == [[], ["a", "model fell over"]]
