@@ -51,6 +51,7 @@ from tests.e2e.engine import (
     summary,
     wait_for,
 )
+from tests.runtimeenv_fixtures import write_app
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -295,6 +296,39 @@ def test_the_operator_deploys_with_its_made_credentials_and_other_roles_cannot(
         d["records"] = len(records)
 
 
+def test_an_app_whose_code_exists_only_in_its_uploaded_working_dir(stack: Stack) -> None:
+    """Issue 33 through compose: `fleetpulse deploy` from the host (the operator's login) uploads
+    the working_dir into fp_packages; an agent container (which never saw the code) fetches,
+    verifies and unpacks it and the replica answers through the published proxy port."""
+    wd = write_app(stack.tmp / "shipped-wd", "compose-v1", pkg="fp_absent")
+    app = stack.tmp / "shipped.yaml"
+    app.write_text(
+        "applications:\n  - name: shipped\n    route_prefix: /shipped\n"
+        f"    import_path: shipped_app:app\n    runtime_env:\n      working_dir: {wd}\n"
+    )
+    url = f"http://127.0.0.1:{stack.ports['FP_HTTP_PORT']}/shipped"
+    with stack.report.check("runtime env: code only in the uploaded working_dir answers") as d:
+        operator = _login(stack, "operator")
+        t0 = time.monotonic()
+        ok = _cli(operator, "deploy", str(app))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "1 uploaded" in ok.stdout, ok.stdout
+        body = wait_for(lambda: _json_200(url), 180, "the shipped app through the proxy")
+        d["deploy_to_answer_s"] = round(time.monotonic() - t0, 1)
+        assert body["helper"] == "compose-v1" and body["pkg"] is None, body
+        assert "/packages/" in body["cwd"], body  # the agent's unpacked package, not /apps
+        d["cwd"] = body["cwd"]
+        gone = _cli(operator, "delete", "shipped")
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+
+
+def _json_200(url: str) -> Any:
+    try:
+        return http_json(url, timeout=5)
+    except (OSError, ValueError):
+        return None
+
+
 def test_fresh_stacks_make_their_own_secrets_and_a_placeholder_is_refused(stack: Stack) -> None:
     with stack.report.check("two fresh stacks: different secrets; a placeholder refused") as d:
         other = Compose(f"{stack.compose.project}b", stack.compose.env)
@@ -455,9 +489,13 @@ def test_scale_agents_to_three_under_load(stack: Stack) -> None:
 def test_no_app_was_deregistered(stack: Stack) -> None:
     with stack.report.check("no app deregistered by the proxy") as d:
         logs = stack.compose("logs", "--no-color", "proxy")
-        deleted = "app audited deregistered (the app is being deleted)"  # on purpose, above
-        bad = [
-            line for line in logs.splitlines() if " deregistered (" in line and deleted not in line
+        deleted = [
+            f"app {a} deregistered (the app is being deleted)" for a in ("audited", "shipped")
+        ]
+        bad = [  # those two are deleted on purpose, above
+            line
+            for line in logs.splitlines()
+            if " deregistered (" in line and not any(x in line for x in deleted)
         ]
         assert not bad, bad
         d["registered"] = sum(" registered (" in line for line in logs.splitlines())
