@@ -573,6 +573,13 @@ RECORDER: tuple[Setting, ...] = (
     RECORD_PREFIX, RECORD_BATCH_ROWS, RECORD_FLUSH_INTERVAL, RECORD_ROTATE_MB, RECORD_ROTATE_S,
     RECORD_ZSTD, RECORD_PROGRESS_INTERVAL,
 )  # fmt: skip
+CONTROLLER_PREPARE_TIMEOUT = Setting(
+    "prepare_timeout_s", "float", 1800.0, "a deployment whose runtime_env an agent still "
+    "prepares (fetches its packages, builds its pip/uv environment) this long after it first "
+    "said so is DEPLOY_FAILED; that time does not count in the replica's start timeout (120 s, "
+    "from the process start)", strict=True, flag="--prepare-timeout-s",
+    env="FLEETPULSE_PREPARE_TIMEOUT_S",
+)  # fmt: skip
 
 CONTROLLER: tuple[Setting, ...] = (
     CONTROLLER_MEMBER_ID,
@@ -580,6 +587,7 @@ CONTROLLER: tuple[Setting, ...] = (
     CONTROLLER_STREAM_REPLICAS,
     CONTROLLER_DECODE_THREADS,
     CONTROLLER_POLICY_TIMEOUT,
+    CONTROLLER_PREPARE_TIMEOUT,
     CONTROLLER_PARTITIONS,
     CONTROLLER_RETENTION,
     CONTROLLER_REBUILD,

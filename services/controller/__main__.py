@@ -36,6 +36,7 @@ def add_controller_arguments(p: argparse.ArgumentParser) -> None:
     add_metrics_port_argument(p)
     settings.CONTROLLER_DECODE_THREADS.add_flag(p)
     settings.CONTROLLER_POLICY_TIMEOUT.add_flag(p)
+    settings.CONTROLLER_PREPARE_TIMEOUT.add_flag(p)
     settings.CONTROLLER_STATS_FILE.add_flag(p)
 
 
@@ -52,6 +53,9 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
             owner_epoch=settings.CONTROLLER_OWNER_EPOCH.resolve(args.owner_epoch, env),
             control_interval_s=settings.CONTROLLER_CONTROL_INTERVAL.resolve(
                 args.control_interval_s, env
+            ),
+            prepare_timeout_s=settings.CONTROLLER_PREPARE_TIMEOUT.resolve(
+                args.prepare_timeout_s, env
             ),
         ),
         partitions=settings.CONTROLLER_PARTITIONS.resolve(args.partitions, env),

@@ -68,6 +68,8 @@ class ControllerConfig:
     status_refresh_s: float = 2.0
     """How often an app's status is looked at for changed figures (demand, counts) that no
     event marked; an unchanged status is not rewritten (status_book.py)..."""
+    prepare_timeout_s: float = settings.CONTROLLER_PREPARE_TIMEOUT.default
+    """A deployment whose runtime_env an agent still prepares this long is DEPLOY_FAILED."""
     status_looks_per_s: float = 1000.0
     """...unless that is more looks a second than this: then an app is looked at every
     apps / status_looks_per_s seconds (10 s at 10,000 apps: a look is ~50 µs of Python, and
@@ -172,6 +174,7 @@ class ControllerCore:
                         name, d, version, now, id_prefix=_id_prefix(*key), subjects=self.subjects
                     )
                     m.state.on_remove = self.placement.release
+                    m.state.prepare_timeout_s = self.cfg.prepare_timeout_s
                     m.state.placing = self.placement.ever_seen
                 elif m.cfg != d or m.state.version != version:
                     m.reconfigure(d, version, now)
@@ -514,7 +517,7 @@ class ControllerCore:
         """An agent announced itself (KV fp_agents put)."""
         first = not self.placement.ever_seen
         self.placement.heard(info, recv)
-        self._environments(info.agent_id, info)
+        self._environments(info.agent_id, info, recv)
         if first:  # placement is on from now: replicas without an agent wait for room
             for table in (self.deployments, self.deleting):
                 for m in table.values():
@@ -523,17 +526,25 @@ class ControllerCore:
     def agent_gone(self, agent_id: str) -> None:
         """An agent removed its entry (clean shutdown)."""
         self.placement.gone(agent_id)
-        self._environments(agent_id, None)
+        self._environments(agent_id, None, None)
 
-    def _environments(self, agent_id: str, info: AgentInfo | None) -> None:
+    def _environments(self, agent_id: str, info: AgentInfo | None, recv: float | None) -> None:
         """The agents' notes on runtime environments (preparing, failed) into the status
-        messages of the deployments they name (shared/kv/agents.py EnvNote)."""
+        messages of the deployments they name (shared/kv/agents.py EnvNote), and which agents
+        prepare which deployment's (its replicas' start clock stops meanwhile)."""
         before = self._env_notes.pop(agent_id, {})
         now: dict[DepKey, str] = {}
+        preparing: set[DepKey] = set()
         for n in info.environments if info is not None else ():
             app, _, dep = n.deployment.partition(".")
             what = "runtime_env failed" if n.state == "failed" else "runtime_env"
             now[(app, dep)] = f"{what} on agent {agent_id}: {n.detail}"
+            if n.state == "preparing":
+                preparing.add((app, dep))
+        for key in before.keys() | now.keys():
+            m = self.deployments.get(key)
+            if m is not None:
+                m.state.preparing_on(agent_id, key in preparing, recv)
         if now:
             self._env_notes[agent_id] = now
         if not before and not now:

@@ -11,7 +11,10 @@ drive the rest. Every move of a record's state goes through one table (lifecycle
 table does not allow leaves the record as it was and comes back as a `transition_refused` event. While agents place replicas (`placing`), a PENDING replica without an agent is
 waiting for room, not starting: no start timeout runs for it, it goes at once when no longer
 wanted (no process will report its exit), and `unplaced` (why, from placement.py) shows in the
-status message. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
+status message. Likewise a PENDING replica whose agent says it prepares the deployment's
+runtime_env (fetches packages, builds a pip/uv environment: minutes, `preparing`) is not
+starting yet: its start clock runs from when the agent stops saying so, and a preparation
+longer than `prepare_timeout_s` (a setting) makes the deployment DEPLOY_FAILED with that reason. `reconcile(now)` adds replicas (with ids from a deterministic generator) until the
 live count meets the target, drains the surplus (pending first, then the newest running), replaces
 replicas with an unhealthy verdict, and rolls a new version. Membership (what routers may call)
 is the RUNNING replicas without a verdict, in start order; it gets a new epoch whenever it changes.
@@ -54,6 +57,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from shared import settings
 from shared.rollout import DEFAULT as DEFAULT_ROLLOUT
 from shared.rollout import RolloutConfig
 from shared.transitions import Refused
@@ -121,6 +125,15 @@ class DeploymentState:
     environment: str = ""
     """What agents say of its runtime_env (fp_agents: preparing it, or the error that failed
     it), or "": the status message carries it (core.on_agent)."""
+    preparing: dict[str, float] = field(default_factory=dict)
+    """Agent id -> when (local receipt time) it first said it prepares this deployment's
+    runtime_env (fp_agents notes, core.on_agent). Its PENDING replicas' start clock is stopped
+    meanwhile (an install may take minutes) and starts again when the note goes; past
+    `prepare_timeout_s` the deployment is DEPLOY_FAILED."""
+    prepare_timeout_s: float = settings.CONTROLLER_PREPARE_TIMEOUT.default
+    failed_why: str = ""
+    """Why the deployment is DEPLOY_FAILED when it is not its replicas' starts (a runtime_env
+    prepared for too long), or ""."""
     on_remove: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
     """Called with the id of every record removed (what it held on its agent is released)."""
     _next_id: int = 0
@@ -228,6 +241,7 @@ class DeploymentState:
         elif after is ReplicaState.RUNNING:
             if rec.version == self.version:
                 self.start_failures = 0
+                self.failed_why = ""
             return [StateEvent("replica_running", replica_id, "")]
         return []
 
@@ -303,9 +317,8 @@ class DeploymentState:
 
     def reconcile(self, now: float) -> list[StateEvent]:
         events = self._time_out_starts(now)
-        if (
-            self.status is DeploymentStatus.DEPLOY_FAILED
-            and self.start_failures >= MAX_START_FAILURES
+        if self.start_failures >= MAX_START_FAILURES and (
+            self.failed_why or self.status is DeploymentStatus.DEPLOY_FAILED
         ):
             return events  # stop retrying; a new version or a redeploy resets
         view = self.view()
@@ -325,6 +338,14 @@ class DeploymentState:
         for rec in list(self.view().waiting.values()):
             if self.placing and not rec.agent_id and rec.state is ReplicaState.PENDING:
                 continue  # waiting for room on an agent: its start clock runs from placement
+            prepared_from = self.preparing.get(rec.agent_id) if rec.agent_id else None
+            if prepared_from is not None and rec.state is ReplicaState.PENDING:
+                # its agent prepares the runtime_env: no start yet, but a bound of its own
+                if now - prepared_from >= self.prepare_timeout_s:
+                    events += self._prepare_timed_out(rec, now, now - prepared_from)
+                else:
+                    due = min(due, prepared_from + self.prepare_timeout_s - STARTUP_TIMEOUT_S)
+                continue
             if now - rec.since >= STARTUP_TIMEOUT_S:
                 events += self._move(rec, Decision.START_TIMEOUT, now)
                 self.start_failures += 1
@@ -336,6 +357,34 @@ class DeploymentState:
                 due = min(due, rec.since)
         self._starts_due = due + STARTUP_TIMEOUT_S - EARLY_S
         return events
+
+    def preparing_on(self, agent_id: str, preparing: bool, now: float | None) -> None:
+        """Agent `agent_id` says (or no longer says) it prepares this deployment's runtime_env,
+        heard at `now` (None: the agent is gone). When it stops, its PENDING replicas' start
+        clock runs from `now`: the time spent preparing is no start."""
+        if preparing:
+            self.preparing.setdefault(agent_id, -math.inf if now is None else now)
+            if now is not None:
+                self._starts_due = min(self._starts_due, now)  # looked at again for its bound
+            return
+        if self.preparing.pop(agent_id, None) is None or now is None:
+            return
+        for rec in self.view().waiting.values():
+            if rec.agent_id == agent_id and rec.state is ReplicaState.PENDING:
+                rec.since = max(rec.since, now)
+        self._waits_from(now)
+
+    def _prepare_timed_out(self, rec: ReplicaRecord, now: float, took: float) -> list[StateEvent]:
+        """An agent prepared the runtime_env for longer than `prepare_timeout_s`: the
+        deployment is DEPLOY_FAILED (no retry: a new version or a redeploy resets)."""
+        events = self._move(rec, Decision.START_TIMEOUT, now)
+        self.start_failures = max(self.start_failures, MAX_START_FAILURES)
+        self.last_trouble = now
+        self.failed_why = (
+            f"runtime_env still being prepared on agent {rec.agent_id} after {took:.0f} s "
+            f"(--prepare-timeout-s {self.prepare_timeout_s:g})"
+        )
+        return [*events, StateEvent("prepare_timeout", rec.replica_id, self.failed_why)]
 
     def start_timeouts_due(self) -> float:
         """When the next visit must look for starts that took too long (inf: none waits)."""
@@ -464,6 +513,8 @@ class DeploymentState:
 
     def _compute_status(self, now: float) -> tuple[DeploymentStatus, str]:
         if self.start_failures >= MAX_START_FAILURES:
+            if self.failed_why:
+                return DeploymentStatus.DEPLOY_FAILED, self.failed_why
             env = f": {self.environment}" if self.environment else ""
             return (
                 DeploymentStatus.DEPLOY_FAILED,
@@ -499,6 +550,7 @@ class DeploymentState:
             self.version = version
             self.settled = False
             self.start_failures = 0
+            self.failed_why = ""
 
 
 def _refused(replica_id: str, refused: Refused) -> StateEvent:
