@@ -152,7 +152,10 @@ class PyEnvs:
         if not reqs:
             return
         if pip.get("installer") == "uv":
-            uv = shutil.which("uv", path=self._env.get("PATH"))
+            # on PATH, or next to the agent's own interpreter (a venv's bin, not activated)
+            uv = shutil.which("uv", path=self._env.get("PATH")) or shutil.which(
+                "uv", path=str(Path(sys.executable).parent)
+            )
             if uv is None:
                 raise EnvBuildError("uv is not installed on this agent: install it, or use pip")
             cmd = [uv, "pip", "install", "--python", str(py), *reqs]
@@ -207,6 +210,10 @@ class PyEnvs:
 def _error_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith(("ERROR:", "error:", "\u00d7"))]
+    # uv gives the reason on a line of its own ("cause: Because fpwheel was not found ...")
+    cause = [ln.removeprefix("cause:").strip() for ln in lines if ln.startswith("cause:")]
+    if errors and cause:
+        return f"{errors[0]}: {cause[0]}"[:500]
     return (errors or lines or ["(no output)"])[0 if errors else -1][:500]
 
 

@@ -459,3 +459,31 @@ async def test_a_url_working_dir_is_fetched_checked_and_its_single_top_folder_is
     await eventually(lambda: not envs.preparing(), 10, "the fetch")
     failed = envs.state(bad)
     assert isinstance(failed, Failed) and "does not match" in failed.reason
+
+
+async def test_a_uv_spec_builds_from_a_local_wheel_directory(tmp_path: Path) -> None:
+    """`uv` runtime envs install with uv (from the test extra; found next to the agent's own
+    interpreter when its venv is not on PATH), from local wheels: no internet."""
+    from tests.runtimeenv_fixtures import make_wheel
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "fpwheel", "3.0")
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir)
+    env = dict(os.environ, PATH=path, UV_NO_INDEX="1", UV_FIND_LINKS=str(wheels),
+               UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_NO_CONFIG="1")  # fmt: skip
+    envs = PyEnvs(tmp_path / "envs", sys.executable, env=env)
+    spec = {"packages": ["fpwheel==3.0"], "installer": "uv", "pip_version": ""}
+    python = await envs.ensure(spec)
+    assert envs.builds == 1
+    proc = await asyncio.create_subprocess_exec(
+        python, "-c", "import fpwheel, shared; print(fpwheel.VERSION)",
+        stdout=asyncio.subprocess.PIPE, env={"PATH": path},
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and out.decode().strip() == "3.0"
+    bad = {"packages": ["fpwheel==9.9"], "installer": "uv", "pip_version": ""}
+    with pytest.raises(
+        EnvBuildError, match=r"uv install failed: .*: Because there is no version of fpwheel==9\.9"
+    ):
+        await envs.ensure(bad)
