@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,12 @@ def descendants(root: int, children: dict[int, list[int]] | None = None) -> list
         out.append(pid)
         todo.extend(kids.get(pid, ()))
     return out
+
+
+def using_path(fragment: str) -> list[int]:
+    """Processes whose command line names `fragment` (a folder only this run made)."""
+    pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    return [p for p in pids if p != os.getpid() and any(fragment in a for a in cmdline(p))]
 
 
 def cmdline(pid: int) -> list[str]:
@@ -393,6 +400,7 @@ class RaySystem(System):
         self.loop = loop
         self.proc: asyncio.subprocess.Process | None = None
         self.start_s = 0.0
+        self.haproxy_dir: Path | None = None
         self._lock = asyncio.Lock()
         self._log: Any = None
 
@@ -408,7 +416,7 @@ class RaySystem(System):
             "fallback_grpc",
         )
         ports = dict(zip(names, free_ports(len(names)), strict=True))
-        haproxy_dir = Path(tempfile.mkdtemp(prefix="fph-"))
+        haproxy_dir = self.haproxy_dir = Path(tempfile.mkdtemp(prefix="fph-"))
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         env.update(driver.mode_env(self.mode, ports, haproxy_dir))
         self._log = open(self.log_dir / f"{self.name}-driver.log", "wb")  # noqa: SIM115, ASYNC230
@@ -505,8 +513,13 @@ class RaySystem(System):
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
-        # Ray's own shutdown stops its processes; what outlived it is stopped here, by pid
+        # Ray's own shutdown stops its processes; what outlived it is stopped here, by pid, and
+        # so is its HAProxy, which Ray detaches (parent 1): found by this run's config folder
+        if self.haproxy_dir is not None:
+            left += using_path(str(self.haproxy_dir))
         await asyncio.to_thread(stop_pids, [p for p in left if _alive(p)], 10.0)
+        if self.haproxy_dir is not None:
+            shutil.rmtree(self.haproxy_dir, ignore_errors=True)
         if self._log is not None:
             self._log.close()
 
