@@ -476,6 +476,11 @@ AGENT_MAX_ENV_BUILDS = Setting(
     "max_env_builds", "int", 2, "pip/uv environments built at once", low=1,
     flag="--max-env-builds",
 )  # fmt: skip
+AGENT_ENV_GRACE = Setting(
+    "env_grace_s", "float", 86400.0, "a built pip/uv environment that no replica on this agent "
+    "has used this long is removed (built again if asked for again)", strict=True,
+    flag="--env-grace-s", env="FLEETPULSE_AGENT_ENV_GRACE_S",
+)  # fmt: skip
 DEPLOY_MAX_PACKAGE_MB = Setting(
     "max_package_mb", "int", 512, "`fleetpulse deploy`/`up --config`: a working_dir or "
     "py_modules package larger than this (MiB, after excludes) is refused (Ray's own limit)",
@@ -511,7 +516,7 @@ AGENT: tuple[Setting, ...] = (
     AGENT_ID, AGENT_REPLICA_KEY_SEED, AGENT_MAX_REPLICAS, AGENT_WORKDIR, AGENT_LOG_DIR,
     AGENT_PYTHON, AGENT_KILL_MARGIN, AGENT_SPARE_REPLICAS, AGENT_CREDENTIAL_TTL, REPLICA_HTTP_HOST,
     REPLICA_HTTP_ADVERTISE, AGENT_CACHE_DIR, AGENT_CACHE_MB,
-    AGENT_MAX_ENV_BUILDS,
+    AGENT_MAX_ENV_BUILDS, AGENT_ENV_GRACE,
 )  # fmt: skip
 
 CONTROLLER_PARTITIONS = Setting(

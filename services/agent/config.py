@@ -71,6 +71,7 @@ class AgentConfig:
     """Runtime environments' packages and Python environments (None: ~/.cache/fleetpulse/...)."""
     cache_mb: int = settings.AGENT_CACHE_MB.default
     max_env_builds: int = settings.AGENT_MAX_ENV_BUILDS.default
+    env_grace_s: float = settings.AGENT_ENV_GRACE.default
     replica_http_host: str = settings.REPLICA_HTTP_HOST.default
     """Where the replicas of an ingress deployment bind their own HTTP server."""
     replica_http_advertise: str | None = None
@@ -166,6 +167,7 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     settings.AGENT_CACHE_DIR.add_flag(p)
     settings.AGENT_CACHE_MB.add_flag(p)
     settings.AGENT_MAX_ENV_BUILDS.add_flag(p)
+    settings.AGENT_ENV_GRACE.add_flag(p)
     for name, metavar in (("user", "NAME"), ("password", "SECRET"), ("token", "SECRET"),
                           ("creds", "FILE")):  # fmt: skip
         env = REPLICA_ENV_PREFIX + name.upper()
@@ -240,6 +242,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         cache_dir=settings.AGENT_CACHE_DIR.resolve(args.cache_dir, env),
         cache_mb=settings.AGENT_CACHE_MB.resolve(args.cache_mb, env),
         max_env_builds=settings.AGENT_MAX_ENV_BUILDS.resolve(args.max_env_builds, env),
+        env_grace_s=settings.AGENT_ENV_GRACE.resolve(args.env_grace_s, env),
         **extra,
     )
 

@@ -16,6 +16,11 @@ and at most `max_builds` builds at a time on an agent. A failure is remembered f
 same error at once, not a reinstall each), with the installer's own error line; an agent that
 cannot reach the package index says so. `building()` lists the builds in progress with their
 start time (the agent's registration carries them for `fleetpulse status`).
+
+Removal: every environment has a last-used time (local monotonic: built, handed to a replica, or
+in use by a live replica at a `sweep`; the ones found on disk at start count as used then).
+`sweep(in_use)` removes those unused for `grace_s` (`stale`, a pure function): renamed to a
+partial directory first, so no half-removed environment is ever taken for a complete one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import site
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +77,12 @@ class PyEnvs:
         max_builds: int = 2,
         retry_after_s: float = 60.0,
         env: Mapping[str, str] | None = None,
+        grace_s: float = 86400.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
+        self.grace_s = grace_s
+        self._clock = clock
         self.python = python
         self._sem = asyncio.Semaphore(max_builds)
         self.retry_after_s = retry_after_s
@@ -84,6 +93,11 @@ class PyEnvs:
         self.builds = 0
         packages.clean_partial(root)  # made at the first build
         self._id = f"{python} {sys.version.split()[0]}"
+        now = clock()
+        self._last_used: dict[str, float] = {
+            p.name: now for p in _entries(root) if (p / ".ready").exists()
+        }
+        self.removed = 0
 
     def key(self, pip: Mapping[str, Any]) -> str:
         return runtimeenv.pip_key(pip, self._id)
@@ -97,6 +111,7 @@ class PyEnvs:
     async def ensure(self, pip: Mapping[str, Any]) -> str:
         key = self.key(pip)
         if (self.root / key / ".ready").exists():
+            self._last_used[key] = self._clock()
             return str(self.interpreter(key))
         failed = self._failed.get(key)
         if failed is not None and time.monotonic() < failed[0]:
@@ -107,6 +122,26 @@ class PyEnvs:
             self._inflight[key] = task
             task.add_done_callback(lambda _: self._inflight.pop(key, None))
         return await asyncio.shield(task)
+
+    async def sweep(self, in_use: Iterable[str]) -> list[str]:
+        """Remove the environments unused for `grace_s`; `in_use`: the keys live replicas
+        run in (used now). Returns the keys removed."""
+        now = self._clock()
+        for key in in_use:
+            if key in self._last_used:
+                self._last_used[key] = now
+        gone = stale(self._last_used, set(self._inflight), now, self.grace_s)
+        for key in gone:
+            del self._last_used[key]
+            doomed = self.root / f"{packages.PARTIAL_PREFIX}{key}-removed"
+            try:
+                os.rename(self.root / key, doomed)
+            except FileNotFoundError:
+                continue
+            await asyncio.to_thread(shutil.rmtree, doomed, True)
+            self.removed += 1
+            log.info("python environment %s removed: unused for %g s", key, self.grace_s)
+        return gone
 
     async def close(self) -> None:
         """Cancel the builds in progress: their installers are killed, their partial
@@ -137,6 +172,7 @@ class PyEnvs:
             finally:
                 self._building.pop(key, None)
         self.builds += 1
+        self._last_used[key] = self._clock()
         log.info("python environment %s built: %s", key, " ".join(reqs))
         return str(self.interpreter(key))
 
@@ -205,6 +241,18 @@ class PyEnvs:
                     "point it at a reachable index (PIP_INDEX_URL, PIP_FIND_LINKS)"
                 )
             raise EnvBuildError(f"{what} install failed: {line}")
+
+
+def stale(last_used: Mapping[str, float], busy: set[str], now: float, grace_s: float) -> list[str]:
+    """The environments to remove: unused for `grace_s` and not being built (sorted)."""
+    return sorted(k for k, t in last_used.items() if now - t >= grace_s and k not in busy)
+
+
+def _entries(root: Path) -> list[Path]:
+    try:
+        return [p for p in root.iterdir() if not p.name.startswith(packages.PARTIAL_PREFIX)]
+    except FileNotFoundError:
+        return []
 
 
 def _error_line(text: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,7 +82,9 @@ class RuntimeEnvs:
         key = env_key(runtime_env)
         ready = self._ready.get(key)
         if ready is not None:
-            return ready
+            if ready.python is None or os.path.exists(ready.python):
+                return ready
+            del self._ready[key]  # its environment was removed unused (pyenv.sweep): build again
         failed = self._failed.get(key)
         if failed is not None:
             if time.monotonic() < failed[0]:

@@ -90,6 +90,8 @@ DRAIN_EXTRA_S = 10.0
 """On shutdown, give up waiting for children this long after the last kill deadline."""
 FAILED_NOTE_S = 600.0
 """A failed runtime_env stays in the agent's registration this long (for `fleetpulse status`)."""
+ENV_SWEEP_S = 60.0
+"""How often built pip/uv environments unused for --env-grace-s are looked for."""
 EXIT_SPAWN_FAILED = 127
 """Reported as the exit code of a replica whose process could not be started at all."""
 
@@ -139,11 +141,17 @@ class AgentService:
         )
         self.envs = RuntimeEnvs(
             PackageCache(cache / "packages", self._package_store, max_bytes=cfg.cache_mb << 20),
-            PyEnvs(cache / "pyenvs", cfg.python, max_builds=cfg.max_env_builds),
+            PyEnvs(
+                cache / "pyenvs",
+                cfg.python,
+                max_builds=cfg.max_env_builds,
+                grace_s=cfg.env_grace_s,
+            ),
             wake=self._wake.set,
         )
         self.envs.in_use = self._packages_in_use
         self._store: PackageStore | None = None
+        self._next_env_sweep = 0.0
         self._notes: dict[str, EnvNote] = {}
         """Deployments waiting here for their runtime_env, or whose runtime_env failed."""
         self._running = RUNNING.labels(cfg.agent_id)
@@ -285,6 +293,9 @@ class AgentService:
             self.creds.renew(self.clock.wall())
         if running and self.procs.spares is not None:
             self.procs.spares.refill(now)  # the next replica (a wake from zero) starts in one
+        if now >= self._next_env_sweep:
+            self._next_env_sweep = now + ENV_SWEEP_S
+            await self.envs.pyenvs.sweep(self._envs_in_use())
         live = self._live()
         self._running.set(live)
         if live != before:
@@ -324,6 +335,15 @@ class AgentService:
             self._notes = notes
             self._register_now.set()
         return out
+
+    def _envs_in_use(self) -> set[str]:
+        """The pip/uv environments live replicas run in (kept by the sweep)."""
+        keys = set()
+        for c in self._children.values():
+            pip = c.target.spec.runtime_env.get("pip") if not c.exited else None
+            if pip:
+                keys.add(self.envs.pyenvs.key(pip))
+        return keys
 
     def _packages_in_use(self) -> set[str]:
         return {

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.agent.packages import PackageCache
-from services.agent.pyenv import EnvBuildError, PyEnvs
+from services.agent.pyenv import EnvBuildError, PyEnvs, stale
 from services.agent.runtimeenvs import Failed, Prepared, RuntimeEnvs
 from shared import packages, runtimeenv
 from shared.appgraph import BuiltApp, BuiltDeployment
@@ -487,3 +487,78 @@ async def test_a_uv_spec_builds_from_a_local_wheel_directory(tmp_path: Path) -> 
         EnvBuildError, match=r"uv install failed: .*: Because there is no version of fpwheel==9\.9"
     ):
         await envs.ensure(bad)
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.floats(0, 1000)),
+    st.sets(st.sampled_from("abcdef")),
+    st.floats(0, 2000),
+    st.floats(1, 500),
+)
+def test_stale_environments_are_those_unused_for_the_grace_and_not_building(
+    last: dict[str, float], busy: set[str], now: float, grace: float
+) -> None:
+    gone = stale(last, busy, now, grace)
+    assert gone == sorted(gone)
+    for key, t in last.items():
+        assert (key in gone) == (now - t >= grace and key not in busy)
+
+
+async def test_an_environment_no_replica_used_for_the_grace_is_removed(tmp_path: Path) -> None:
+    from tests.runtimeenv_fixtures import make_wheel
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "fpwheel", "1.0")
+    make_wheel(wheels, "fpwheel", "2.0")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels))
+    t = [0.0]
+    envs = PyEnvs(tmp_path / "envs", sys.executable, env=env, grace_s=600.0, clock=lambda: t[0])
+    one = {"packages": ["fpwheel==1.0"], "installer": "pip", "pip_version": ""}
+    two = {"packages": ["fpwheel==2.0"], "installer": "pip", "pip_version": ""}
+    py1, py2 = await envs.ensure(one), await envs.ensure(two)
+    t[0] = 500.0
+    assert await envs.sweep([]) == []  # within the grace
+    t[0] = 700.0
+    assert await envs.sweep([envs.key(two)]) == [envs.key(one)]  # two: a live replica's
+    assert not _exists(py1) and _exists(py2)
+    assert sorted(p.name for p in (tmp_path / "envs").iterdir()) == [envs.key(two)]
+    t[0] = 1250.0
+    assert await envs.sweep([]) == []  # used at 700: kept until 1300
+    t[0] = 1300.0
+    assert await envs.sweep([]) == [envs.key(two)] and envs.removed == 2
+    assert list((tmp_path / "envs").iterdir()) == []
+    # asked for again: built again; one found on disk at a restart counts as used then
+    assert await envs.ensure(one) == py1 and envs.builds == 3
+    again = PyEnvs(tmp_path / "envs", sys.executable, env=env, grace_s=600.0, clock=lambda: t[0])
+    t[0] = 1899.0
+    assert await again.sweep([]) == []
+    t[0] = 1900.0
+    assert await again.sweep([]) == [envs.key(one)]
+
+
+async def test_a_prepared_runtime_env_whose_environment_was_removed_is_prepared_again(
+    tmp_path: Path,
+) -> None:
+    from tests.runtimeenv_fixtures import make_wheel
+
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "fpwheel", "1.0")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels))
+    t = [0.0]
+    pyenvs = PyEnvs(tmp_path / "envs", sys.executable, env=env, grace_s=10.0, clock=lambda: t[0])
+    cache = PackageCache(tmp_path / "pkgs", lambda: MemoryPackageStore())
+    envs = RuntimeEnvs(cache, pyenvs, wake=lambda: None)
+    rt = {"pip": {"packages": ["fpwheel==1.0"], "installer": "pip", "pip_version": ""}}
+    assert envs.state(rt) is None
+    await eventually(lambda: isinstance(envs.state(rt), Prepared), 60, "built")
+    t[0] = 20.0
+    assert await pyenvs.sweep([]) == [pyenvs.key(rt["pip"])]
+    assert envs.state(rt) is None  # not a Prepared naming an interpreter that is gone
+    await eventually(lambda: isinstance(envs.state(rt), Prepared), 60, "built again")
+    prepared = envs.state(rt)
+    assert isinstance(prepared, Prepared) and prepared.python and _exists(prepared.python)
+    await envs.close()
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
