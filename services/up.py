@@ -36,7 +36,7 @@ from services.agent.service import AgentService
 from services.auth.embedded import EmbeddedAuth
 from services.controller.core import ControllerConfig
 from services.controller.service import ControllerService, ServiceConfig
-from services.ops import packaging
+from services.ops import packaging, pkgindex
 from services.ops.status import Mirror, render_table
 from services.proxy.config import ProxyConfig
 from services.proxy.server import ProxyServer
@@ -371,7 +371,11 @@ async def run_up_async(args: argparse.Namespace, console: Console) -> int:
         )
         if packaging.unresolved(apps):  # code shipped with the apps: into the object store
             limit = settings.DEPLOY_MAX_PACKAGE_MB.resolve(None, os.environ) << 20
-            packager = packaging.Packager(packaging.store_of(stack.bus, create=True), limit=limit)
+            packager = packaging.Packager(
+                packaging.store_of(stack.bus, create=True),
+                limit=limit,
+                index=pkgindex.PackageIndex(pkgindex.default_path()),
+            )
             apps = await packaging.resolve_apps(apps, packager)
             console.print(f"  {packaging.describe(packager.stats)}")
         kv = await stack.bus.kv(KV_APPS)

@@ -39,6 +39,7 @@ from services.ops import (
     connect,
     fail,
     packaging,
+    pkgindex,
     plural,
     run_command,
 )
@@ -98,7 +99,9 @@ def run_deploy(args: argparse.Namespace) -> int:
                     getattr(args, "max_package_mb", None), os.environ
                 )
                 packager = packaging.Packager(
-                    packaging.store_of(bus, create=True), limit=limit << 20
+                    packaging.store_of(bus, create=True),
+                    limit=limit << 20,
+                    index=pkgindex.PackageIndex(pkgindex.default_path()),
                 )
                 resolved = await packaging.resolve_apps(apps, packager)
                 print(packaging.describe(packager.stats))

@@ -8,7 +8,9 @@ How it works: the checked apps carry local references in their deployments' `run
   unless an object of that name is there already (an unchanged working_dir costs no upload);
 - a URL is downloaded once here (with a timeout), so the app is pinned to the bytes deploy saw:
   the agents fetch the same URL and refuse anything with another hash or size.
-One directory used by several deployments (the app-level working_dir) is packaged once.
+One directory used by several deployments (the app-level working_dir) is packaged once. With a
+PackageIndex (pkgindex.py; the CLI passes one), a directory unchanged since a deploy that the
+store still has is not zipped again: its files' `stat` tells.
 `collect_garbage` marks packages no app refers to and deletes those marked longer than the
 grace period ago (deploy and delete run it; a rollback within the grace re-uses the package).
 """
@@ -29,6 +31,8 @@ from shared.appconfig import AppConfig
 from shared.errors import BusError, ConfigError
 from shared.packagestore import NatsPackageStore, NoSuchPackage, PackageStore
 
+from .pkgindex import PackageIndex, fingerprint
+
 log = logging.getLogger(__name__)
 
 MAX_PACKAGE_BYTES = packages.MAX_PACKAGE_BYTES
@@ -44,15 +48,23 @@ class Uploads:
     uploaded: int = 0
     uploaded_bytes: int = 0
     reused: int = 0
+    unzipped: int = 0
+    """Of those reused, how many were known unchanged by the index (not zipped again)."""
     fetched_urls: int = 0
     names: list[str] = field(default_factory=list)
 
 
 class Packager:
     def __init__(
-        self, store: PackageStore, *, limit: int = MAX_PACKAGE_BYTES, workdir: Path | None = None
+        self,
+        store: PackageStore,
+        *,
+        limit: int = MAX_PACKAGE_BYTES,
+        workdir: Path | None = None,
+        index: PackageIndex | None = None,
     ) -> None:
         self.store = store
+        self.index = index
         self.limit = limit
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="fleetpulse-pkg-"))
         self.done: dict[str, dict[str, Any]] = {}
@@ -74,6 +86,18 @@ class Packager:
     async def _dir(
         self, where: str, root: Path, excludes: Iterable[str], prefix: str
     ) -> dict[str, Any]:
+        fp, keep = "", False
+        if self.index is not None:
+            fp, keep = await asyncio.to_thread(fingerprint, root, list(excludes), prefix)
+            known = self.index.get(fp) if fp else None
+            if known is not None and known[1] <= self.limit and await self.store.has(known[0]):
+                sha, size = known
+                self.stats.packaged += 1
+                self.stats.reused += 1
+                self.stats.unzipped += 1
+                await self.store.mark(sha, None)  # referenced again: not garbage
+                self.stats.names.append(sha)
+                return {"sha256": sha, "size": size}
         zip_path = self.workdir / f"{len(self.done)}.zip"
         try:
             sha, size = await asyncio.to_thread(
@@ -82,6 +106,8 @@ class Packager:
             )  # fmt: skip
         except packages.PackageError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+        if self.index is not None and fp and keep:
+            self.index.put(fp, sha, size)
         self.stats.packaged += 1
         if await self.store.has(sha):
             self.stats.reused += 1
@@ -202,7 +228,8 @@ def describe(stats: Uploads) -> str:
     if stats.uploaded:
         parts.append(f"{stats.uploaded} uploaded ({stats.uploaded_bytes / 1e6:.2f} MB)")
     if stats.reused:
-        parts.append(f"{stats.reused} already in the store")
+        known = f" ({stats.unzipped} known unchanged: not zipped)" if stats.unzipped else ""
+        parts.append(f"{stats.reused} already in the store{known}")
     if stats.fetched_urls:
         parts.append(f"{stats.fetched_urls} URL(s) fetched and pinned by sha256")
     return "code: " + ", ".join(parts)
