@@ -82,9 +82,11 @@ class RuntimeEnvs:
         key = env_key(runtime_env)
         ready = self._ready.get(key)
         if ready is not None:
-            if ready.python is None or os.path.exists(ready.python):
+            if all(os.path.exists(p) for p in (*ready.pythonpath, ready.python or "/")):
                 return ready
-            del self._ready[key]  # its environment was removed unused (pyenv.sweep): build again
+            # its environment was removed unused (pyenv.sweep), or a package of it left the
+            # bounded cache while no replica ran it: prepare it again (a start, not a failure)
+            del self._ready[key]
         failed = self._failed.get(key)
         if failed is not None:
             if time.monotonic() < failed[0]:

@@ -562,3 +562,24 @@ async def test_a_prepared_runtime_env_whose_environment_was_removed_is_prepared_
 
 def _exists(path: str) -> bool:
     return os.path.exists(path)
+
+
+async def test_a_prepared_runtime_env_whose_package_left_the_cache_is_fetched_again(
+    tmp_path: Path,
+) -> None:
+    """Scaled to zero, its package is no live replica's: the bounded cache may drop it. The
+    next start (a wake from zero) must fetch it again, not start in a directory that is gone."""
+    store = MemoryPackageStore()
+    refs = [await _put(store, tmp_path, "X" * 3000 + str(i), f"p{i}") for i in range(2)]
+    cache = PackageCache(tmp_path / "cache", lambda: store, max_bytes=4000)
+    envs = RuntimeEnvs(cache, PyEnvs(tmp_path / "envs", sys.executable), wake=lambda: None)
+    first = {"working_dir": refs[0]}
+    assert envs.state(first) is None
+    await eventually(lambda: isinstance(envs.state(first), Prepared), 10, "prepared")
+    await cache.ensure(refs[1])  # over the bound: the first package goes (nothing runs it)
+    assert refs[0]["sha256"] not in cache.sizes
+    assert envs.state(first) is None  # prepared again, not a Prepared naming a gone directory
+    await eventually(lambda: isinstance(envs.state(first), Prepared), 10, "fetched again")
+    ready = envs.state(first)
+    assert isinstance(ready, Prepared) and ready.cwd and _exists(ready.cwd) and store.gets == 3
+    await envs.close()
