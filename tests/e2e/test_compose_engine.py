@@ -320,6 +320,7 @@ def test_an_app_whose_code_exists_only_in_its_uploaded_working_dir(stack: Stack)
         d["cwd"] = body["cwd"]
         gone = _cli(operator, "delete", "shipped")
         assert gone.returncode == 0, gone.stdout + gone.stderr
+        stack.snapshot_logs()  # the fetch and start, for the traceback check (in a -k subset too)
 
 
 def _json_200(url: str) -> Any:
