@@ -48,6 +48,17 @@ def rewrite(source: str) -> tuple[str, int]:
     return "\n".join(out) + "\n", changed
 
 
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def failure_line(output: str) -> str:
+    """What a failed script raised (the last `SomeError: ...` line), else its last line: the
+    shutdown messages printed after a traceback would otherwise hide it."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    return raised[-1] if raised else (lines[-1] if lines else "")
+
+
 def run_one(script: Path, timeout_s: float) -> dict[str, object]:
     started = time.monotonic()
     try:
@@ -60,8 +71,8 @@ def run_one(script: Path, timeout_s: float) -> dict[str, object]:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
-        code, tail = proc.returncode, (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        last = tail[-1] if tail else ""
+        code = proc.returncode
+        last = failure_line(proc.stderr) or failure_line(proc.stdout)
     except subprocess.TimeoutExpired:
         code, last = -1, f"timed out after {timeout_s:.0f} s"
     return {
