@@ -51,6 +51,7 @@ from services.proxy.haproxy_config import (
 from services.proxy.haproxy_stats import parse_stats
 from services.proxy.metrics import ProxyMetrics
 from services.proxy.registry import RouteTable
+from services.proxy.watch import SignallingDict
 from shared.bus import Bus, RateLimiter
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.kv import envelope
@@ -320,7 +321,7 @@ class FrontDoor:
     async def _watch_members(self) -> None:
         bad: dict[str, str] = {}
         while True:
-            fresh = _Signalling(self._changed.set)
+            fresh: SignallingDict[Member] = SignallingDict(self._changed.set)
             ready = asyncio.Event()
             task = asyncio.get_running_loop().create_task(
                 follow(self.bus, KV_MEMBERSHIP, _decode_member, fresh, bad, ready, live=True)
@@ -436,20 +437,6 @@ class FrontDoor:
         for app in state.apps:
             ready = sum(1 for s in app.slots if s is not None) if app.serving else 0
             self.metrics.front_servers.labels(app.app).set(ready)
-
-
-class _Signalling(dict[str, Member]):
-    def __init__(self, on_change: Callable[[], None]) -> None:
-        super().__init__()
-        self._on_change = on_change
-
-    def __setitem__(self, key: str, value: Member) -> None:
-        super().__setitem__(key, value)
-        self._on_change()
-
-    def pop(self, key: str, default: Member | None = None) -> Member | None:  # type: ignore[override]
-        self._on_change()
-        return super().pop(key, default)
 
 
 def _maxconn() -> int:

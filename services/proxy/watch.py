@@ -43,7 +43,7 @@ ERROR_LOG_INTERVAL_S: Final = 30.0
 V = TypeVar("V")
 
 
-class _Signalling(dict[str, V]):
+class SignallingDict(dict[str, V]):
     """A dict that calls `on_change` whenever `follow` writes to it."""
 
     def __init__(self, on_change: Callable[[], None]) -> None:
@@ -117,7 +117,7 @@ class RegistryWatch:
         ready: asyncio.Event,
     ) -> None:
         while True:
-            fresh: _Signalling[V] = _Signalling(self._changed.set)
+            fresh: SignallingDict[V] = SignallingDict(self._changed.set)
             fresh_ready = asyncio.Event()
             task = asyncio.get_running_loop().create_task(
                 follow(
