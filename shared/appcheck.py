@@ -138,7 +138,7 @@ class Checker:
                 if is_null(value_node):
                     continue  # not set (`serve build` writes both names, one of them null)
                 self.warn(sub, key_node, f"Ray Serve's older name of {new!r}; read as {new!r}")
-                other = _value_of(node, new)
+                other = value_of(node, new)
                 if other is not None and not is_null(other):
                     self.add(sub, key_node, f"give {new!r} or its older name {key!r}, not both")
                     continue
@@ -373,7 +373,7 @@ class Checker:
         if "ray_actor_options" in d.nodes:
             request = self.actor_options(d.nodes["ray_actor_options"], f"{path}.ray_actor_options")
             kwargs["resources"] = request or {}
-            rnode = _value_of(d.nodes["ray_actor_options"], "runtime_env")
+            rnode = value_of(d.nodes["ray_actor_options"], "runtime_env")
             if rnode is not None and not is_null(rnode):
                 rpath = f"{path}.ray_actor_options.runtime_env"
                 try:
@@ -561,7 +561,8 @@ class Checker:
             return None
 
 
-def _value_of(node: Node, key: str) -> Node | None:
+def value_of(node: Node, key: str) -> Node | None:
+    """The YAML node under `key` of a mapping node (None: not a mapping, or no such key)."""
     if isinstance(node, MappingNode):
         for k, v in node.value:
             if isinstance(k, ScalarNode) and k.value == key:
@@ -572,4 +573,4 @@ def _value_of(node: Node, key: str) -> Node | None:
 
 def _child(node: Node, key: str) -> Node:
     """The value node of `key` in a mapping node (for a problem's line), else `node` itself."""
-    return _value_of(node, key) or node
+    return value_of(node, key) or node

@@ -32,7 +32,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from shared import appkeys, raymanifest, runtimeenv
-from shared.appcheck import Checker, Map
+from shared.appcheck import Checker, Map, value_of
 from shared.appconfig import AppConfig, AutoscalingConfig, DeploymentConfig
 from shared.appgraph import BuiltApp, BuiltDeployment
 from shared.appkeys import RENAMED, Bad, Conv, PolicyCheck, Problem
@@ -209,7 +209,7 @@ class ServeChecker(Checker):
     def _older_anyscale(self, root: MappingNode) -> MappingNode:
         """An older Anyscale service file: its `ray_serve_config`, the other keys warned of."""
         keys = appkeys.node_keys(root)
-        inner = _value_of(root, _ANYSCALE_V1_WRAPPER)
+        inner = value_of(root, _ANYSCALE_V1_WRAPPER)
         if not isinstance(inner, MappingNode) or {"applications", "import_path"} & set(keys):
             return root
         try:
@@ -230,7 +230,7 @@ class ServeChecker(Checker):
     def check_runtime(self, raw: Any, path: str, node: Node) -> dict[str, Any]:
         if isinstance(raw, Mapping) and "upload_path" in raw:  # Anyscale's, for the working_dir
             self.warn(
-                f"{path}.upload_path" if path else "upload_path", _value_of(node, "upload_path")
+                f"{path}.upload_path" if path else "upload_path", value_of(node, "upload_path")
                 or node, "ignored: where Anyscale uploads a local working_dir; fleetpulse "
                 "packages it into NATS's object store",
             )  # fmt: skip
@@ -476,15 +476,6 @@ class ServeChecker(Checker):
 
 def _under(wrapper: str, p: Problem) -> Problem:
     return replace(p, path=f"{wrapper}.{p.path}" if p.path else wrapper)
-
-
-def _value_of(node: Node, key: str) -> Node | None:
-    if isinstance(node, MappingNode):
-        for k, v in node.value:
-            if isinstance(k, ScalarNode) and k.value == key:
-                found: Node = v
-                return found
-    return None
 
 
 def _colon_node(node: Node) -> Node:
