@@ -143,6 +143,11 @@ def canonical_messages() -> list[tuple[str, WireMessage, str]]:
             "a multiplexing replica lists the models it holds (optional, added after v1)",
         ),
         (
+            "http_response_more",
+            HttpResponse(200, (("content-type", "text/event-stream"),), b"data: 0\n\n", True),
+            "chunk 0 of a streamed response: the body goes on (optional, added after v1)",
+        ),
+        (
             "admission_inline_result",
             Admission(True, 1, GOOD, False, inline_result=b"\x93\x01\x02\x03"),
             "a unary result riding on the admission: nothing follows (optional, added after v1)",
@@ -293,6 +298,11 @@ def lenient_maps() -> list[tuple[str, dict[str, Any], str]]:
             "end_nil_chunks",
             {**codec.to_wire_map(End()), "chunks": None},
             "chunks nil: the sender does not say how many chunks it sent",
+        ),
+        (
+            "http_response_nil_more",
+            {**codec.to_wire_map(HttpResponse(200, (), b"x")), "more": None},
+            "more nil: read on to find out whether the body goes on",
         ),
         (
             "admission_nil_inline_result",

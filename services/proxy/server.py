@@ -384,8 +384,9 @@ class ProxyServer:
             if not 100 <= head.status <= 599:
                 raise WireError("bad_status", f"HTTP status {head.status} from the deployment")
             headers = to_response_headers(head)
-            following = await reader.next_chunk()
-            if following is None:
+            # a head saying more follows is streamed at once; else read on to see if it is all
+            following = None if head.more else await reader.next_chunk()
+            if following is None and not head.more:
                 return web.Response(status=head.status, headers=headers, body=head.body)
             response = web.StreamResponse(status=head.status, headers=headers)
             await response.prepare(request)
@@ -395,6 +396,8 @@ class ProxyServer:
         try:
             if head.body:
                 await response.write(head.body)
+            if head.more:
+                following = await reader.next_chunk()
             while following is not None:
                 await response.write(following.data)
                 following = await reader.next_chunk()

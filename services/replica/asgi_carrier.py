@@ -181,5 +181,6 @@ class ResponseFrames:
         self.complete = not more
         if not self.sent_head:
             self.sent_head = True
-            return [encode(HttpResponse(self.status, self.headers, bytes(body)))]
+            # more: the proxy sends this part at once rather than read on to see if it is all
+            return [encode(HttpResponse(self.status, self.headers, bytes(body), more))]
         return [bytes(body)] if body else []

@@ -108,13 +108,16 @@ def _e_http_request(m: HttpRequest) -> Map:
 
 
 def _e_http_response(m: HttpResponse) -> Map:
-    return {
+    out: Map = {
         "v": _V,
         "kind": "http_response",
         "status": m.status,
         "headers": m.headers,
         "body": m.body,
     }
+    if m.more:  # optional: absent is False
+        out["more"] = True
+    return out
 
 
 def _e_admission(m: Admission) -> Map:
@@ -392,7 +395,10 @@ def _d_http_response(m: Map) -> HttpResponse:
     if not HTTP_STATUS_MIN <= status <= HTTP_STATUS_MAX:
         f.fail(reasons.BAD_VALUE, w, "status", f"{status} is not an HTTP status")
     return HttpResponse(
-        status=status, headers=f.get_headers(m, "headers", w), body=f.get_bytes(m, "body", w)
+        status=status,
+        headers=f.get_headers(m, "headers", w),
+        body=f.get_bytes(m, "body", w),
+        more=_opt_bool(m, "more", w),
     )
 
 

@@ -101,6 +101,10 @@ class HttpResponse:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    more: bool = False
+    """Optional (added after v1, left out of the bytes when False): the body goes on in later
+    chunks (a streamed response), so a proxy starts sending at once instead of waiting to see
+    whether the stream ends here. False or absent: read on to find out (older replicas)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -462,3 +462,26 @@ async def test_an_oversized_body_is_413(stack: Stack) -> None:
     too_big = b"x" * stack.proxy.bus.max_payload
     async with stack.http.post("/shop", data=too_big) as resp:
         assert resp.status == 413
+
+
+class HeldStreamReplica(StreamingReplica):
+    """A streamed response whose head carries its first part and says more follows; the rest
+    comes much later (a token generator thinking)."""
+
+    def _results(self, req: Request) -> list[bytes]:
+        head = encode(HttpResponse(200, (("content-type", "text/plain"),), b"first ", True))
+        return [head, b"second"]
+
+
+async def test_a_head_that_says_more_follows_is_sent_at_once(stack: Stack) -> None:
+    """The first token reaches the client while the replica still works on the second (the
+    proxy used to read on to chunk 1 to decide between a whole and a streamed response)."""
+    replica = await HeldStreamReplica(stack.fake.connect("s1"), "shop", "Api", "s1").start()
+    stack.replicas.append(replica)
+    replica.item_delay_s = 30.0
+    await put_membership(stack.ctl, "shop", "Api", 1, [replica.member])
+    await stack.status("shop", {"Api": ("HEALTHY", 1)})
+    await stack.registered("shop")
+    async with stack.http.get("/shop/stream") as resp:
+        assert resp.status == 200 and resp.headers.get("Transfer-Encoding") == "chunked"
+        assert await asyncio.wait_for(resp.content.readany(), 10) == b"first "

@@ -129,7 +129,7 @@ def test_wire_map_names_are_the_dataclass_fields(msg: WireMessage) -> None:
 
 OPTIONAL_ADDED = {
     "stats", "max_ongoing_requests", "request_id", "chunks", "multiplexed_model_id", "models",
-    "accepts_inline_result", "inline_result", "http_address",
+    "accepts_inline_result", "inline_result", "http_address", "more",
 }  # fmt: skip
 
 
