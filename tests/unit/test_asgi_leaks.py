@@ -185,6 +185,7 @@ async def test_ten_thousand_bad_requests_leave_no_task_and_bounded_memory() -> N
     # a leak of one object per request would be 9,000; of 1 KiB per request, 9 MB
     assert grown_objects < 1000, f"{grown_objects} more live objects after 9,000 bad requests"
     assert grown_rss < 8 << 20, f"RSS grew {grown_rss} bytes over 9,000 bad requests"
+
     # a stream's generator that Starlette stopped iterating is closed by the loop's asyncgen
     # finaliser when it is collected: every one of them, though not always by this line
     def all_streams_closed() -> bool:
