@@ -728,9 +728,16 @@ def test_the_tls_overlay_serves_nats_over_tls_only(stack: Stack) -> None:
         login = {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", out, re.M)}
         nats_port = stack.ports["FP_NATS_PORT"]
         assert login["FLEETPULSE_NATS_URL"] == f"tls://127.0.0.1:{nats_port}", out
-        status = _cli({**login, "FLEETPULSE_NATS_TLS_CA": str(tls_dir / "ca.pem")},
-                      "status", "--json")  # fmt: skip
-        assert status.returncode == 0, status.stdout + status.stderr
+        # the front door answers from the replicas it knows before JetStream has its leaders
+        # back after the restart: wait for the KV too, not only for the curl
+        env = {**login, "FLEETPULSE_NATS_TLS_CA": str(tls_dir / "ca.pem")}
+
+        def status_ok() -> subprocess.CompletedProcess[str]:
+            p = _cli(env, "status", "--json")
+            assert p.returncode == 0, p.stdout + p.stderr  # the last one is in the failure
+            return p
+
+        status = wait_for(status_ok, 180, "fleetpulse status over TLS")
         d["apps"] = sorted(json.loads(status.stdout)["applications"])
         with socket.create_connection(("127.0.0.1", nats_port), timeout=10) as sock:
             info = json.loads(sock.recv(65536).decode().split(" ", 1)[1])
