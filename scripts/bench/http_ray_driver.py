@@ -2,6 +2,9 @@
 
     python -m scripts.bench.http_ray_driver fastest|default --http-port P [--haproxy-dir D] ...
 
+Not a benchmark of its own (no `main`, so the smoke runner does not list it): http_ray.py starts
+it for both Ray modes, and `python -m scripts.bench.http_ray --smoke`, which CI runs, exercises it.
+
 Why a process per mode: Ray Serve reads its mode flags (RAY_SERVE_THROUGHPUT_OPTIMIZED,
 RAY_SERVE_ENABLE_HA_PROXY) from the environment when it is imported, in the driver and in every
 worker, and a driver holds one Ray instance; so each mode is a driver process with its own
