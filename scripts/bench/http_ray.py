@@ -35,7 +35,8 @@ does not hide the servers' difference; the aiohttp row shows what a general clie
 `--target URL`: the HTTP rows (POST 256 B / 64 KiB, sequential and 16 concurrent, aiohttp)
 against an endpoint already running, with the same client: any app answering a POST with 200
 (its body is not checked), e.g. the compose stack's greeter, `--target http://127.0.0.1:8000/greet`;
-alone unless `--only` adds systems, its JSON in http_ray_target.json. The fleetpulse proxy runs
+alone unless `--only` adds systems (`--only ray-fastest`: the ratio column is then endpoint / Ray
+fastest); its JSON in http_ray_target.json, no plot. The fleetpulse proxy runs
 with the environment it is given: `FLEETPULSE_PROXY_FRONT=python` measures the Python proxy alone
 (every request over NATS) instead of the HAProxy front door.
 Output: a table (each metric for fleetpulse, Ray fastest, Ray default, the fleetpulse / Ray
@@ -530,11 +531,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fleetpulse_front_door": fp_front[0] if fp_front else None,
         "load_before": load_before, "load_after": os.getloadavg(), "errors": errors,
     }  # fmt: skip
-    if not args.smoke and not args.no_plot and names and (p := plot(res)):
+    # the plot shows the side-by-side run alone: a --target run must not replace it
+    if not args.smoke and not args.no_plot and names and not args.target and (p := plot(res)):
         payload["plot"] = p
         print(f"wrote {p}")
-    # a --target alone gets its own file: it must not replace the side-by-side result
-    path = write_json("http_ray" if names else "http_ray_target", payload)
+    # a --target run (alone or with --only) gets its own file: it must not replace the
+    # side-by-side result
+    path = write_json("http_ray_target" if args.target else "http_ray", payload)
     print(f"wrote {shown(path)}")
     ratio = {r["metric"]: r["ratio"] for r in rows}
     fields: dict[str, object] = {}

@@ -80,12 +80,13 @@ ROWS = (
 
 def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     fp, fast = res.get("fleetpulse"), res.get("ray-fastest")
+    ours = "fleetpulse" if fp else "endpoint"  # a --target without fleetpulse: the endpoint's ratio
     rows = []
     for row in ROWS:
         vals = {name: row.get(r) for name, r in res.items()}
         ratio = None
-        if fp and fast and vals.get("fleetpulse") and vals.get("ray-fastest"):
-            ratio = vals["fleetpulse"] / vals["ray-fastest"]  # type: ignore[operator]
+        if fast and vals.get(ours) and vals.get("ray-fastest"):
+            ratio = vals[ours] / vals["ray-fastest"]  # type: ignore[operator]
         target, ok = "", None
         if row.absolute is not None and fp is not None:
             target = f"<= {row.absolute:g}"
@@ -116,7 +117,8 @@ def print_results(res: dict[str, Any], rows: list[dict[str, Any]], title: str) -
         verdict = {True: "pass", False: "FAIL", None: "-"}[r["pass"]]
         table.append([r["metric"], *(fmt(r["values"].get(n)) for n in names), ratio,
                       r["target"] or "-", verdict])  # fmt: skip
-    print_table(title, ["metric", *names, "fp/ray-fastest", "target", ""], table)
+    ours = "fp" if "fleetpulse" in res else "endpoint"
+    print_table(title, ["metric", *names, f"{ours}/ray-fastest", "target", ""], table)
 
 
 def plot(res: dict[str, Any]) -> str | None:
