@@ -35,6 +35,7 @@ from shared.bus import (
     Bus,
     Handler,
     HandlerGuard,
+    InlineHandler,
     KVEntry,
     KVWatcher,
     MaxPayloadExceeded,
@@ -232,10 +233,29 @@ class FakeBus:
         hdrs = dict(headers) if headers else None
         self.server.route(Msg(subject, bytes(data), reply or None, hdrs))
 
+    def publish_nowait(self, subject: str, data: bytes, *, reply: str | None = None) -> None:
+        # the fake routes at once; its subscriptions' tasks deliver in order either way
+        self._check_open()
+        validate_subject(subject, wildcards=False)
+        if reply:
+            validate_subject(reply, wildcards=False)
+        if len(data) > self.max_payload:
+            raise MaxPayloadExceeded(subject, len(data), self.max_payload)
+        self.server.route(Msg(subject, bytes(data), reply or None, None))
+
     async def subscribe(
         self, subject: str, handler: Handler, *, queue: str | None = None
     ) -> Subscription:
         return self._subscribe(subject, handler, queue)
+
+    async def subscribe_inline(
+        self, subject: str, handler: InlineHandler, *, queue: str | None = None
+    ) -> Subscription:
+        # the fake runs it on the subscription's task: same order, same guard, one turn later
+        async def run(msg: Msg) -> None:
+            handler(msg)
+
+        return self._subscribe(subject, run, queue)
 
     def _subscribe(self, subject: str, handler: Handler, queue: str | None) -> _FakeSub:
         self._check_open()

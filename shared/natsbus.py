@@ -3,7 +3,9 @@
 How it works: each call validates like the fake does (subjects, keys, payload size), then calls
 nats-py and turns its errors into ours (`BusTimeout`, `NoResponders`, `KVConflict`, else
 `BusError`). Handlers run on nats-py's per-subscription task behind a `HandlerGuard`, so a
-raising handler is counted and logged and its subscription lives on. The connection reconnects
+raising handler is counted and logged and its subscription lives on; inline handlers and
+`publish_nowait` skip nats-py's task hand-overs (shared.natsdirect), as do the response inbox
+and the request a response stream sends. The connection reconnects
 forever; disconnects, reconnects and errors are logged (errors rate-limited, since nats-py
 reports every failed reconnect attempt); after a reconnect every live KV watcher reopens its
 consumer (see `shared.natskv`). `.nc` and `.js` are there for JetStream streams and consumers,
@@ -24,7 +26,6 @@ from typing import TYPE_CHECKING, cast
 import nats.errors
 import nats.js.errors
 from nats.aio.client import DEFAULT_INBOX_PREFIX
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg as NatsMsg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import JetStreamContext
@@ -34,6 +35,8 @@ from shared.bus import (
     Bus,
     Handler,
     HandlerGuard,
+    InlineGuard,
+    InlineHandler,
     MaxPayloadExceeded,
     Msg,
     QueueResponseStream,
@@ -46,6 +49,7 @@ from shared.bus import (
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.errors import BucketNotFound, BusAuthError, BusError, BusTimeout, NoResponders
 from shared.natsauth import NatsAuth, process_auth, token_source
+from shared.natsdirect import DirectClient
 from shared.natskv import NatsKV, NatsKVWatcher, nats_errors
 from shared.natslean import websocket_support
 
@@ -67,9 +71,10 @@ def _to_msg(m: NatsMsg) -> Msg:
 
 
 class _NatsSubscription:
-    __slots__ = ("_guard", "_sub")
+    __slots__ = ("_guard", "_nc", "_sub")
 
-    def __init__(self, sub: NatsSubscription, guard: HandlerGuard) -> None:
+    def __init__(self, nc: DirectClient, sub: NatsSubscription, guard: HandlerGuard) -> None:
+        self._nc = nc
         self._sub = sub
         self._guard = guard
 
@@ -78,6 +83,7 @@ class _NatsSubscription:
         return self._guard.errors
 
     async def unsubscribe(self) -> None:
+        self._nc.forget_inline(self._sub)
         await _unsubscribe(self._sub)
 
 
@@ -90,7 +96,7 @@ async def _unsubscribe(sub: NatsSubscription) -> None:
 class NatsBus:
     """A Bus over one nats-py connection. Create with `await NatsBus.connect(...)`."""
 
-    def __init__(self, nc: NatsClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, nc: DirectClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.nc = nc
         # buckets this connection creates get this many replicas (3 on a 3-node cluster, so a
         # bucket survives losing a node); from $FLEETPULSE_KV_REPLICAS, default 1
@@ -179,7 +185,7 @@ class NatsBus:
         async def on_closed() -> None:
             logger.info("nats %s: connection closed", name)
 
-        nc = NatsClient()
+        nc = DirectClient()
         bus = cls(nc, clock=clock)
         connecting = asyncio.ensure_future(
             # nats-py retries the first connect forever too when reconnects are unlimited
@@ -259,6 +265,17 @@ class NatsBus:
                 subject, data, reply=reply or "", headers=dict(headers) if headers else None
             )
 
+    def publish_nowait(self, subject: str, data: bytes, *, reply: str | None = None) -> None:
+        validate_subject(subject, wildcards=False)
+        self._check_payload(subject, data)
+        self._publish_soon(subject, data, reply or "")
+
+    def _publish_soon(self, subject: str, data: bytes, reply: str) -> None:
+        try:  # not nats_errors(): a generator context costs more than this whole call
+            self.nc.publish_soon(subject, data, reply)
+        except nats.errors.Error as exc:
+            raise BusError(f"publish to {subject!r}: {type(exc).__name__}: {exc}") from exc
+
     async def subscribe(
         self, subject: str, handler: Handler, *, queue: str | None = None
     ) -> Subscription:
@@ -270,7 +287,27 @@ class NatsBus:
 
         with nats_errors(f"subscribe to {subject!r}"):
             sub = await self.nc.subscribe(subject, queue=queue or "", cb=callback)
-        return _NatsSubscription(sub, guard)
+        return _NatsSubscription(self.nc, sub, guard)
+
+    async def subscribe_inline(
+        self, subject: str, handler: InlineHandler, *, queue: str | None = None
+    ) -> Subscription:
+        """Messages without headers reach `handler` from the reader (natsdirect.py); the rest
+        (rare: a user's headers, a status) through the subscription's task, in order with
+        what it already queued."""
+        validate_subject(subject, wildcards=True)
+        guard = InlineGuard(subject, handler, self.clock)
+
+        async def callback(m: NatsMsg) -> None:
+            await guard(_to_msg(m))
+
+        def now(subject: str, reply: str, data: bytes) -> None:
+            guard.now(Msg(subject, data, reply or None, None))
+
+        with nats_errors(f"subscribe to {subject!r}"):
+            sub = await self.nc.subscribe(subject, queue=queue or "", cb=callback)
+        self.nc.inline(sub, now)
+        return _NatsSubscription(self.nc, sub, guard)
 
     async def request(
         self,
@@ -312,8 +349,12 @@ class NatsBus:
             self._mux_streams.pop(token, None)
 
         stream.attach(close)
+        reply = f"{self._mux_prefix}.{token}"
         try:
-            await self.publish(subject, data, reply=f"{self._mux_prefix}.{token}", headers=headers)
+            if headers:
+                await self.publish(subject, data, reply=reply, headers=headers)
+            else:
+                self._publish_soon(subject, data, reply)
         except BaseException:
             await stream.close()
             raise
@@ -324,13 +365,19 @@ class NatsBus:
             if self._mux_sub is not None:
                 return
 
-            async def dispatch(m: NatsMsg) -> None:
+            async def dispatch(m: NatsMsg) -> None:  # a status ("no responders") or headers
                 stream = self._mux_streams.get(m.subject.rpartition(".")[2])
                 if stream is not None:
                     stream.push_nowait(_to_msg(m))
 
+            def dispatch_now(subject: str, reply: str, data: bytes) -> None:
+                stream = self._mux_streams.get(subject.rpartition(".")[2])
+                if stream is not None:
+                    stream.push_nowait(Msg(subject, data, reply or None, None))
+
             with nats_errors("response inbox"):
                 self._mux_sub = await self.nc.subscribe(f"{self._mux_prefix}.*", cb=dispatch)
+                self.nc.inline(self._mux_sub, dispatch_now)
                 # the interest must be on the server before the first request goes out
                 await self.flush()
 
@@ -385,7 +432,7 @@ class NatsBus:
             await self.nc.close()
 
 
-def _connected(nc: NatsClient) -> str:
+def _connected(nc: DirectClient) -> str:
     uri = nc.connected_url
     return uri.geturl() if uri is not None else "?"
 

@@ -19,7 +19,6 @@ than any chunk, error or health frame of its stream: those wait for `sent` first
 from __future__ import annotations
 
 import enum
-from dataclasses import replace
 
 from shared.wire.messages import Admission
 
@@ -44,7 +43,10 @@ class PendingAdmission:
         if self.state is not State.WAITING:
             return None
         self.state = State.RIDDEN
-        return replace(self.admission, inline_result=result)
+        a = self.admission  # built, not dataclasses.replace(): a third of the cost, per call
+        return Admission(
+            a.accepted, a.num_ongoing, a.health, a.will_send_health_frames, a.models, result
+        )
 
     def due(self) -> bool:
         """The admission must leave now on its own; False when it left or rode already."""

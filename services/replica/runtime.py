@@ -68,7 +68,6 @@ class _Held:
     sent_checked_at: float
     pending: PendingAdmission | None = None
     """An admission waiting one loop turn for a unary result to ride on it (inline.py)."""
-    admitting: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
@@ -170,7 +169,8 @@ class ReplicaRuntime:
         # an @serve.ingress app's lifespan runs before anything is served (asgi.py)
         await build_asgi_app(self.user).startup()
         await self._check_once()
-        self._subs.append(await self.bus.subscribe(self.rpc_subject, self._on_rpc))
+        # inline: admission runs where the request is read, no task hand-over (natsdirect.py)
+        self._subs.append(await self.bus.subscribe_inline(self.rpc_subject, self._on_rpc))
         self._subs.append(
             await self.bus.subscribe(self.subjects.probe(self.cfg.replica_id), self._on_probe)
         )
@@ -372,7 +372,7 @@ class ReplicaRuntime:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def _on_rpc(self, msg: Msg) -> None:
+    def _on_rpc(self, msg: Msg) -> None:
         if msg.reply is None:
             self.bad.drop("no_reply", f"on {msg.subject}")
             return
@@ -386,8 +386,8 @@ class ReplicaRuntime:
             # every stream starts with one admission (docs/wire.md); the answer to this request
             # is the error, so the router surfaces it instead of trying another replica
             self.carriage.carried(latest, now, Via.ADMISSION)
-            await self._send(msg.reply, Admission(True, self.admission.ongoing, latest, False))
-            await self._send(msg.reply, ErrorReply("bad_request", str(exc), False))
+            self._send_now(msg.reply, Admission(True, self.admission.ongoing, latest, False))
+            self._send_now(msg.reply, ErrorReply("bad_request", str(exc), False))
             return
         if not self.admission.try_admit():
             self.stats.rejected += 1
@@ -395,7 +395,7 @@ class ReplicaRuntime:
             self.carriage.carried(latest, now, Via.ADMISSION)
             models = self._models()  # multiplexing: what it holds rides along
             rejected = Admission(False, self.admission.ongoing, latest, False, models)
-            await self._send(msg.reply, rejected)
+            self._send_now(msg.reply, rejected)
             return
         self.stats.admitted += 1
         self.prom.accepted.inc()
@@ -468,7 +468,12 @@ class ReplicaRuntime:
             self._wanted.pop(model_id, None)
 
     async def _send(self, reply: str, message: Any) -> None:
+        """Stream parts and errors: `publish` waits when the write buffer is full."""
         await self.bus.publish(reply, encode(message))
+
+    def _send_now(self, reply: str, message: Any) -> None:
+        """Admissions and unary results: out at the end of this loop turn, in order with `_send`."""
+        self.bus.publish_nowait(reply, encode(message))
 
     async def _serve(self, req: Request, reply: str, admitted: Admission) -> None:
         started = self.clock.monotonic()
@@ -481,7 +486,7 @@ class ReplicaRuntime:
             if held is not None and held.pending is not None:
                 asyncio.get_running_loop().call_soon(self._admission_due, reply, held)
             else:
-                await self._send(reply, admitted)
+                self._send_now(reply, admitted)
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()
             if timeout is not None and timeout <= 0:
                 raise _RequestError("deadline_exceeded", "deadline passed before the request ran")
@@ -494,13 +499,13 @@ class ReplicaRuntime:
         except _RequestError as exc:
             self.stats.failed += 1
             outcome = exc.code
-            await self._admitted(reply, held)
+            self._admitted(reply, held)
             await self._send(reply, ErrorReply(exc.code, str(exc), exc.retryable))
         except asyncio.CancelledError:
             self.stats.failed += 1
             outcome = "replica_shutdown"
             with contextlib.suppress(Exception):
-                await self._admitted(reply, held)
+                self._admitted(reply, held)
                 msg = "replica stopped before the request finished"
                 await self._send(reply, ErrorReply("replica_shutdown", msg, True))
             raise
@@ -508,7 +513,7 @@ class ReplicaRuntime:
             self.stats.failed += 1
             outcome = "user_error"
             log.debug("user code raised", exc_info=True)
-            await self._admitted(reply, held)
+            self._admitted(reply, held)
             await self._send(reply, ErrorReply("user_error", f"{type(exc).__name__}: {exc}", False))
         finally:
             self._held.pop(req.request_id, None)
@@ -531,34 +536,28 @@ class ReplicaRuntime:
         """One loop turn after admitting: a call still running sends its admission on its own."""
         pending = held.pending
         if pending is not None and pending.due():
-            task = held.admitting = asyncio.create_task(self._send_admission(reply, pending))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._send_admission(reply, pending)
 
-    async def _send_admission(self, reply: str, pending: PendingAdmission) -> None:
-        await self._send(reply, pending.admission)
+    def _send_admission(self, reply: str, pending: PendingAdmission) -> None:
+        self._send_now(reply, pending.admission)
         pending.sent()
 
-    async def _admitted(self, reply: str, held: _Held | None) -> None:
+    def _admitted(self, reply: str, held: _Held | None) -> None:
         """The admission has left (or rode): anything else may follow it on the stream now."""
         pending = None if held is None else held.pending
-        if pending is None or pending.gone:
-            return
-        if pending.due():
-            await self._send_admission(reply, pending)
-        elif held is not None and held.admitting is not None:
-            await held.admitting
+        if pending is not None and pending.due():
+            self._send_admission(reply, pending)
 
     async def _unary(self, reply: str, data: bytes, held: _Held | None) -> None:
         """A whole result: on the admission when it has not left, else as chunk 0 and end."""
         pending = None if held is None else held.pending
         rider = None if pending is None else pending.ride(data)
         if rider is not None:
-            await self._send(reply, rider)
+            self._send_now(reply, rider)
             return
-        await self._admitted(reply, held)
-        await self._send(reply, Chunk(0, data))
-        await self._send(reply, End(1))
+        self._admitted(reply, held)
+        self._send_now(reply, Chunk(0, data))
+        self._send_now(reply, End(1))
 
     async def _execute(self, req: Request, reply: str, held: _Held | None = None) -> None:
         if req.body_kind == "http":
@@ -577,7 +576,7 @@ class ReplicaRuntime:
             raise _RequestError("bad_request", str(exc)) from None
         result = await invoke(fn, args, kwargs)
         if is_stream(result):
-            await self._admitted(reply, held)
+            self._admitted(reply, held)
             sent = await self._stream(result, reply, collect=not req.stream)
         else:
             await self._unary(reply, _pack(result), held)

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
-import uuid
+import os
 from typing import Final
 
 from services.router.errors import (
@@ -71,6 +72,22 @@ from shared.wire.messages import (
 BAD_RESPONSE: Final = "bad_response"
 """`RequestFailed.code` when a replica's response stream breaks the protocol."""
 MIN_TIMEOUT_S: Final = 0.001
+
+_id_prefix = os.urandom(8).hex()
+_id_seq = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """Unique: 64 random bits per process, then a counter (a uuid4 cost 2.5 us per call)."""
+    return f"{_id_prefix}{next(_id_seq):x}"
+
+
+def _reseed_request_ids() -> None:  # a forked child must not repeat its parent's ids
+    global _id_prefix, _id_seq
+    _id_prefix, _id_seq = os.urandom(8).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reseed_request_ids)
 
 
 async def open_call(
@@ -114,7 +131,7 @@ async def _open_call(
         deadline_mono, deadline_wall = math.inf, None
     else:
         deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
-    request_id = uuid.uuid4().hex
+    request_id = new_request_id()
     inline = not stream and body_kind == "args"  # a unary result may ride on the admission
     payload = encode(
         Request(request_id, method, True, stream, deadline_wall, body, body_kind, model_id, inline)

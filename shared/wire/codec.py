@@ -326,6 +326,24 @@ def _d_health(m: Map, where: str = "health") -> HealthStatus:
 
 
 def _d_request(m: Map) -> Request:
+    # the usual request, checked inline (one per call on the request path); anything else,
+    # including every error, takes the field readers below
+    rid, method, frames, stream, deadline, body, kind = (
+        m.get("request_id"), m.get("method"), m.get("supports_health_frames"), m.get("stream"),
+        m.get("deadline"), m.get("body"), m.get("body_kind"),
+    )  # fmt: skip
+    inline = m.get("accepts_inline_result", False)
+    if (
+        type(rid) is str and type(method) is str and type(frames) is bool
+        and type(stream) is bool and type(body) is bytes and type(kind) is str
+        and kind in BODY_KINDS and type(inline) is bool and m.get("multiplexed_model_id") is None
+        and (deadline is None or (type(deadline) is float and math.isfinite(deadline)))
+    ):  # fmt: skip
+        return Request(rid, method, frames, stream, deadline, body, kind, None, inline)
+    return _d_request_checked(m)
+
+
+def _d_request_checked(m: Map) -> Request:
     w = "request"
     return Request(
         request_id=f.get_str(m, "request_id", w),
@@ -370,6 +388,13 @@ def _opt_models(m: Map, w: str) -> tuple[str, ...] | None:
 
 
 def _d_args(m: Map) -> CallArgs:
+    args, kwargs = m.get("args"), m.get("kwargs")
+    if type(args) is list and type(kwargs) is dict and not kwargs:  # positional only: checked
+        return CallArgs(args=tuple(args), kwargs=kwargs)
+    return _d_args_checked(m)
+
+
+def _d_args_checked(m: Map) -> CallArgs:
     args = f.get_list(m, "args", "args")
     kwargs = f.get_map(m, "kwargs", "args")
     for k in kwargs:
@@ -403,6 +428,33 @@ def _d_http_response(m: Map) -> HttpResponse:
 
 
 def _d_admission(m: Map) -> Admission:
+    # the usual admission, checked inline (one per call); anything else takes the readers below
+    accepted, n, health, frames = (
+        m.get("accepted"),
+        m.get("num_ongoing"),
+        m.get("health"),
+        m.get("will_send_health_frames"),
+    )
+    if (
+        type(accepted) is bool and type(n) is int and n >= 0 and type(frames) is bool
+        and type(health) is dict and m.get("models") is None
+    ):  # fmt: skip
+        rid, ok, at, fails = (
+            health.get("replica_id"), health.get("healthy"), health.get("checked_at"),
+            health.get("consecutive_failures"),
+        )  # fmt: skip
+        result = m.get("inline_result")
+        if (
+            type(rid) is str and type(ok) is bool and type(at) is float and math.isfinite(at)
+            and type(fails) is int and fails >= 0
+            and (result is None or (accepted and type(result) is bytes))
+        ):  # fmt: skip
+            status = HealthStatus(rid, ok, at, fails)
+            return Admission(accepted, n, status, frames, None, result)
+    return _d_admission_checked(m)
+
+
+def _d_admission_checked(m: Map) -> Admission:
     w = "admission"
     return Admission(
         accepted=f.get_bool(m, "accepted", w),
@@ -598,23 +650,17 @@ def unpack_map(data: bytes) -> Map:
 
     # every array or map takes at least one byte, so a payload no longer than the container
     # limit cannot exceed it: small messages (the request path) skip the per-container hook
-    hooks: dict[str, Any] = (
-        {} if n <= MAX_CONTAINERS else {"list_hook": count, "object_hook": count}
-    )
+    # msgpack >= 1.0 bounds every declared length by the payload's size on its own (its
+    # unpackb defaults), and its defaults are raw=False, strict_map_key, use_list: spelled out,
+    # they cost as much again as the unpack of a request
     try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            **hooks,
-            max_str_len=n,
-            max_bin_len=n,
-            max_array_len=n,
-            max_map_len=n,
-            max_ext_len=n,
-            ext_hook=uservalues.EXT_HOOK,  # numpy arrays in user values; other ext opaque
-        )
+        # ext_hook: numpy arrays in user values (ext type 1); any other ext stays opaque
+        if n <= MAX_CONTAINERS:
+            obj = msgpack.unpackb(data, ext_hook=uservalues.EXT_HOOK)
+        else:
+            obj = msgpack.unpackb(
+                data, ext_hook=uservalues.EXT_HOOK, list_hook=count, object_hook=count
+            )
     except WireError:
         raise
     except Exception as exc:  # msgpack raises ValueError, its own subclasses, TypeError...

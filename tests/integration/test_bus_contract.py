@@ -147,6 +147,63 @@ async def test_handler_exception_does_not_kill_subscription(
     assert len(failures) == 1  # rate-limited: one line per second per subscription
 
 
+async def test_publish_nowait_keeps_order_with_publish(bus_factory: BusFactory) -> None:
+    pub, sub_conn = await bus_factory(), await bus_factory()
+    inbox = Inbox()
+    await sub_conn.subscribe("t.nowait", inbox)
+    await sub_conn.flush()
+    for i in range(30):
+        if i % 3:
+            pub.publish_nowait("t.nowait", str(i).encode())
+        else:
+            await pub.publish("t.nowait", str(i).encode())
+    got = await inbox.take(30)
+    assert [m.data for m in got] == [str(i).encode() for i in range(30)]
+
+
+async def test_publish_nowait_checks_like_publish(bus_factory: BusFactory) -> None:
+    bus = await bus_factory()
+    with pytest.raises(UsageError):
+        bus.publish_nowait("bad..subject", b"x")
+    with pytest.raises(UsageError):
+        bus.publish_nowait("t.*", b"x")
+    with pytest.raises(MaxPayloadExceeded):
+        bus.publish_nowait("t.big", b"x" * (bus.max_payload + 1))
+    await bus.close()
+    with pytest.raises(BusError):
+        bus.publish_nowait("t.closed", b"x")
+
+
+async def test_inline_subscription_in_order_guarded_with_headers(
+    bus_factory: BusFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    pub, sub_conn = await bus_factory(), await bus_factory()
+    seen: list[Msg] = []
+
+    def handler(msg: Msg) -> None:
+        seen.append(msg)
+        if msg.data == b"3":
+            raise ValueError("boom")
+
+    sub = await sub_conn.subscribe_inline("t.inline", handler)
+    await sub_conn.flush()
+    with caplog.at_level(logging.ERROR, logger="shared.bus"):
+        for i in range(10):
+            await pub.publish("t.inline", str(i).encode(), reply="t.back" if i == 5 else None)
+        await pub.publish("t.inline", b"h", headers={"Fp-Trace": "abc"})
+        await eventually(lambda: len(seen) == 11)
+    assert [m.data for m in seen] == [str(i).encode() for i in range(10)] + [b"h"]
+    assert seen[5].reply == "t.back" and seen[4].reply is None
+    assert seen[10].headers is not None and seen[10].headers["Fp-Trace"] == "abc"
+    assert sub.handler_errors == 1  # counted, and the subscription went on
+    await sub.unsubscribe()
+    await sub_conn.flush()
+    await pub.publish("t.inline", b"after")
+    await pub.flush()
+    await sub_conn.flush()
+    assert len(seen) == 11
+
+
 async def test_headers_round_trip(bus: Bus) -> None:
     inbox = Inbox()
     await bus.subscribe("hd.x", inbox)

@@ -1,0 +1,147 @@
+"""nats-py with two shortcuts for the request path: inline delivery and a same-turn flush.
+
+How it works: nats-py moves every message through two extra tasks. A received message is put on
+its subscription's queue and a per-subscription task takes it off and awaits the callback; a
+published one is appended to the write buffer and a flusher task, woken through another queue,
+writes it out. Each hand-over is a turn of the event loop (a future, a queue, a task step), and
+a request/reply crosses four of them (the replica's receive and send, the caller's send and
+receive): about 50 us of a 0.35 ms round trip here (docs/benchmarks.md, `request`).
+`DirectClient` is nats-py's `Client` with both shortcuts for the subscriptions and publishes
+that ask for them, and nats-py's own path for everything else:
+
+- `inline(sub, fn)`: messages of that subscription are handed to `fn(subject, reply, data)`
+  straight from the reader task, in order, without the queue and its task. `fn` is plain code
+  that must not block (it may start tasks). A message with headers (the server's "no
+  responders" status, a user's headers) still takes nats-py's path, so the subscription's own
+  callback sees those. What `fn` raises is counted and logged (rate-limited) and the reader
+  goes on: one bad message never stops a connection.
+- `publish_soon(subject, payload, reply)`: appends the PUB to nats-py's write buffer, as
+  `publish` does, and writes the buffer at the end of this loop turn (`call_soon`), so every
+  message published in one turn still leaves in one socket write. While the connection is
+  down the buffer is kept and nats-py writes it after the reconnect, as for its own publishes.
+  When the socket's send buffer is backed up, the write is left to nats-py's flusher, which
+  waits for it to drain: back-pressure is kept.
+
+Both use nats-py internals (`_process_msg`, `_pending`, `_flush_queue`, `_transport`) that have
+been stable through the 2.x line; pyproject pins nats-py < 3, and tests/integration/
+test_natsdirect.py checks each shortcut against a real server, so an upgrade that moves them
+fails there first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.errors import ConnectionClosedError, ConnectionDrainingError, MaxPayloadError
+from nats.protocol.command import pub_cmd
+
+from shared.bus import RateLimiter
+
+logger = logging.getLogger(__name__)
+
+RawHandler = Callable[[str, str, bytes], None]
+"""(subject, reply or "", payload) -> None; runs in the connection's reader."""
+
+SEND_BUFFER_HIGH: Final = 4 * 1024 * 1024
+"""Bytes waiting in the socket's send buffer above which the flusher (which drains) writes."""
+ERROR_LOG_INTERVAL_S: Final = 1.0
+
+
+class DirectClient(Client):
+    """nats-py's Client with `inline` subscriptions and `publish_soon`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._inline: dict[int, RawHandler] = {}
+        self._flush_due = False
+        self.inline_errors = 0
+        self._inline_log = RateLimiter(ERROR_LOG_INTERVAL_S)
+
+    def inline(self, sub: Subscription, fn: RawHandler) -> None:
+        """Hand `sub`'s messages without headers to `fn` from the reader task."""
+        self._inline[sub._id] = fn
+
+    def forget_inline(self, sub: Subscription) -> None:
+        self._inline.pop(sub._id, None)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
+    ) -> None:
+        fn = self._inline.get(sid)
+        if fn is None or headers:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        stats = self.stats
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        try:
+            fn(subject.decode(), reply.decode(), data)
+        except Exception:
+            self.inline_errors += 1
+            if self._inline_log.allow():
+                logger.exception(
+                    "inline handler failed on %r (%d failures so far)",
+                    subject.decode(errors="replace"),
+                    self.inline_errors,
+                )
+
+    def publish_soon(self, subject: str, payload: bytes, reply: str = "") -> None:
+        """Queue a PUB and write it at the end of this loop turn (see the module header).
+        Raises nats-py's ConnectionClosedError / ConnectionDrainingError / MaxPayloadError as
+        `publish` would; subjects are the caller's to validate."""
+        if self.is_closed:
+            raise ConnectionClosedError
+        if self.is_draining_pubs:
+            raise ConnectionDrainingError
+        if len(payload) > self._max_payload:
+            raise MaxPayloadError
+        cmd = pub_cmd(subject, reply, payload)
+        self._pending.append(cmd)
+        self._pending_data_size += len(cmd)
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(payload)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_due = False
+        if not self._pending or not self.is_connected:
+            return  # nothing left, or the reconnect writes it
+        task, transport = self._flusher_task, self._transport
+        if (
+            task is None
+            or task.done()
+            or transport is None
+            or _send_backlog(transport) > SEND_BUFFER_HIGH
+        ):
+            self._kick_flusher()
+            return
+        try:
+            transport.writelines(self._pending)
+        except Exception:  # the reader notices a broken socket and reconnects
+            logger.debug("direct write failed; left to nats-py", exc_info=True)
+            self._kick_flusher()
+            return
+        self._pending = []
+        self._pending_data_size = 0
+
+    def _kick_flusher(self) -> None:
+        queue = self._flush_queue
+        if queue is not None and queue.empty():
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            queue.put_nowait(fut)
+
+
+def _send_backlog(transport: Any) -> int:
+    """Bytes the socket has not taken yet (0 where the transport does not say)."""
+    writer = getattr(transport, "_io_writer", None)
+    inner = getattr(writer, "transport", None)
+    size = getattr(inner, "get_write_buffer_size", None)
+    return int(size()) if size is not None else 0
