@@ -15,12 +15,15 @@ that ask for them, and nats-py's own path for everything else:
   responders" status, a user's headers) still takes nats-py's path, so the subscription's own
   callback sees those. What `fn` raises is counted and logged (rate-limited) and the reader
   goes on: one bad message never stops a connection.
-- `publish_soon(subject, payload, reply)`: appends the PUB to nats-py's write buffer, as
-  `publish` does, and writes the buffer at the end of this loop turn (`call_soon`), so every
-  message published in one turn still leaves in one socket write. While the connection is
-  down the buffer is kept and nats-py writes it after the reconnect, as for its own publishes.
-  When the socket's send buffer is backed up, the write is left to nats-py's flusher, which
-  waits for it to drain: back-pressure is kept.
+- `publish_soon(subject, payload, reply)`: the first message of a loop turn, with nothing
+  ahead of it in nats-py's write buffer, is written to the socket at once (a request or a
+  reply does not wait for the turn to end); the others of that turn are appended to the
+  buffer, as `publish` does, and written together at the end of the turn (`call_soon`), so a
+  burst still leaves in one socket write. Order is kept: a message goes straight out only when
+  nothing is buffered ahead of it. While the connection is down the buffer is kept and nats-py
+  writes it after the reconnect, as for its own publishes. When the socket's send buffer is
+  backed up, the write is left to nats-py's flusher, which waits for it to drain:
+  back-pressure is kept.
 
 Both use nats-py internals (`_process_msg`, `_pending`, `_flush_queue`, `_transport`) that have
 been stable through the 2.x line; pyproject pins nats-py < 3, and tests/integration/
@@ -37,6 +40,7 @@ from typing import Any, Final
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.aio.transport import Transport
 from nats.errors import ConnectionClosedError, ConnectionDrainingError, MaxPayloadError
 from nats.protocol.command import pub_cmd
 
@@ -101,26 +105,41 @@ class DirectClient(Client):
         if len(payload) > self._max_payload:
             raise MaxPayloadError
         cmd = pub_cmd(subject, reply, payload)
-        self._pending.append(cmd)
-        self._pending_data_size += len(cmd)
         stats = self.stats
         stats["out_msgs"] += 1
         stats["out_bytes"] += len(payload)
+        transport = None if self._pending or self._flush_due else self._writable()
+        if transport is not None:
+            transport.write(cmd)  # the first of a turn leaves at once: nothing is ahead of it
+            self._flush_due = True  # the rest of this turn waits for its end, then goes at once
+            asyncio.get_running_loop().call_soon(self._flush_now)
+            return
+        self._pending.append(cmd)
+        self._pending_data_size += len(cmd)
         if not self._flush_due:
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush_now)
+
+    def _writable(self) -> Transport | None:
+        """The transport when connected, with nats-py's flusher running and the socket taking
+        what it gets; else None (the flusher, which drains, or the reconnect writes)."""
+        task, transport = self._flusher_task, self._transport
+        if (
+            self.is_connected
+            and task is not None
+            and not task.done()
+            and transport is not None
+            and _send_backlog(transport) <= SEND_BUFFER_HIGH
+        ):
+            return transport
+        return None
 
     def _flush_now(self) -> None:
         self._flush_due = False
         if not self._pending or not self.is_connected:
             return  # nothing left, or the reconnect writes it
-        task, transport = self._flusher_task, self._transport
-        if (
-            task is None
-            or task.done()
-            or transport is None
-            or _send_backlog(transport) > SEND_BUFFER_HIGH
-        ):
+        transport = self._writable()
+        if transport is None:
             self._kick_flusher()
             return
         try:

@@ -4,7 +4,12 @@ Both targets run in their own process on one embedded nats-server: a raw echo re
 replies with the payload) and a fleetpulse replica hosting `Echo.echo`. The client alternates
 rounds between the two so drift in machine load hits both alike, and reports ratios.
 
-    .venv/bin/python -m scripts.bench.request [--requests 3000] [--payload 256] [--smoke]
+    .venv/bin/python -m scripts.bench.request [--requests 3000] [--payload 256] [--loop uvloop]
+        [--smoke]
+
+`--loop`: the client's event loop, asyncio (default: what a plain script gets) or uvloop (what
+fleetpulse's own services and replicas run, so what a handle inside a deployment gets). The
+responders run as they would anyway: the raw one on asyncio, the replica on uvloop.
 """
 
 from __future__ import annotations
@@ -133,12 +138,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=3000, help="per target (default 3000)")
     p.add_argument("--payload", type=int, default=256, help="payload bytes (default 256)")
     p.add_argument("--rounds", type=int, default=10, help="alternating rounds (default 10)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
+                   help="the client's event loop (default asyncio)")  # fmt: skip
     add_smoke(p, "40 requests per target in 2 rounds, 10 to warm up")
     args = p.parse_args(argv)
     if args.smoke:
         args.requests, args.rounds = SMOKE["requests"], SMOKE["rounds"]
     warmup = SMOKE["warmup"] if args.smoke else WARMUP
-    res = asyncio.run(run(args.requests, args.payload, args.rounds, warmup))
+    work = run(args.requests, args.payload, args.rounds, warmup)
+    if args.loop == "uvloop":
+        import uvloop
+
+        res = uvloop.run(work)
+    else:
+        res = asyncio.run(work)
+    res["loop"] = args.loop
     raw, fp = res["raw"], res["fleetpulse"]
     assert isinstance(raw, dict) and isinstance(fp, dict)
     rows = [
@@ -146,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ["fleetpulse handle.remote()", fp["n"], fp["p50_ms"], fp["p90_ms"], fp["p99_ms"]],
     ]
     print_table(
-        f"request path, {args.payload} B payload",
+        f"request path, {args.payload} B payload, client on {args.loop}",
         ["target", "n", "p50 ms", "p90 ms", "p99 ms"],
         rows,
     )
@@ -155,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     res["p50_ratio"], res["p99_ratio"] = p50_ratio, p99_ratio
     path = write_json("request", res)
     print(f"\nwrote {path}")
-    result_line("request", p50_ratio=p50_ratio, p99_ratio=p99_ratio)
+    result_line("request", loop=args.loop, p50_ratio=p50_ratio, p99_ratio=p99_ratio)
 
 
 if __name__ == "__main__":

@@ -490,11 +490,15 @@ class ReplicaRuntime:
             timeout = None if req.deadline is None else req.deadline - self.clock.wall()
             if timeout is not None and timeout <= 0:
                 raise _RequestError("deadline_exceeded", "deadline passed before the request ran")
-            try:
-                async with asyncio.timeout(timeout):  # not wait_for: see usercode.check_health
-                    await self._execute(req, reply, held)
-            except TimeoutError:
-                raise _RequestError("deadline_exceeded", "request deadline exceeded") from None
+            if timeout is None:  # no deadline: no timer (a tenth of a fast call's own cost)
+                await self._execute(req, reply, held)
+            else:
+                try:
+                    async with asyncio.timeout(timeout):  # not wait_for: usercode.check_health
+                        await self._execute(req, reply, held)
+                except TimeoutError:
+                    msg = "request deadline exceeded"
+                    raise _RequestError("deadline_exceeded", msg) from None
             self.stats.completed += 1
         except _RequestError as exc:
             self.stats.failed += 1

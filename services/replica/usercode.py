@@ -11,8 +11,10 @@ and health); async ones run on the loop. Generators (sync or async) stream their
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -177,13 +179,39 @@ class UserDeployment:
         return found  # type: ignore[no-any-return]
 
 
+_COROUTINE, _ASYNC_GEN, _GEN, _PLAIN = range(4)
+_KINDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _kind_of(fn: Callable[..., Any]) -> int:
+    """What calling `fn` gives, remembered per underlying function (inspect's checks were a
+    tenth of a fast call's own cost, and a method's kind does not change)."""
+    key = getattr(fn, "__func__", fn)
+    try:
+        return _KINDS[key]
+    except (KeyError, TypeError):  # TypeError: not weak-referenceable, so not remembered
+        pass
+    if inspect.iscoroutinefunction(fn):
+        kind = _COROUTINE
+    elif inspect.isasyncgenfunction(fn):
+        kind = _ASYNC_GEN
+    elif inspect.isgeneratorfunction(fn):
+        kind = _GEN
+    else:
+        kind = _PLAIN
+    with contextlib.suppress(TypeError):
+        _KINDS[key] = kind
+    return kind
+
+
 async def invoke(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Call `fn`; returns a value, or an async iterator when `fn` is a generator."""
-    if inspect.iscoroutinefunction(fn):
+    kind = _kind_of(fn)
+    if kind == _COROUTINE:
         return await fn(*args, **kwargs)
-    if inspect.isasyncgenfunction(fn):
+    if kind == _ASYNC_GEN:
         return fn(*args, **kwargs)
-    if inspect.isgeneratorfunction(fn):
+    if kind == _GEN:
         return thread_iter(fn(*args, **kwargs))
     result = await asyncio.to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):  # a sync wrapper around a coroutine

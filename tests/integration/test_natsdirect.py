@@ -48,7 +48,7 @@ async def test_inline_handler_runs_in_the_reader_not_a_subscription_task(
         await sub_conn.close()
 
 
-async def test_publishes_of_one_turn_leave_in_one_write(
+async def test_the_first_publish_of_a_turn_leaves_at_once_the_rest_in_one_write(
     server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pub, sub_conn = await _pair(server.url)
@@ -57,20 +57,28 @@ async def test_publishes_of_one_turn_leave_in_one_write(
         await sub_conn.subscribe_inline("d.turn", got.append)
         await sub_conn.flush()
         transport = pub.nc._transport
-        writes: list[int] = []
-        real = transport.writelines
+        writes: list[str] = []
+        write, writelines = transport.write, transport.writelines
 
-        def counting(lines: Any) -> None:
-            writes.append(len(lines))
-            real(lines)
+        def one(data: bytes) -> None:
+            writes.append("write")
+            write(data)
 
-        monkeypatch.setattr(transport, "writelines", counting)
+        def many(lines: list[bytes]) -> None:
+            writes.append(f"writelines {len(lines)}")
+            writelines(lines)
+
+        monkeypatch.setattr(transport, "write", one)
+        monkeypatch.setattr(transport, "writelines", many)
         for i in range(10):
             pub.publish_nowait("d.turn", str(i).encode())
-        assert writes == []  # not before the turn ends
+        assert writes == ["write"]  # the first, at once; the others wait for the turn's end
         await waiting.eventually(lambda: len(got) == 10, WAIT_S)
-        assert writes == [10]
+        assert writes == ["write", "writelines 9"]
         assert [m.data for m in got] == [str(i).encode() for i in range(10)]
+        await asyncio.sleep(0)  # a new turn: its first message goes straight out again
+        pub.publish_nowait("d.turn", b"next turn")
+        assert writes[-1] == "write"
     finally:
         await pub.close()
         await sub_conn.close()
