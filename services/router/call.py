@@ -373,6 +373,19 @@ class ResponseReader:
             self._arm()
         return item
 
+    async def unary_result(self) -> bytes | None:
+        """A unary call's whole result, chunk 0's data (None: the stream ended without one);
+        the reader is closed afterwards. A result that rode on the admission is taken as is."""
+        try:
+            inline = self._inline
+            if inline is not None and not self._expected_seq and not self._done:
+                self._expected_seq, self._done = 1, True  # nothing follows it on the stream
+                return inline
+            chunk = await self.next_chunk()
+            return None if chunk is None else chunk.data
+        finally:
+            await self.close()
+
     def failed(self, exc: BaseException) -> None:
         """The request failed with `exc` (also for a response its caller could not use)."""
         if self._outcome == OK:

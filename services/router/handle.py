@@ -207,13 +207,10 @@ class DeploymentHandle:
         reader = await self._open(args, kwargs, self.streaming)
         if self.streaming:
             return _iterate(reader)
-        try:
-            chunk = await reader.next_chunk()
-        finally:
-            await reader.close()
-        if chunk is None:
+        data = await reader.unary_result()
+        if data is None:
             raise RequestFailed(BAD_RESPONSE, "the response ended without a result", False)
-        return unpack_result(chunk.data)
+        return unpack_result(data)
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         """Call a generator method; yields its items as they arrive."""

@@ -135,3 +135,21 @@ async def test_the_router_reads_a_riding_result_and_an_ordinary_one() -> None:
         await rt.stop()
         await rbus.close()
         await cbus.close()
+
+
+async def test_a_handle_call_answered_on_its_admission_is_counted_and_closed(buses: Any) -> None:
+    rbus, cbus = buses
+    rt = await make_replica(rbus)
+    await put_membership(cbus, "app", "dep", 1, [Seat("r1", S.rpc("app", "dep", "r1"))])
+    handle = await connect_handle("app", "dep", bus=cbus, config=RouterConfig())
+    try:
+        echo = handle.options(method="echo")
+        assert [await echo.remote({"n": i}) for i in range(3)] == [{"n": i} for i in range(3)]
+        router = handle.router
+        assert router.counters.done == 3 and router.counters.arrived == 3
+        assert router.core.in_flight_now == 0  # each call released its replica
+        assert not cbus._streams  # and closed its reply stream
+        assert rt.stats.completed == 3
+    finally:
+        await handle.close()
+        await rt.stop()
