@@ -224,6 +224,17 @@ class FakeBus:
         reply: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        self.publish_nowait(subject, data, reply=reply, headers=headers)
+
+    def publish_nowait(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        reply: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        # the fake routes at once, for both: its subscriptions' tasks deliver in order
         self._check_open()
         validate_subject(subject, wildcards=False)
         if reply:
@@ -232,16 +243,6 @@ class FakeBus:
             raise MaxPayloadExceeded(subject, len(data), self.max_payload)
         hdrs = dict(headers) if headers else None
         self.server.route(Msg(subject, bytes(data), reply or None, hdrs))
-
-    def publish_nowait(self, subject: str, data: bytes, *, reply: str | None = None) -> None:
-        # the fake routes at once; its subscriptions' tasks deliver in order either way
-        self._check_open()
-        validate_subject(subject, wildcards=False)
-        if reply:
-            validate_subject(reply, wildcards=False)
-        if len(data) > self.max_payload:
-            raise MaxPayloadExceeded(subject, len(data), self.max_payload)
-        self.server.route(Msg(subject, bytes(data), reply or None, None))
 
     async def subscribe(
         self, subject: str, handler: Handler, *, queue: str | None = None
