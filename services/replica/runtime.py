@@ -472,7 +472,8 @@ class ReplicaRuntime:
         await self.bus.publish(reply, encode(message))
 
     def _send_now(self, reply: str, message: Any) -> None:
-        """Admissions and unary results: out at the end of this loop turn, in order with `_send`."""
+        """Admissions and unary results: out at once (or with the rest of this loop turn's, at
+        its end), in order with `_send` (shared/natsdirect.py)."""
         self.bus.publish_nowait(reply, encode(message))
 
     async def _serve(self, req: Request, reply: str, admitted: Admission) -> None:
