@@ -273,6 +273,163 @@ async def footprint(runs: int, tmp: Path) -> dict[str, Any]:
     }
 
 
+# -- after load ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of the load: HTTP or handle calls of one body size by `workers` callers."""
+
+    name: str
+    carrier: str  # "http" | "handle" | "stream"
+    size: int
+    workers: int
+
+
+LOAD: tuple[Phase, ...] = (
+    Phase("http 256 B seq", "http", 256, 1),
+    Phase("http 256 B x16", "http", 256, 16),
+    Phase("http 64 KiB seq", "http", 64 * 1024, 1),
+    Phase("http 64 KiB x16", "http", 64 * 1024, 16),
+    Phase("handle 256 B seq", "handle", 256, 1),
+    Phase("handle 256 B x16", "handle", 256, 16),
+    Phase("handle 64 KiB x16", "handle", 64 * 1024, 16),
+    Phase("stream 100 items x4", "stream", 100, 4),
+)
+"""What scripts/bench/http_ray.py puts on a replica: HTTP (here straight to the replica's own
+server, as HAProxy forwards it) at 256 B and 64 KiB, sequential and 16 concurrent, handle calls
+over NATS and a streaming response."""
+IDLE_AFTER_S = 3.0
+"""After the load: longer than the replica's idle trim delay (shared/memtrim.py)."""
+
+
+def smaps(pid: int) -> dict[str, float]:
+    """Resident memory by kind (MB) from /proc/PID/smaps_rollup: anonymous (the heap, malloc
+    arenas, stacks) vs file-backed (code and data of the interpreter and extension modules)."""
+    out: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if key in ("Rss", "Anonymous", "Private_Dirty", "Shared_Clean", "Private_Clean"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def arenas(pid: int) -> int:
+    """glibc malloc arenas beyond the main one: the 64 MiB-aligned heap mappings (a reserved
+    `---p` region right after each is how they show in /proc/PID/maps)."""
+    count = 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[1] == "---p":  # anonymous, no access: an arena's reserve
+            count += 1
+    return count
+
+
+async def load_phase(
+    phase: Phase, http_address: str, bus: NatsBus, rid: str, seconds: float
+) -> dict[str, Any]:
+    from scripts.bench.httpclient import Connection, Endpoint, build_request, checked, closed_loop
+    from services.router.config import RouterConfig
+    from services.router.handle import connect_handle
+
+    payload = os.urandom(phase.size)
+    if phase.carrier == "http":
+        endpoint = Endpoint.parse(f"http://{http_address}/fp")
+        raw = build_request("POST", endpoint, body=payload)
+        conns = [Connection(endpoint) for _ in range(phase.workers)]
+        try:
+            res = await closed_loop([checked(c, raw, phase.size) for c in conns], seconds)
+        finally:
+            for c in conns:
+                c.close()
+    else:
+        handle = await connect_handle("fp", "Echo", bus=bus, config=RouterConfig())
+        try:
+            if phase.carrier == "handle":
+                echo = handle.options(method="echo")
+
+                async def call() -> object:
+                    if await echo.remote(payload) != payload:
+                        raise RuntimeError("the handle echoed something else")
+                    return None
+            else:
+                count = handle.options(method="count", stream=True)
+
+                async def call() -> object:
+                    got = [i async for i in count.stream(phase.size)]
+                    if len(got) != phase.size:
+                        raise RuntimeError(f"the stream gave {len(got)} items")
+                    return None
+
+            res = await closed_loop([call] * phase.workers, seconds)
+        finally:
+            await handle.close()
+    if res.errors:
+        raise RuntimeError(f"{phase.name}: {res.errors} errors, first: {res.first_error}")
+    return {"phase": phase.name, "rps": res.throughput, "requests": len(res.latencies_s)}
+
+
+async def after_load(runs: int, tmp: Path, seconds: float) -> dict[str, Any]:
+    """Resident memory of a replica once ready (idle), right after a load like http_ray's, and
+    after IDLE_AFTER_S of idleness that follows it."""
+    from services.router.testing import Seat, put_membership
+
+    rows: list[dict[str, Any]] = []
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="bench-footprint-load")
+        addresses: dict[str, str] = {}
+
+        async def on_lifecycle(msg: Any) -> None:
+            lc = decode_as(msg.data, Lifecycle)
+            if lc.state == "ready" and lc.http_address:
+                addresses[lc.replica_id] = lc.http_address
+
+        await bus.subscribe(DEFAULT_SUBJECTS.report("lifecycle", "fp", "Echo") + ".*", on_lifecycle)
+        await bus.flush()
+        try:
+            for i in range(runs):
+                rid = f"r-load-{i}"
+                proc = spawn(replica_argv(server.url, rid), child_env(), tmp / f"{rid}.log")
+                try:
+                    deadline = time.monotonic() + READY_WAIT_S
+                    while rid not in addresses:
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            raise RuntimeError(f"replica {rid} not ready ({proc.poll()})")
+                        await asyncio.sleep(0.01)
+                    await put_membership(bus, "fp", "Echo", int(time.time() * 1000), [
+                        Seat(rid, DEFAULT_SUBJECTS.rpc("fp", "Echo", rid), 100)
+                    ])  # fmt: skip
+                    await asyncio.sleep(1.0)
+                    row: dict[str, Any] = {"ready_mb": proc_status(proc.pid)["VmRSS"]}
+                    await asyncio.sleep(IDLE_AFTER_S - 1.0)  # idle as long as after the load
+                    row["idle_mb"] = proc_status(proc.pid)["VmRSS"]
+                    row["idle_smaps"] = smaps(proc.pid)
+                    row["phases"] = [
+                        await load_phase(p, addresses[rid], bus, rid, seconds) for p in LOAD
+                    ]
+                    row["loaded_mb"] = proc_status(proc.pid)["VmRSS"]
+                    row["loaded_smaps"] = smaps(proc.pid)
+                    await asyncio.sleep(IDLE_AFTER_S)
+                    mem = proc_status(proc.pid)
+                    row["after_idle_mb"] = mem["VmRSS"]
+                    row["hwm_mb"] = mem["VmHWM"]
+                    row["after_smaps"] = smaps(proc.pid)
+                    row["arenas"] = arenas(proc.pid)
+                    rows.append(row)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    await asyncio.to_thread(proc.wait, 30)
+        finally:
+            await bus.close()
+    keys = ("ready_mb", "idle_mb", "loaded_mb", "after_idle_mb", "hwm_mb", "arenas")
+    return {
+        "runs": rows,
+        "seconds": seconds,
+        "median": {k: statistics.median(r[k] for r in rows) for k in keys},
+        "max": {k: max(r[k] for r in rows) for k in keys},
+    }
+
+
 def spawn(argv: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(list(argv), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -430,12 +587,16 @@ async def scratch() -> AsyncIterator[Path]:
 
 async def run(args: argparse.Namespace) -> int:
     runs, wakes = (2, 2) if args.smoke else (args.runs, args.wakes)
+    load_runs, load_s = (1, 0.3) if args.smoke else (args.load_runs, args.load_seconds)
     spares = [1] if args.smoke else sorted(set(args.spares))
     async with scratch() as tmp:
         foot = await footprint(runs, tmp) if runs else None
+        loaded = await after_load(load_runs, tmp, load_s) if load_runs else None
         woke = {n: await wake(wakes, tmp, n) for n in spares} if wakes else {}
     if foot is not None:
         show_footprint(foot)
+    if loaded is not None:
+        show_after_load(loaded)
     if woke:
         print_table(
             "wake from zero over HTTP, hop by hop (s, median; each from the previous stamp)",
@@ -444,7 +605,7 @@ async def run(args: argparse.Namespace) -> int:
             + [["total (median)", *(w["median"]["total_s"] for w in woke.values())]]
             + [["total (min)", *(w["min"]["total_s"] for w in woke.values())]],
         )
-    payload = {"footprint": foot, "wake": woke, "smoke": args.smoke}
+    payload = {"footprint": foot, "after_load": loaded, "wake": woke, "smoke": args.smoke}
     path = write_json(BENCH, payload)
     print(f"\nwrote {shown(path)}")
     if foot is not None:
@@ -456,6 +617,19 @@ async def run(args: argparse.Namespace) -> int:
             import_s=foot["import_total_s"],
             forbidden=len(foot["forbidden_imported"]),
             rss_ok=int(med["rss_mb"] <= RSS_TARGET_MB),
+        )
+    if loaded is not None:
+        med, top = loaded["median"], loaded["max"]
+        result_line(
+            f"{BENCH}_load",
+            ready_mb=med["ready_mb"],
+            idle_mb=med["idle_mb"],
+            loaded_mb=med["loaded_mb"],
+            after_idle_mb=med["after_idle_mb"],
+            after_idle_max_mb=top["after_idle_mb"],
+            hwm_mb=med["hwm_mb"],
+            arenas=med["arenas"],
+            rss_ok=int(top["after_idle_mb"] <= RSS_TARGET_MB and top["idle_mb"] <= RSS_TARGET_MB),
         )
     for n, w in woke.items():
         result_line(
@@ -485,6 +659,36 @@ def show_footprint(foot: dict[str, Any]) -> None:
     print(f"forbidden imported: {foot['forbidden_imported'] or 'none'}")
 
 
+def show_after_load(loaded: dict[str, Any]) -> None:
+    rows = []
+    for i, r in enumerate(loaded["runs"]):
+        rows.append([
+            i, r["ready_mb"], r["idle_mb"], r["loaded_mb"], r["after_idle_mb"], r["hwm_mb"],
+            r["loaded_smaps"]["Anonymous"], r["after_smaps"]["Anonymous"], r["arenas"],
+        ])  # fmt: skip
+    print_table(
+        f"replica resident memory (MB) idle, after a load like http_ray's ({loaded['seconds']} s"
+        f" a phase), and {IDLE_AFTER_S} s later",
+        [
+            "run",
+            "ready+1s",
+            "idle",
+            "loaded",
+            "after_idle",
+            "hwm",
+            "anon_loaded",
+            "anon_after",
+            "arenas",
+        ],
+        rows,
+    )
+    print_table(
+        "the load (first run)",
+        ["phase", "req/s", "requests"],
+        [[p["phase"], p["rps"], p["requests"]] for p in loaded["runs"][0]["phases"]],
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5, help="timed replica starts")
@@ -493,7 +697,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--spares", type=int, nargs="+", default=[0, 1],
         help="the agent's --spare-replicas, one stack each (0: every replica a cold start)",
     )  # fmt: skip
-    add_smoke(ap, "2 replica starts, 2 wakes with a spare")
+    ap.add_argument(
+        "--load-runs", type=int, default=3,
+        help="replicas measured idle, after a load like http_ray's, and idle again (0: skip)",
+    )  # fmt: skip
+    ap.add_argument("--load-seconds", type=float, default=1.0, help="per load phase")
+    add_smoke(ap, "2 replica starts, 1 replica under load (0.3 s phases), 2 wakes with a spare")
     return asyncio.run(run(ap.parse_args(argv)))
 
 

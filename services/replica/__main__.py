@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
-from shared import aioloop, settings
+from shared import aioloop, memtrim, settings
 from shared.bus import Bus
 from shared.metrics_catalog import serve_metrics
 from shared.natsauth import process_auth
@@ -45,6 +45,7 @@ async def serve(cfg: ReplicaConfig) -> int:
     target = load_target(spec.import_path)  # a bad import path fails before anything connects
     bus = await connect(cfg)
     follower: asyncio.Task[None] | None = None
+    trimmer: asyncio.Task[None] | None = None
     try:
         user = await create_user(cfg, bus, target)
         route_prefix = route_prefix_of(os.environ)  # set for an ingress's replicas only
@@ -65,6 +66,7 @@ async def serve(cfg: ReplicaConfig) -> int:
             except Exception:  # e.g. the HTTP server did not start: say "exited", then fail
                 await runtime.stop(exit_code=1)
                 raise
+            trimmer = asyncio.create_task(idle_trim(runtime), name="idle_trim")
             if user.has_reconfigure:
                 follow = UserConfigFollower(
                     bus, user, cfg.app, cfg.deployment, cfg.version, spec.user_config
@@ -74,12 +76,21 @@ async def serve(cfg: ReplicaConfig) -> int:
             log.info("replica %s: signal received, draining", cfg.replica_id)
             await runtime.drain()
     finally:
-        if follower is not None:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+        for task in (follower, trimmer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         serve_context._leave()
         await bus.close()
     return 0
+
+
+def idle_trim(runtime: ReplicaRuntime) -> Coroutine[Any, Any, None]:
+    """Free heap back to the kernel once the replica goes idle after serving (shared/memtrim.py):
+    what a burst of requests left in malloc's free lists would stay resident otherwise.
+    Activity is every request that asked to run (NATS or HTTP, admitted or refused)."""
+    stats, admission = runtime.stats, runtime.admission
+    return memtrim.run_idle_trim(lambda: stats.admitted + stats.rejected, lambda: admission.ongoing)
 
 
 async def serve_http(
