@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -314,15 +315,25 @@ def smaps(pid: int) -> dict[str, float]:
     return out
 
 
+HEAP_MAX = 64 << 20
+"""glibc's size of one non-main arena's heap on 64-bit (its HEAP_MAX_SIZE)."""
+
+
 def arenas(pid: int) -> int:
-    """glibc malloc arenas beyond the main one: the 64 MiB-aligned heap mappings (a reserved
-    `---p` region right after each is how they show in /proc/PID/maps)."""
-    count = 0
+    """glibc malloc arenas besides the main one: each is a 64 MiB mapping, the part in use
+    (`rw-p`) followed by its reserve (`---p`), both anonymous (a thread's stack is the other
+    way round: a small `---p` guard, then the stack)."""
+    spans: list[tuple[int, int, str]] = []
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         parts = line.split()
-        if len(parts) == 5 and parts[1] == "---p":  # anonymous, no access: an arena's reserve
-            count += 1
-    return count
+        if len(parts) == 5:  # anonymous
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            spans.append((lo, hi, parts[1]))
+    return sum(
+        1
+        for (lo, mid, used), (lo2, hi, reserve) in itertools.pairwise(spans)
+        if used == "rw-p" and reserve == "---p" and mid == lo2 and hi - lo == HEAP_MAX
+    )
 
 
 async def load_phase(
