@@ -23,7 +23,9 @@ Workloads (each for `--segment` seconds per round and system):
 - CPU per request: utime+stime from /proc of the system's data-path processes (front door:
   fleetpulse proxy and what it runs, Ray's HAProxy and proxy actor; replica; transport:
   nats-server, Ray's raylet and GCS) over each segment, divided by its requests; the
-  control plane (controllers, agent, idle workers) is shown apart in the JSON.
+  control plane (controllers, agent, idle workers) is shown apart in the JSON;
+- the replica's resident memory once a round, right after its load and 2 s later (its footprint:
+  a fleetpulse replica gives back the heap a burst left once idle 1 s, shared/memtrim.py).
 
 The HTTP client is a lean raw-asyncio HTTP/1.1 keep-alive client (scripts/bench/httpclient.py,
 pre-built requests, Content-Length and chunked framing) on uvloop, so the client's own cost
@@ -111,10 +113,13 @@ class Sizes:
     stream: tuple[int, int] = STREAM_SHAPE
     wake_timeout_s: float = 90.0
     start_timeout_s: float = 300.0
+    rss_idle_s: float = 2.0
+    """The replica's footprint is read this long after a round's load ended (a replica gives back
+    the heap a burst left once idle 1 s: shared/memtrim.py); right after the load beside it."""
 
 
 SMOKE = Sizes(rounds=1, segment_s=0.25, warmup=3, first_warmup_s=0.0, stream=(20, 64),
-              wake_timeout_s=60.0, start_timeout_s=240.0)  # fmt: skip
+              wake_timeout_s=60.0, start_timeout_s=240.0, rss_idle_s=0.2)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +401,7 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
     accs = {s.name: {wl.key: Acc() for wl in WORKLOADS} for s in systems}
     wakes: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     rss_seen: dict[str, list[float]] = {s.name: [] for s in systems}
+    rss_loaded: dict[str, list[float]] = {s.name: [] for s in systems}
     try:
         if sizes.first_warmup_s:
             for wl in WORKLOADS:
@@ -414,7 +420,11 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
                     wakes[s.name].append(w)
                 rss = s.replica_rss_mb()  # now: the replica the rows measured, warm
                 if rss is not None:
-                    rss_seen[s.name].append(rss)
+                    rss_loaded[s.name].append(rss)
+                    await asyncio.sleep(sizes.rss_idle_s)  # its footprint: after the load, idle
+                    settled = s.replica_rss_mb()
+                    if settled is not None:
+                        rss_seen[s.name].append(settled)
             print(f"  round {r + 1}/{sizes.rounds} done ({_load()})", file=sys.stderr, flush=True)
     finally:
         await runner.close()
@@ -431,6 +441,7 @@ async def measure(systems: Sequence[System], sizes: Sizes) -> dict[str, Any]:
             "wake": {"runs": wakes[s.name], "median_s": statistics.median(ok) if ok else None},
             "replica_rss_mb": max(rss_seen[s.name]) if rss_seen[s.name] else None,
             "replica_rss_mb_per_round": rss_seen[s.name],
+            "replica_rss_loaded_mb": max(rss_loaded[s.name]) if rss_loaded[s.name] else None,
             "roles": {role: len(pids) for role, pids in s.roles().items()},
         }
     return out
