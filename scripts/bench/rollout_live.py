@@ -151,8 +151,8 @@ class Stack:
         self.server.stop()
 
 
-async def state(bus: Bus) -> tuple[str, int, set[str]]:
-    """(status, running replicas, versions in fp_targets) of the deployment."""
+async def state(bus: Bus) -> tuple[str, int, set[str], int]:
+    """(status, running replicas, versions in fp_targets, replica targets) of the deployment."""
     entry = await (await bus.kv(KV_STATUS)).get(APP)
     status, running = "", -1
     if entry is not None:
@@ -160,15 +160,20 @@ async def state(bus: Bus) -> tuple[str, int, set[str]]:
         if d is not None:
             status, running = d.status, d.running_replicas
     docs = DocKV(await bus.kv(KV_TARGETS), ReplicaTarget)
-    versions = {c.doc.version for c in await docs.snapshot(app_pattern(APP)) if c.doc}
-    return status, running, versions
+    targets = [c.doc for c in await docs.snapshot(app_pattern(APP)) if c.doc]
+    return status, running, {t.version for t in targets}, len(targets)
 
 
-async def wait_for(bus: Bus, version: str, replicas: int, within_s: float) -> float:
-    """Seconds until the deployment is HEALTHY at `replicas` running, all of `version`."""
+async def wait_for(
+    bus: Bus, version: str, replicas: int, within_s: float, peak: list[int] | None = None
+) -> float:
+    """Seconds until the deployment is HEALTHY at `replicas` running, all of `version`;
+    `peak[0]` becomes the most replica targets seen at once meanwhile (old and new: the surge)."""
     t0 = time.monotonic()
     while True:
-        status, running, versions = await state(bus)
+        status, running, versions, targets = await state(bus)
+        if peak is not None:
+            peak[0] = max(peak[0], targets)
         if status == "HEALTHY" and running == replicas and versions == {version}:
             return time.monotonic() - t0
         if time.monotonic() - t0 > within_s:
@@ -176,7 +181,7 @@ async def wait_for(bus: Bus, version: str, replicas: int, within_s: float) -> fl
                 f"not settled on {version} in {within_s:g} s: {status} "
                 f"{running} running, versions {sorted(versions)}"
             )
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
 
 
 async def handle_caller(handle: DeploymentHandle, tally: Tally, stop: asyncio.Event) -> None:
@@ -218,6 +223,8 @@ class Rollout:
     unavailable: str
     version: str
     seconds: float = 0.0
+    peak_targets: int = 0
+    """The most replica targets seen at once during the rollout (replicas + the surge used)."""
     handle: Tally = field(default_factory=Tally)
     http: Tally = field(default_factory=Tally)
 
@@ -226,6 +233,7 @@ class Rollout:
             "max_surge": self.surge,
             "max_unavailable": self.unavailable,
             "rollout_s": round(self.seconds, 2),
+            "peak_targets": self.peak_targets,
             "handle": self.handle.as_dict(),
             "http": self.http.as_dict(),
         }
@@ -261,7 +269,9 @@ async def roll_under_load(
                 await asyncio.to_thread(
                     stack.deploy, roll.version, replicas, roll.surge, roll.unavailable, delay_s
                 )
-                roll.seconds = await wait_for(bus, roll.version, replicas, settle_s)
+                peak = [0]
+                roll.seconds = await wait_for(bus, roll.version, replicas, settle_s, peak)
+                roll.peak_targets = peak[0]
                 await asyncio.sleep(after_s)
             finally:
                 stop.set()
@@ -326,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nrolling updates of {args.replicas} echo replicas, {args.callers} callers per path")
     for r in rolls:
         print(
-            f"  max_surge {r.surge:>4} max_unavailable {r.unavailable}: {r.seconds:6.1f} s; "
+            f"  max_surge {r.surge:>4} max_unavailable {r.unavailable}: {r.seconds:6.1f} s, "
+            f"at most {r.peak_targets} targets; "
             f"handle sent {r.handle.sent} ok {r.handle.ok} failed {r.handle.failed}; "
             f"http sent {r.http.sent} ok {r.http.ok} failed {r.http.failed}"
         )

@@ -26,4 +26,7 @@ async def test_rolling_update_under_load_loses_no_request(tmp_path: Path) -> Non
             assert tally.failed == 0, (r.surge, path, tally.errors.most_common(3))
             assert tally.ok == tally.sent and tally.sent > 50, (r.surge, path, tally)
     default, wide = rolls
-    assert wide.seconds < default.seconds  # three new replicas at once, not one
+    # the surge as the targets show it (not as wall time, which a busy machine blurs): one new
+    # replica at a time, then three at once
+    assert default.peak_targets == 6 + 1, default
+    assert wide.peak_targets > 6 + 1, wide
