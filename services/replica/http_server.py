@@ -197,6 +197,20 @@ class _Embedded(uvicorn.Server):
                     await self.exit.wait()
 
 
+class LazyWebSocketProtocol(asyncio.Protocol):
+    """uvicorn's websockets-sansio protocol (the maintained implementation: "auto" picks the
+    legacy one), imported at a connection's first WebSocket upgrade. The websockets package is
+    ~3 MB resident, carried by every replica that serves HTTP although most never see a
+    WebSocket; the first upgrade pays its import (~30 ms) instead."""
+
+    def __new__(cls, **kwargs: Any) -> Any:
+        from uvicorn.protocols.websockets.websockets_sansio_impl import (
+            WebSocketsSansIOProtocol,
+        )
+
+        return WebSocketsSansIOProtocol(**kwargs)
+
+
 class ReplicaHttpServer:
     """One replica's HTTP server; `start()` once, `drain()` once (safe to call again)."""
 
@@ -218,7 +232,7 @@ class ReplicaHttpServer:
             host=host,
             port=port,
             http="httptools",
-            ws="websockets-sansio",  # the maintained implementation ("auto" picks the legacy one)
+            ws=LazyWebSocketProtocol,  # websockets-sansio, imported at the first upgrade
             loop="none",  # the replica's loop (uvloop where installed), already running
             lifespan=lifespan,
             access_log=False,

@@ -35,7 +35,6 @@ PRELOAD = (
     "uvloop",
     "uvicorn.lifespan.on",
     "uvicorn.protocols.http.httptools_impl",
-    "uvicorn.protocols.websockets.auto",
     "concurrent.futures.thread",
     "encodings.idna",
 )

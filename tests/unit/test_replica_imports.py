@@ -96,3 +96,28 @@ def test_lean_import_changes_nothing_where_nats_py_came_first() -> None:
         print(import_nats_lean(), t.aiohttp is not None)
     """)
     assert out == "False True"
+
+
+def test_websockets_is_imported_at_the_first_upgrade_not_when_http_starts() -> None:
+    # a replica serving HTTP (its server configured and loaded) carries no websockets package
+    # (~3 MB resident) until a connection asks for one; the spare preloads it neither
+    code = "\n".join(
+        [
+            "import json, sys",
+            "import services.replica.spare as spare",
+            "import importlib",
+            "for m in spare.PRELOAD: importlib.import_module(m)",
+            "from services.replica.http_server import ReplicaHttpServer",
+            "async def app(scope, receive, send): pass",
+            "server = ReplicaHttpServer(app, lifespan='off')",
+            "server.config.load()",
+            "before = 'websockets' in sys.modules",
+            "from services.replica.http_server import LazyWebSocketProtocol",
+            "from uvicorn.server import ServerState",
+            "p = LazyWebSocketProtocol(config=server.config, server_state=ServerState(),"
+            " app_state={})",
+            "print(json.dumps([before, 'websockets' in sys.modules, type(p).__name__]))",
+        ]
+    )
+    before, after, kind = json.loads(run_python(code))
+    assert (before, after, kind) == (False, True, "WebSocketsSansIOProtocol")
