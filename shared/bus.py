@@ -184,8 +184,10 @@ class Bus(Protocol):
     async def subscribe_inline(
         self, subject: str, handler: InlineHandler, *, queue: str | None = None
     ) -> Subscription:
-        """`subscribe` whose handler is plain code run where the message is read, in order,
-        with no task of its own (the request path's receives); guarded like any handler."""
+        """`subscribe` whose handler is plain code run where the message is read, with no task
+        of its own (the request path's receives); guarded like any handler. Order holds among
+        the messages it reads inline; an implementation may hand some others (with headers,
+        or arriving while it subscribes) to a task (shared.natsbus)."""
         ...
 
     async def request(

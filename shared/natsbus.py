@@ -292,9 +292,11 @@ class NatsBus:
     async def subscribe_inline(
         self, subject: str, handler: InlineHandler, *, queue: str | None = None
     ) -> Subscription:
-        """Messages without headers reach `handler` from the reader (natsdirect.py); the rest
-        (rare: a user's headers, a status) through the subscription's task, in order with
-        what it already queued."""
+        """Messages without headers reach `handler` from the reader (natsdirect.py), in order.
+        The rest take the subscription's task: messages with headers (rare: a user's, a
+        status), and any that arrive while this call is still registering the subscription;
+        those may be handled after later inline ones (independent requests, for the replica;
+        a reply inbox subscribes before its first request goes out)."""
         validate_subject(subject, wildcards=True)
         guard = InlineGuard(subject, handler, self.clock)
 
