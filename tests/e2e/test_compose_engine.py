@@ -72,6 +72,38 @@ ONE_SHOT = ("auth-keys", "deploy")
 UNHEALTHY_LOG = re.compile(r"Traceback|permissions? violation|Permission denied|PermissionError")
 
 
+class _LineReader:
+    """A child's output read on a thread, so a test can wait for a line while it runs."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, done: Any, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while not done(list(self.lines)):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"not in {within_s:g} s: {len(self.lines)} lines read")
+            time.sleep(0.05)
+
+    def rest(self, within_s: float) -> str:
+        """Everything, once the child has ended (after `within_s`, it is stopped)."""
+        try:
+            self.proc.wait(within_s)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self._thread.join(10)
+        return "".join(self.lines)
+
+
 @dataclass
 class Stack:
     compose: Compose
@@ -651,14 +683,20 @@ def test_compose_down_under_load_drains(stack: Stack) -> None:
             cwd=COMPOSE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **stack.compose.env, "COMPOSE_PROJECT_NAME": stack.compose.project},
         )  # fmt: skip
-        time.sleep(1)  # let both attach (they only watch; nothing waits on them)
+        followed = _LineReader(follow)
+        # the agents' drain lines are what this checks: down starts once the follower printed
+        # every running agent's start line (it replays the history first, then follows); a
+        # fixed second was not always enough on a busy machine (the follower missed them)
+        agents = len(stack.compose.running("agent"))
+        followed.wait_for(lambda lines: sum("up: capacity" in x for x in lines) >= agents, 60)
+        time.sleep(0.5)  # `docker events` gets the same head start (it only watches)
         start = time.monotonic()
         stack.compose("down", timeout=300)
         d["down_s"] = round(time.monotonic() - start, 1)
         results = load.stop()
         events.terminate()
         ev_out, _ = events.communicate(timeout=30)
-        logs, _ = follow.communicate(timeout=60)
+        logs = followed.rest(60)
         stack.logs.append(logs)
         killed = []
         for line in ev_out.splitlines():
