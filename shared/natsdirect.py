@@ -95,8 +95,8 @@ class DirectClient(Client):
                 )
 
     def publish_soon(self, subject: str, payload: bytes, reply: str = "") -> None:
-        """Queue a PUB and write it at the end of this loop turn (see the module header).
-        Raises nats-py's ConnectionClosedError / ConnectionDrainingError / MaxPayloadError as
+        """Write a PUB now when nothing is ahead of it in this loop turn, else with the rest of
+        the turn at its end (see the module header). Raises nats-py's ConnectionClosedError / ConnectionDrainingError / MaxPayloadError as
         `publish` would; subjects are the caller's to validate."""
         if self.is_closed:
             raise ConnectionClosedError
@@ -111,12 +111,10 @@ class DirectClient(Client):
         transport = None if self._pending or self._flush_due else self._writable()
         if transport is not None:
             transport.write(cmd)  # the first of a turn leaves at once: nothing is ahead of it
-            self._flush_due = True  # the rest of this turn waits for its end, then goes at once
-            asyncio.get_running_loop().call_soon(self._flush_now)
-            return
-        self._pending.append(cmd)
-        self._pending_data_size += len(cmd)
-        if not self._flush_due:
+        else:
+            self._pending.append(cmd)
+            self._pending_data_size += len(cmd)
+        if not self._flush_due:  # the rest of this turn goes at its end, in one write
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush_now)
 
