@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
@@ -34,6 +35,7 @@ from services.proxy.haproxy_config import (
     front_state,
     render_config,
 )
+from services.proxy.haproxy_stats import parse_stats
 from services.proxy.registry import Route, RouteTable
 from services.proxy.server import ProxyServer
 from services.router.config import RouterConfig
@@ -56,9 +58,12 @@ FAST = RouterConfig(admission_timeout_s=0.2, queue_poll_max_s=0.01, metrics_inte
 class StandIn:
     """A real HTTP server standing in for a replica that serves HTTP: answers `name:path`."""
 
-    def __init__(self, name: str, *, hold: asyncio.Event | None = None) -> None:
+    def __init__(
+        self, name: str, *, hold: asyncio.Event | None = None, overloaded: int = 0
+    ) -> None:
         self.name = name
         self.hold = hold
+        self.overloaded = overloaded  # answer this many requests 503 as a full replica does
         self.seen: list[web.Request] = []
         self.headers: list[CIMultiDict[str]] = []
         self.runner: web.AppRunner | None = None
@@ -77,6 +82,9 @@ class StandIn:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.seen.append(request)
         self.headers.append(CIMultiDict(request.headers))
+        if self.overloaded > 0:
+            self.overloaded -= 1
+            return web.Response(status=503, headers={"Retry-After": "1", "Fp-Error": "overloaded"})
         if request.path.endswith("/stream") and self.hold is not None:  # a chunk, then the rest
             resp = web.StreamResponse()
             await resp.prepare(request)
@@ -204,7 +212,7 @@ async def stack() -> AsyncIterator[Stack]:
             os.kill(pid, 0)
 
 
-async def stand_in(s: Stack, name: str, **kw: asyncio.Event) -> StandIn:
+async def stand_in(s: Stack, name: str, **kw: Any) -> StandIn:
     server = await StandIn(name, **kw).start()
     s.cleanup.append(server)
     return server
@@ -319,9 +327,20 @@ async def test_a_full_queue_answers_503_at_once() -> None:
         await s.status("shop", "/shop", 1)
         await s.members("shop", [("s1", slow.address)], ongoing=1, max_queued=2)
         await direct(s, "shop", 1)
-        first = [asyncio.ensure_future(s.text(f"/shop/{i}")) for i in range(3)]
+        # one request first, then two more: HAProxy 2.8 checks a server's maxconn and counts the
+        # request on it in two steps, so two requests arriving at once on two threads can both
+        # pass (the replica's own admission answers the extra one 503, which HAProxy retries)
+        first = [asyncio.ensure_future(s.text("/shop/0"))]
         await eventually(lambda: len(slow.seen) == 1, what="one request running")
-        await asyncio.sleep(0.2)  # the other two are queued in HAProxy (maxconn 1)
+        first += [asyncio.ensure_future(s.text(f"/shop/{i}")) for i in (1, 2)]
+
+        async def queued() -> bool:
+            assert s.proxy.front is not None
+            rows = parse_stats(await s.proxy.front.admin("show stat"))
+            return any(r.app == "shop" and r.balance == "random" and r.queued == 2 for r in rows)
+
+        await eventually(queued, what="two requests queued in HAProxy (maxconn 1)")
+        assert len(slow.seen) == 1
         started = time.monotonic()
         async with s.http.get("/shop/over") as resp:
             assert resp.status == 503
@@ -336,6 +355,17 @@ async def test_a_full_queue_answers_503_at_once() -> None:
         await s.proxy.stop()
         for thing in s.cleanup:
             await thing.stop()  # type: ignore[attr-defined]
+
+
+async def test_a_replica_answering_overloaded_is_retried(stack: Stack) -> None:
+    # a request sent beyond a replica's limit (maxconn raced, or a model id's backend) is
+    # answered 503 by the replica's admission; HAProxy retries it and the client sees the answer
+    busy = await stand_in(stack, "busy", overloaded=2)
+    await stack.status("shop", "/shop", 1)
+    await stack.members("shop", [("s1", busy.address)])
+    await direct(stack, "shop", 1)
+    assert await stack.text("/shop/x") == (200, "busy:/shop/x")
+    assert len(busy.seen) == 3
 
 
 async def test_a_replica_killed_under_load_fails_no_request(stack: Stack) -> None:
