@@ -1,9 +1,11 @@
 """What the ASGI request model costs on the replica's direct HTTP path.
 
-Four servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, as a
+Five servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, with
+the replica's protocol (a loop turn's writes in one send: services/replica/turn_writes.py) as a
 replica runs its server, answering a 256 B POST with its body:
 
-- `raw`: a bare ASGI callable (no Starlette, no fleetpulse): the floor;
+- `raw_uvicorn`: a bare ASGI callable on uvicorn's own protocol (head and body in two sends);
+- `raw`: the same callable on the replica's protocol (no Starlette, no fleetpulse): the floor;
 - `call`: the replica's ASGI app for a `__call__` deployment (services/replica/asgi.py):
   `async def __call__(self, request): return await request.body()` with a Starlette Request;
 - `fastapi_plain`: the same FastAPI route as a plain function, the app served by uvicorn as it
@@ -45,7 +47,7 @@ from scripts.bench.common import (
 from scripts.bench.httpclient import Connection, Endpoint, build_request, checked, closed_loop
 
 NAME = "asgi_model"
-VARIANTS = ("raw", "call", "fastapi_plain", "fastapi")
+VARIANTS = ("raw_uvicorn", "raw", "call", "fastapi_plain", "fastapi")
 BODY = b"x" * 256
 
 
@@ -90,7 +92,7 @@ async def plain_echo(request: Request) -> Response:
 
 
 async def _app_for(variant: str) -> Any:
-    if variant == "raw":
+    if variant in ("raw", "raw_uvicorn"):
         return _raw
     if variant == "fastapi_plain":
         return plain_api
@@ -113,7 +115,10 @@ def serve(variant: str) -> None:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off",
+        from services.replica.turn_writes import TurnWriteProtocol
+
+        http = "httptools" if variant == "raw_uvicorn" else TurnWriteProtocol
+        config = uvicorn.Config(app, http=http, loop="none", lifespan="off",
                                 access_log=False, log_level="warning")  # fmt: skip
         server = uvicorn.Server(config)
         print(f"PORT {sock.getsockname()[1]}", flush=True)

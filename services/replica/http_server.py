@@ -3,7 +3,8 @@
 How it works (docs/dataplane.md, "HTTP served by the replica"):
 - Only a replica of an app's ingress deployment serves HTTP (shared/replicahttp.py says which).
   `ReplicaHttpServer.start()` binds a socket of its own on `host` at port 0 (a free port), runs
-  `uvicorn.Server` on it as a task of the running loop (httptools parser, no access log, uvicorn's
+  `uvicorn.Server` on it as a task of the running loop (httptools parser, a loop turn's writes
+  in one send: services/replica/turn_writes.py, no access log, uvicorn's
   logging left alone, lifespan on so an app's startup runs before the replica says it is ready)
   and returns "host:port" with the advertised host: the replica announces it on "ready" and the
   controller copies it into the replica's member value, where the proxy's HAProxy reads it.
@@ -31,6 +32,7 @@ import sys
 from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from typing import Any, Final, Literal, Protocol
 
+from services.replica.turn_writes import TurnWriteProtocol
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.wire.address import format_http_address
 
@@ -231,7 +233,7 @@ class ReplicaHttpServer:
             app,
             host=host,
             port=port,
-            http="httptools",
+            http=TurnWriteProtocol,  # httptools; a turn's writes leave in one send
             ws=LazyWebSocketProtocol,  # websockets-sansio, imported at the first upgrade
             loop="none",  # the replica's loop (uvloop where installed), already running
             lifespan=lifespan,
