@@ -6,8 +6,11 @@ instance, 422, HTTPException, middleware, OpenAPI under the prefix, lifespan).""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,9 +25,17 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from fleetpulse import serve
-from services.replica.asgi import ReplicaAsgi, build_asgi_app, plain_response, to_response
+from services.replica.asgi import (
+    ReplicaAsgi,
+    build_asgi_app,
+    plain_response,
+    stream_result,
+    to_response,
+)
 from services.replica.usercode import UserDeployment
 from tests.waiting import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def make(target: Any, *init: Any, route_prefix: str | None = None) -> ReplicaAsgi:
@@ -158,6 +169,90 @@ async def test_generators_are_streamed() -> None:
     async with client(app) as c:
         assert (await c.get("/?n=3")).content == b'0{"i": 1}\n2'
         assert (await c.get("/?n=3&sync=1")).content == b"ABC"
+
+
+async def test_a_stream_sends_what_starlette_streaming_response_would() -> None:
+    def sent_to(out: list[Any]) -> Any:
+        async def send(message: Any) -> None:
+            out.append(message)
+
+        return send
+
+    async def nothing() -> Any:
+        raise AssertionError("a stream reads nothing")
+
+    ours: list[Any] = []
+    starlettes: list[Any] = []
+    gen = Generators()
+    await stream_result(gen.items(4), sent_to(ours))
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}  # no disconnect listener
+    await to_response(gen.items(4))(scope, nothing, sent_to(starlettes))
+    assert ours == starlettes and len(ours) == 6
+
+
+class Endless:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"x"
+                await asyncio.sleep(0.001)
+        finally:
+            self.stopped += 1
+
+
+async def test_a_client_leaving_a_generator_stream_stops_the_generator() -> None:
+    user = await UserDeployment.create("x:y", (), {}, target=Endless)
+    app = build_asgi_app(user, watch_after_s=0.02)
+    gone = asyncio.Event()
+    chunks = 0
+
+    async def receive() -> Any:
+        if not gone.is_set() and chunks == 0:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        nonlocal chunks
+        if message["type"] == "http.response.body":
+            chunks += 1
+            if chunks == 3:
+                gone.set()  # the client goes after reading a little
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    assert user.instance.stopped == 1 and app.disconnects == 1
+
+
+def test_a_replica_that_streamed_has_not_loaded_anyios_backend() -> None:
+    # Starlette's StreamingResponse under ASGI 2.3 (uvicorn's) takes a task group per stream,
+    # loading anyio's asyncio backend (+1.4 MB resident): the replica streams without it
+    code = """
+import asyncio, sys
+from tests.unit.test_asgi_app import Generators, make
+async def main():
+    app = await make(Generators)
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "GET",
+             "path": "/", "raw_path": b"/", "query_string": b"n=3", "headers": [],
+             "root_path": ""}
+    sent = []
+    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+    async def receive():  # the request, then nothing until the client leaves
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()
+    async def send(m):
+        sent.append(m)
+    await app(scope, receive, send)
+    assert b"".join(m.get("body", b"") for m in sent[1:]) == b'0{"i": 1}\\n2', sent
+    print("anyio backend" if "anyio._backends._asyncio" in sys.modules else "clean")
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "clean", out.stdout + out.stderr
 
 
 class Raises:
