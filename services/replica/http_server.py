@@ -32,7 +32,6 @@ import sys
 from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from typing import Any, Final, Literal, Protocol
 
-from services.replica.turn_writes import TurnWriteProtocol
 from shared.clock import SYSTEM_CLOCK, Clock
 from shared.wire.address import format_http_address
 
@@ -226,6 +225,11 @@ class ReplicaHttpServer:
         graceful_timeout_s: float = 20.0,
         lifespan: Literal["auto", "on", "off"] = "on",
     ) -> None:
+        # imported when a server is built, as uvicorn imports its own protocol at start: at
+        # this module's import it left an idle replica 0.9 MB more resident (replica_footprint:
+        # 40.0 against 39.1-39.2 MB, the heap laid out otherwise before the idle trim)
+        from services.replica.turn_writes import TurnWriteProtocol
+
         self.host = host
         self.advertise = advertise or host
         self._port = port
