@@ -21,9 +21,9 @@ How a request goes through `ReplicaAsgi.__call__`:
 3. `http` only: once a request has run for 1 s (`WATCH_AFTER_S`), a `_Watch` reads the server's `receive` one
    message ahead (never more than one part of a body the handler has not read: the rest stays
    in the server's flow control) so a client that disconnects before the response is complete
-   cancels the handler (Ray Serve's semantics: the
-   handler sees `asyncio.CancelledError`). The scope says ASGI 2.4, so Starlette's streamed
-   responses rely on this watch too instead of a task group of their own per response. A handler that raises gets a 500 (JSON
+   cancels the handler (Ray Serve's semantics: the handler sees `asyncio.CancelledError`). The
+   scope says ASGI 2.4, so Starlette's streamed responses rely on this watch too instead of a
+   task group of their own per response. A handler that raises gets a 500 (JSON
    `{"error": "user_error", "message": "<type>: <text>"}`, as the proxy answers), its traceback
    in a log line at most once per interval per exception type; if the response had started the
    error goes on up, so the server breaks the connection instead of sending a short body.

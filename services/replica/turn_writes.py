@@ -1,4 +1,4 @@
-"""One socket write per loop turn for the replica's HTTP connections.
+"""A response's head and body in one send on the replica's HTTP connections.
 
 How it works: uvicorn writes a response's head and its body with two `transport.write` calls,
 two sends on the socket. A replica killed between them (SIGKILL, OOM) leaves the load balancer
@@ -10,7 +10,8 @@ wrote it (one `call_soon`), whichever comes first. A unary response (head and bo
 to back by the app's task) leaves in one send, at once, which a kill cannot split. A streamed
 response's head leaves with its first chunk when that is written in the same turn, else at the
 turn's end; nothing waits longer than the turn that wrote it. (Sending at the turn's end alone
-cost a sequential request one more loop iteration, up to 0.02 ms: scripts/bench/asgi_model.py.)
+cost a sequential request one more loop iteration, 0.02-0.04 ms: scripts/bench/asgi_model.py.)
+A kept bytearray or memoryview is copied: the writer may reuse its buffer once write returns.
 
 `close()` sends what is kept first (uvicorn closes right after writing an error or a `Connection:
 close` response); `abort()` drops it, as the transport's own abort does; a transport that is
@@ -26,8 +27,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class TurnWriteTransport:
-    """A transport whose writes of one loop turn leave in one send; the rest is the wrapped
-    transport's own (reads, flow control, extra info, `set_protocol` for an upgrade)."""
+    """A transport that sends a write together with the next one, or at the end of its loop
+    turn; the rest is the wrapped transport's own (reads, flow control, extra info,
+    `set_protocol` for an upgrade)."""
 
     __slots__ = ("_held", "_loop", "_scheduled", "_transport")
 
@@ -42,7 +44,7 @@ class TurnWriteTransport:
             return
         held = self._held
         if held is None:  # kept for what the turn writes next, or for the turn's end
-            self._held = data
+            self._held = data if isinstance(data, bytes) else bytes(data)
             if not self._scheduled:
                 self._scheduled = True
                 self._loop.call_soon(self.flush)

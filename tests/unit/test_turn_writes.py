@@ -1,8 +1,9 @@
-"""One send per loop turn on the replica's HTTP connections (services/replica/turn_writes.py):
-uvicorn's own protocol, driven with request bytes, writes a unary response's head and body in
-one send (a kill cannot split them); a streamed response's chunks each leave at the end of the
-turn that wrote them; close sends what is kept first, abort drops it, a closing transport gets
-nothing more; a WebSocket upgrade still works through the wrapper (a real server)."""
+"""A response's head and body in one send on the replica's HTTP connections
+(services/replica/turn_writes.py): uvicorn's own protocol, driven with request bytes, writes a
+unary response's head and body in one send (a kill cannot split them); a streamed response's
+head leaves with the chunk written in its turn, a later chunk at the end of its turn; close
+sends what is kept first, abort drops it, a closing transport gets nothing more, a reused
+buffer is not resent changed; a WebSocket upgrade still works through the wrapper."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+import websockets
 from uvicorn.server import ServerState
 
 from services.replica.http_server import ReplicaHttpServer
@@ -126,6 +128,14 @@ async def test_close_sends_first_abort_drops_a_closing_transport_gets_nothing() 
 
     inner = Recording()
     t = TurnWriteTransport(inner, loop)
+    buf = bytearray(b"mine")
+    t.write(buf)
+    buf[:] = b"gone"  # the writer reuses its buffer: what was written leaves
+    t.write(b"!")
+    assert inner.sends == [b"mine!"]
+
+    inner = Recording()
+    t = TurnWriteTransport(inner, loop)
     t.write(b"lost")
     t.abort()
     await asyncio.sleep(0)
@@ -162,8 +172,6 @@ async def test_real_server_answers_http_and_upgrades_websockets_through_the_wrap
             for _ in range(3):
                 resp = await client.get(f"http://{address}/")
                 assert resp.status_code == 200 and resp.content == b"x" * 57
-        import websockets
-
         async with websockets.connect(f"ws://{address}/ws") as ws:
             await ws.send("hi")
             assert await ws.recv() == "echo:hi"
