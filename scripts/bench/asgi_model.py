@@ -1,7 +1,7 @@
 """What the ASGI request model costs on the replica's direct HTTP path.
 
 Five servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, with
-the replica's protocol (a loop turn's writes in one send: services/replica/turn_writes.py) as a
+the replica's protocol (head and body in one send: services/replica/turn_writes.py) as a
 replica runs its server, answering a 256 B POST with its body:
 
 - `raw_uvicorn`: a bare ASGI callable on uvicorn's own protocol (head and body in two sends);
