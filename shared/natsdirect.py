@@ -96,8 +96,9 @@ class DirectClient(Client):
 
     def publish_soon(self, subject: str, payload: bytes, reply: str = "") -> None:
         """Write a PUB now when nothing is ahead of it in this loop turn, else with the rest of
-        the turn at its end (see the module header). Raises nats-py's ConnectionClosedError / ConnectionDrainingError / MaxPayloadError as
-        `publish` would; subjects are the caller's to validate."""
+        the turn at its end (see the module header). Raises nats-py's ConnectionClosedError /
+        ConnectionDrainingError / MaxPayloadError as `publish` would; subjects are the caller's
+        to validate."""
         if self.is_closed:
             raise ConnectionClosedError
         if self.is_draining_pubs:

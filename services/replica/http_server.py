@@ -3,9 +3,9 @@
 How it works (docs/dataplane.md, "HTTP served by the replica"):
 - Only a replica of an app's ingress deployment serves HTTP (shared/replicahttp.py says which).
   `ReplicaHttpServer.start()` binds a socket of its own on `host` at port 0 (a free port), runs
-  `uvicorn.Server` on it as a task of the running loop (httptools parser, a loop turn's writes
-  in one send: services/replica/turn_writes.py, no access log, uvicorn's
-  logging left alone, lifespan on so an app's startup runs before the replica says it is ready)
+  `uvicorn.Server` on it as a task of the running loop (httptools parser, a response's head and
+  body in one send: services/replica/turn_writes.py, no access log, uvicorn's logging left
+  alone, lifespan on so an app's startup runs before the replica says it is ready)
   and returns "host:port" with the advertised host: the replica announces it on "ready" and the
   controller copies it into the replica's member value, where the proxy's HAProxy reads it.
 - `AdmissionGate` wraps the app: every HTTP request (and WebSocket) is admitted and counted by
@@ -237,7 +237,7 @@ class ReplicaHttpServer:
             app,
             host=host,
             port=port,
-            http=TurnWriteProtocol,  # httptools; a turn's writes leave in one send
+            http=TurnWriteProtocol,  # httptools; head and body leave in one send
             ws=LazyWebSocketProtocol,  # websockets-sansio, imported at the first upgrade
             loop="none",  # the replica's loop (uvloop where installed), already running
             lifespan=lifespan,
