@@ -9,7 +9,11 @@ driver process with its own local Ray instance (scripts/bench/http_ray_driver.py
 systems: for each workload, one segment per system in turn, the order rotated every round, so
 drift in machine load hits them alike. Every system serves the same class
 (scripts/bench/http_ray_app.py) as two apps: `bench` (one replica, max_ongoing_requests 100) and
-`zero` (autoscaling, min_replicas 0).
+`zero` (autoscaling, min_replicas 0). A fourth, `floor`, is the path without a replica:
+fleetpulse's HAProxy configuration in front of a second HAProxy answering 256 B in the
+replica's place (the 256 B HTTP rows only). Every system here takes those two hops (client to
+front door, front door to replica); the table ends with each one's p50 above the floor, the
+part its replica costs.
 
 Workloads (each for `--segment` seconds per round and system):
 - HTTP: POST echo of 256 B and 64 KiB, sequential (one connection) and 16 concurrent (16
@@ -73,6 +77,7 @@ from scripts.bench.common import (
 from scripts.bench.http_ray_report import (
     PLOT_NAME,
     SYSTEMS,
+    above_floor,
     evaluate,
     handle_vs_raw,
     plot,
@@ -81,6 +86,7 @@ from scripts.bench.http_ray_report import (
 from scripts.bench.http_ray_systems import (
     DATA_ROLES,
     FleetpulseSystem,
+    FloorSystem,
     RaySystem,
     System,
     TargetSystem,
@@ -152,6 +158,8 @@ def applies(wl: Workload, system: System) -> bool:
         return system.has_handle
     if wl.kind == "stream":
         return not isinstance(system, TargetSystem)
+    if isinstance(system, FloorSystem):
+        return wl.size in system.sizes
     return True
 
 
@@ -374,6 +382,10 @@ async def start_systems(names: Sequence[str], target: str | None, sizes: Sizes, 
             fp = FleetpulseSystem(log_dir)
             systems.append(fp)
             starters.append(fp.start(sizes.start_timeout_s))
+        elif name == "floor":
+            floor = FloorSystem(log_dir)
+            systems.append(floor)
+            starters.append(floor.start(sizes.start_timeout_s))
         else:
             rs = RaySystem(name.removeprefix("ray-"), log_dir, loop)
             systems.append(rs)
@@ -541,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "client": f"raw asyncio HTTP/1.1 keep-alive on {args.loop}", "coexist": coexist,
         "fleetpulse_front_door": fp_front[0] if fp_front else None,
         "load_before": load_before, "load_after": os.getloadavg(), "errors": errors,
+        "above_floor": above_floor(res),
     }  # fmt: skip
     # the plot shows the side-by-side run alone: a --target run must not replace it
     if not args.smoke and not args.no_plot and names and not args.target and (p := plot(res)):
@@ -569,6 +582,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fields["handle_vs_raw"] = vs_raw
         if res["fleetpulse"]["wake"]["median_s"] is not None:
             fields["fp_wake_s"] = float(res["fleetpulse"]["wake"]["median_s"])
+    if (floor := above_floor(res)) is not None:
+        fields["floor_ratio"] = floor["floor_ratio"]
+        fields["above_floor_ratio"] = floor["above_ratio"]
     judged = [r for r in rows if r["pass"] is not None]
     fields["targets_met"] = f"{sum(bool(r['pass']) for r in judged)}/{len(judged)}"
     result_line("http_ray", **fields)

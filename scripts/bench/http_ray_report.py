@@ -17,7 +17,7 @@ from typing import Any
 from scripts.bench.common import plot_path, print_table, shown
 
 PLOT_NAME = "http_ray.png"
-SYSTEMS = ("fleetpulse", "ray-fastest", "ray-default")
+SYSTEMS = ("fleetpulse", "ray-fastest", "ray-default", "floor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,25 @@ ROWS = (
 )
 
 
+def above_floor(res: dict[str, Any]) -> dict[str, float] | None:
+    """HTTP sequential p50 at 256 B above the floor (the same two hops with HAProxy answering in
+    the replica's place), per system, and fleetpulse's excess over Ray fastest's: the part of
+    the path each replica costs. None unless the floor and both systems ran."""
+    get = _wl("http_seq_256", "p50_ms")
+    floor = get(res["floor"]) if "floor" in res else None
+    fp = get(res["fleetpulse"]) if "fleetpulse" in res else None
+    fast = get(res["ray-fastest"]) if "ray-fastest" in res else None
+    if floor is None or fp is None or fast is None or fast <= floor:
+        return None
+    return {
+        "floor_p50_ms": floor,
+        "floor_ratio": floor / fast,
+        "fleetpulse_above_ms": fp - floor,
+        "ray_fastest_above_ms": fast - floor,
+        "above_ratio": (fp - floor) / (fast - floor),
+    }
+
+
 def evaluate(res: dict[str, Any]) -> list[dict[str, Any]]:
     fp, fast = res.get("fleetpulse"), res.get("ray-fastest")
     ours = "fleetpulse" if fp else "endpoint"  # a --target without fleetpulse: the endpoint's ratio
@@ -129,6 +148,13 @@ def print_results(res: dict[str, Any], rows: list[dict[str, Any]], title: str) -
                       r["target"] or "-", verdict])  # fmt: skip
     ours = "fp" if "fleetpulse" in res else "endpoint"
     print_table(title, ["metric", *names, f"{ours}/ray-fastest", "target", ""], table)
+    if (f := above_floor(res)) is not None:
+        print(
+            f"\nfloor (fleetpulse's HAProxy configuration in front of an HAProxy answering in the "
+            f"replica's place): HTTP seq p50 {f['floor_p50_ms']:.3f} ms, {f['floor_ratio']:.2f}x "
+            f"Ray fastest. Above it: fleetpulse +{f['fleetpulse_above_ms']:.3f} ms, Ray fastest "
+            f"+{f['ray_fastest_above_ms']:.3f} ms ({f['above_ratio']:.2f}x)."
+        )
 
 
 def plot(res: dict[str, Any]) -> str | None:

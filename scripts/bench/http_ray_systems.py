@@ -11,6 +11,10 @@
 - `RaySystem`: one Ray Serve mode in its own driver process (scripts/bench/http_ray_driver.py),
   which runs the handle rows; the HTTP rows go to its Serve HTTP port.
 - `TargetSystem`: an HTTP endpoint already running (`--target URL`): HTTP rows only.
+- `FloorSystem`: the path's floor, no Python on it: fleetpulse's own HAProxy configuration
+  (services/proxy/haproxy_config.py) in front of a second HAProxy that answers every request
+  itself with 256 B, in place of the replica. Both front doors (fleetpulse's and Ray's fastest)
+  take these two hops; what a system measures above the floor is its replica's own cost.
 
 CPU: `roles()` names each system's processes by what they do (read from /proc, again before
 every measurement, so a restarted HAProxy or replica counts); the "data path" roles are what a
@@ -77,6 +81,19 @@ async def main():
 asyncio.run(main())
 """
 DATA_ROLES = ("front door", "replica", "transport")
+SMALL_BODY = 256
+ANSWER_CONFIG = """
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend answer
+  bind 127.0.0.1:{port}
+  http-request wait-for-body time 5s
+  http-request return status 200 content-type application/octet-stream string {body}
+"""
+"""The floor's responder: answers every request itself, once its body came."""
 
 
 # -- processes -----------------------------------------------------------------------------------
@@ -244,6 +261,77 @@ class TargetSystem(System):
         ep = Endpoint.parse(url)
         self.url = f"http://{ep.authority}"
         self.bench_path = ep.path
+
+
+class FloorSystem(TargetSystem):
+    """Two HAProxy processes, started here: fleetpulse's front door configuration routing
+    `/bench` to a responder that answers `http-request return` (200, 256 B) after the body
+    came: the same client, kernel hops and front door as the systems, without a replica."""
+
+    name = "floor"
+    sizes = (SMALL_BODY,)
+    """Its answer is 256 B: a 64 KiB echo row would not measure the same work."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.dir = Path(tempfile.mkdtemp(prefix="fp-bench-floor-"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.url = ""
+        self.bench_path = driver.BENCH_PREFIX
+        self.start_s = 0.0
+
+    async def start(self, timeout_s: float) -> None:
+        from services.proxy.haproxy import find_haproxy_binary, max_connections
+        from services.proxy.haproxy_config import (
+            AppFront,
+            Endpoint,
+            FrontSettings,
+            FrontState,
+            render_config,
+        )
+        from shared.natsserver import free_ports
+
+        t0 = time.monotonic()
+        binary = find_haproxy_binary()
+        front, answer = free_ports(2)
+        app = AppFront(driver.BENCH_APP, driver.BENCH_PREFIX, True, 100,
+                       (Endpoint("floor", "127.0.0.1", answer, 100), None, None, None))  # fmt: skip
+        settings = FrontSettings(
+            bind=f"127.0.0.1:{front}", python_host="127.0.0.1", python_port=9,
+            admin_socket=str(self.dir / "admin.sock"), queue_timeout_s=5.0, retry_after_s=1,
+            maxconn=max_connections(),
+        )  # fmt: skip
+        configs = {
+            "floor-front": render_config(FrontState((app,)), settings),
+            "floor-answer": ANSWER_CONFIG.format(port=answer, body="x" * SMALL_BODY),
+        }
+        for name, text in configs.items():
+            self.procs[name] = self._haproxy(binary, name, text)
+        self.url = f"http://127.0.0.1:{front}"
+        await _wait_served(self.url + self.bench_path, timeout_s, echo=False,
+                           procs=self.procs.values())  # fmt: skip
+        self.start_s = time.monotonic() - t0
+
+    def _haproxy(self, binary: str, name: str, config: str) -> subprocess.Popen[bytes]:
+        cfg = self.dir / f"{name}.cfg"
+        cfg.write_text(config)
+        with open(self.log_dir / f"{name}.log", "wb") as out:
+            return subprocess.Popen(
+                [binary, "-f", str(cfg), "-db"], stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def roles(self) -> dict[str, list[int]]:
+        return {
+            "front door": [self.procs["floor-front"].pid],
+            "replica": [self.procs["floor-answer"].pid],
+        }
+
+    def replica_rss_mb(self) -> float | None:
+        return None  # HAProxy, not a replica
+
+    async def stop(self) -> None:
+        stop_services(list(self.procs.values()), 10.0)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class FleetpulseSystem(System):
@@ -541,8 +629,11 @@ async def _wait_line(
     raise TimeoutError(f"no {pattern.pattern!r} in {path} within {within_s:.0f} s")
 
 
-async def _wait_served(url: str, within_s: float) -> None:
-    """Until a POST to `url` is echoed (the app deployed, its replica up, routes known)."""
+async def _wait_served(
+    url: str, within_s: float, *, echo: bool = True, procs: Iterable[subprocess.Popen[bytes]] = ()
+) -> None:
+    """Until a POST to `url` is answered 200, echoed when `echo` (the app deployed, its replica
+    up, routes known); RuntimeError as soon as one of `procs` exits."""
     from scripts.bench.httpclient import Connection, Endpoint, build_request
 
     ep = Endpoint.parse(url)
@@ -550,10 +641,12 @@ async def _wait_served(url: str, within_s: float) -> None:
     deadline = time.monotonic() + within_s
     last = ""
     while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a process serving {url} exited (last: {last})")
         conn = Connection(ep)
         try:
             r = await asyncio.wait_for(conn.request(raw), 10)
-            if r.status == 200 and bytes(r.body) == b"ping":
+            if r.status == 200 and (not echo or bytes(r.body) == b"ping"):
                 return
             last = f"status {r.status}"
         except Exception as e:
@@ -561,7 +654,7 @@ async def _wait_served(url: str, within_s: float) -> None:
         finally:
             conn.close()
         await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} never echoed within {within_s:.0f} s (last: {last})")
+    raise TimeoutError(f"{url} never answered within {within_s:.0f} s (last: {last})")
 
 
 def _cli_deploy(path: Path, nats_url: str) -> None:

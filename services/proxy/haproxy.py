@@ -133,7 +133,7 @@ class FrontDoor:
             queue_timeout_s=queue_timeout_s,
             retry_after_s=retry_after_s,
             hard_stop_after_s=drain_timeout_s + 5.0,
-            maxconn=_maxconn(),
+            maxconn=max_connections(),
         )
         self.state: FrontState | None = None
         """What HAProxy runs now (None before the first configuration)."""
@@ -439,7 +439,7 @@ class FrontDoor:
             self.metrics.front_servers.labels(app.app).set(ready)
 
 
-def _maxconn() -> int:
+def max_connections() -> int:
     """Connections HAProxy may hold at once: each takes two file descriptors (client and
     replica), and HAProxy refuses to start when it cannot raise its limit that far."""
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
