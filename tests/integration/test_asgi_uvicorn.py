@@ -92,7 +92,11 @@ async def served() -> AsyncIterator[tuple[ReplicaAsgi, str]]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, http="httptools", ws=WS_IMPL, lifespan="on", log_level="warning")
+    # log_config=None everywhere here, as in the replica: uvicorn's default config is a
+    # logging.config.dictConfig, which closes every handler, pytest's session-long ones too
+    config = uvicorn.Config(
+        app, http="httptools", ws=WS_IMPL, lifespan="on", log_level="warning", log_config=None
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: server.started, what="uvicorn started")
@@ -217,7 +221,7 @@ async def test_a_call_deployment_refuses_websockets_and_serves_http() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, ws=WS_IMPL, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, ws=WS_IMPL, log_level="warning", log_config=None))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: server.started, what="uvicorn started")
     try:
@@ -248,7 +252,9 @@ async def test_a_large_request_body_streams_to_the_handler() -> None:
     app = build_asgi_app(user)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, http="httptools", log_level="warning", log_config=None)
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: server.started, what="uvicorn started")
 

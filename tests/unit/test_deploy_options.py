@@ -4,6 +4,7 @@ replica (log level, JSON, access log, logs_dir)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -148,20 +149,51 @@ def test_agents_offer_the_machines_cpus_and_memory_unless_told(tmp_path: Path) -
         AgentConfig(nats_url="nats://x", workdir=str(tmp_path), resources={"gpus": 1.5})
 
 
-@pytest.fixture
-def root_logging() -> Iterator[io.StringIO]:
+@contextlib.contextmanager
+def restored_root_logging() -> Iterator[io.StringIO]:
+    """The root logger with one handler, writing to the yielded buffer; afterwards its level, its
+    handlers and their formatters as before. logsetup.apply sets the formatter of every handler on
+    the root logger, and in a test those include pytest's capture handlers (added again for the
+    call phase, after the fixtures' setup, and kept for the whole session): left with the JSON
+    formatter, they no longer set `record.message`, which later tests' caplog.records need."""
     root = logging.getLogger()
-    saved = (root.level, list(root.handlers))
+    level, handlers = root.level, list(root.handlers)
+    formatters = {h: h.formatter for h in handlers}
     buf = io.StringIO()
     root.handlers = [logging.StreamHandler(buf)]
     try:
         yield buf
     finally:
         for h in root.handlers:
-            if h not in saved[1]:
+            if h not in formatters:
                 h.close()
-        root.setLevel(saved[0])
-        root.handlers = saved[1]
+        root.setLevel(level)
+        root.handlers = handlers
+        for h, formatter in formatters.items():
+            h.setFormatter(formatter)
+
+
+@pytest.fixture
+def root_logging() -> Iterator[io.StringIO]:
+    with restored_root_logging() as buf:
+        yield buf
+
+
+def test_applying_a_logging_config_in_a_test_leaves_pytest_s_handlers_as_they_were(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root = logging.getLogger()
+    level, formatters = root.level, {h: h.formatter for h in root.handlers}
+    assert caplog.handler in formatters
+    with restored_root_logging():
+        root.addHandler(caplog.handler)  # as pytest does when the test's call phase starts
+        logsetup.apply(
+            logconfig.normalise({"encoding": "JSON", "log_level": "ERROR"}),
+            app="a", deployment="d", replica_id="r1",
+        )  # fmt: skip
+        assert isinstance(caplog.handler.formatter, logsetup.JsonFormatter)
+    assert root.level == level
+    assert {h: h.formatter for h in root.handlers} == formatters
 
 
 def test_json_encoding_level_and_logs_dir_apply_in_the_replica(
