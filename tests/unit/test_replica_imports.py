@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,30 @@ def test_websockets_is_imported_at_the_first_upgrade_not_when_http_starts() -> N
     )
     before, after, kind = json.loads(run_python(code))
     assert (before, after, kind) == (False, True, "WebSocketsSansIOProtocol")
+
+
+def test_nats_py_comes_in_without_importlib_metadata_and_still_knows_its_version() -> None:
+    # importlib.metadata (zipfile, csv, email.message, importlib.resources: ~1.1 MB resident in
+    # a replica) was nats-py's only to read its version, which it sends in CONNECT
+    out = run_python("""
+        import json, sys
+        import services.replica.__main__
+        import nats.aio.client as client
+        before = "importlib.metadata" in sys.modules
+        from importlib.metadata import version
+        print(json.dumps([before, client.__version__, version("nats-py")]))
+    """)
+    before, told, installed = json.loads(out)
+    assert before is False
+    assert told == installed != "0.0.0"
+
+
+def test_nats_version_without_a_dist_info_directory_asks_importlib_metadata(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    from shared.natslean import nats_version
+
+    assert nats_version(str(tmp_path)) == version("nats-py")
+    assert nats_version(str(tmp_path / "missing")) == version("nats-py")
+    (tmp_path / "nats_py-9.8.7.dist-info").mkdir()
+    assert nats_version(str(tmp_path)) == "9.8.7"
