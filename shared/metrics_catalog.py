@@ -17,11 +17,12 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
-from typing import Final
-
-from prometheus_client import Histogram
+from typing import TYPE_CHECKING, Final
 
 from shared import settings
+
+if TYPE_CHECKING:  # types only: a replica imports it lean (replica/metrics.py: 1.2 MB less)
+    from prometheus_client import Histogram
 
 log = logging.getLogger(__name__)
 

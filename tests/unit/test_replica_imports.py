@@ -149,3 +149,32 @@ def test_nats_version_without_a_dist_info_directory_asks_importlib_metadata(tmp_
     assert nats_version(str(tmp_path / "missing")) == version("nats-py")
     (tmp_path / "nats_py-9.8.7.dist-info").mkdir()
     assert nats_version(str(tmp_path)) == "9.8.7"
+
+
+def test_prometheus_client_comes_in_without_its_exposition_until_a_name_of_it_is_used() -> None:
+    # the exposition (http.server, urllib.request, wsgiref: ~1.2 MB resident in a replica) and the
+    # default collectors load at the first use of the package, which is then as if whole
+    out = run_python("""
+        import json, sys
+        import services.replica.__main__
+        lean = [m in sys.modules for m in ("prometheus_client.exposition", "http.server",
+                                           "urllib.request", "prometheus_client.gc_collector")]
+        from prometheus_client import REGISTRY, generate_latest
+        from services.replica.metrics import ADMISSIONS
+        ADMISSIONS.labels("a", "d", "accepted").inc()
+        text = generate_latest(REGISTRY).decode()
+        names = ("fleetpulse_replica_admissions_total", "process_", "python_gc_", "python_info")
+        print(json.dumps([lean, [n in text for n in names]]))
+    """)
+    lean, served = json.loads(out)
+    assert lean == [False, False, False, False]
+    assert served == [True, True, True, True]
+
+
+def test_prometheus_lean_import_is_a_no_op_where_the_package_came_first() -> None:
+    out = run_python("""
+        import prometheus_client
+        from services.replica.metrics import import_prometheus_lean
+        print(import_prometheus_lean(), "__getattr__" in vars(prometheus_client))
+    """)
+    assert out == "False False"
