@@ -16,49 +16,19 @@ resident per replica (scripts/bench/replica_footprint.py).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import threading
 from typing import Final
 
+from shared.leanimport import import_deferred
 from shared.transitions import Refused
 
 PROMETHEUS: Final = "prometheus_client"
 
 
 def import_prometheus_lean() -> bool:
-    """Import prometheus_client.metrics under a prometheus_client package whose `__init__` runs
-    at the first lookup of a name the package does not have yet (`from prometheus_client import
-    start_http_server`, `prometheus_client.REGISTRY`). False (nothing done) when the package was
-    already imported or is not an ordinary one."""
-    if PROMETHEUS in sys.modules:
-        return False
-    spec = importlib.util.find_spec(PROMETHEUS)
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return False
-    package = importlib.util.module_from_spec(spec)
-    loader, lock = spec.loader, threading.Lock()
-    leaning = True
-
-    def complete(name: str) -> object:
-        if leaning:  # `from . import values` in prometheus_client.metrics: a submodule, imported
-            raise AttributeError(name)
-        with lock:
-            if package.__dict__.get("__getattr__") is complete:
-                del package.__dict__["__getattr__"]
-                loader.exec_module(package)
-        try:
-            return package.__dict__[name]
-        except KeyError:
-            raise AttributeError(f"module {PROMETHEUS!r} has no attribute {name!r}") from None
-
-    package.__dict__["__getattr__"] = complete
-    sys.modules[PROMETHEUS] = package
-    try:
-        importlib.import_module(f"{PROMETHEUS}.metrics")
-    finally:
-        leaning = False
-    return True
+    """The metric classes without prometheus_client's `__init__` until a name of the package is
+    used (shared/leanimport.py): no exposition or collectors before then, 1.2 MB less resident.
+    False (nothing done) when prometheus_client was imported already."""
+    return import_deferred(PROMETHEUS, [f"{PROMETHEUS}.metrics"])
 
 
 import_prometheus_lean()

@@ -117,6 +117,7 @@ def set_cmdline(argv: Sequence[str]) -> bool:
 def main() -> int:
     import services.replica.__main__ as replica  # what a replica's cold start spends its time on
 
+    replica.import_uvicorn_lean()  # before http_server imports uvicorn, as in serve_http
     for name in PRELOAD:
         # an optional piece missing (uvloop): the replica goes without it too
         with contextlib.suppress(ImportError):

@@ -178,3 +178,25 @@ def test_prometheus_lean_import_is_a_no_op_where_the_package_came_first() -> Non
         print(import_prometheus_lean(), "__getattr__" in vars(prometheus_client))
     """)
     assert out == "False False"
+
+
+def test_an_ingress_replica_loads_uvicorn_without_its_command_line_or_reloaders() -> None:
+    # uvicorn's __init__ imports its CLI (click) and reload supervisors (multiprocessing):
+    # ~1.45 MB resident; the replica's HTTP stack needs uvicorn.config and uvicorn.server
+    out = run_python("""
+        import importlib, json, sys
+        import services.replica.__main__ as replica
+        import services.replica.spare as spare
+        replica.import_uvicorn_lean()
+        for m in spare.PRELOAD: importlib.import_module(m)
+        gone = ["click", "multiprocessing", "uvicorn.main", "watchfiles"]
+        lean = [m in sys.modules for m in gone]
+        import uvicorn
+        from uvicorn.server import Server
+        whole = [uvicorn.Server is Server, callable(uvicorn.run), "click" in sys.modules,
+                 "watchfiles" in sys.modules]
+        print(json.dumps([lean, whole]))
+    """)
+    lean, whole = json.loads(out)
+    assert lean == [False, False, False, False]
+    assert whole == [True, True, True, False]  # uvicorn.run: whole, watchfiles still hidden
