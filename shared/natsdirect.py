@@ -25,8 +25,16 @@ that ask for them, and nats-py's own path for everything else:
   backed up, the write is left to nats-py's flusher, which waits for it to drain:
   back-pressure is kept.
 
-Both use nats-py internals (`_process_msg`, `_pending`, `_flush_queue`, `_transport`) that have
-been stable through the 2.x line; pyproject pins nats-py < 3, and tests/integration/
+- The reader parses the usual read, whole `MSG`s without headers and nothing left over from
+  the read before, with a split of each control line instead of nats-py's regular expressions
+  over a copy of the read, and hands an inline subscription's message over without a
+  coroutine. Anything else (a message split across reads, `HMSG`, `PING`, `INFO`, `-ERR`, a
+  line it does not read as a plain `MSG`) goes, from there on, to nats-py's own parser, which
+  also raises on what is malformed.
+
+Both use nats-py internals (`_process_msg`, `_ps`, `_pending`, `_flush_queue`, `_transport`)
+that have been stable through the 2.x line; pyproject pins nats-py < 3, tests/unit/
+test_natsdirect_parser.py holds the parser to nats-py's on split reads, and tests/integration/
 test_natsdirect.py checks each shortcut against a real server, so an upgrade that moves them
 fails there first.
 """
@@ -43,6 +51,7 @@ from nats.aio.subscription import Subscription
 from nats.aio.transport import Transport
 from nats.errors import ConnectionClosedError, ConnectionDrainingError, MaxPayloadError
 from nats.protocol.command import pub_cmd
+from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 
 from shared.bus import RateLimiter
 
@@ -61,6 +70,7 @@ class DirectClient(Client):
 
     def __init__(self) -> None:
         super().__init__()
+        self._ps = DirectParser(self)
         self._inline: dict[int, RawHandler] = {}
         self._flush_due = False
         self.inline_errors = 0
@@ -76,10 +86,14 @@ class DirectClient(Client):
     async def _process_msg(
         self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
     ) -> None:
-        fn = self._inline.get(sid)
-        if fn is None or headers:
+        if headers or not self.process_inline(sid, subject, reply, data):
             await super()._process_msg(sid, subject, reply, data, headers)
-            return
+
+    def process_inline(self, sid: int, subject: bytes, reply: bytes, data: bytes) -> bool:
+        """Hand a message without headers to its inline handler; False when `sid` has none."""
+        fn = self._inline.get(sid)
+        if fn is None:
+            return False
         stats = self.stats
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)
@@ -93,6 +107,7 @@ class DirectClient(Client):
                     subject.decode(errors="replace"),
                     self.inline_errors,
                 )
+        return True
 
     def publish_soon(self, subject: str, payload: bytes, reply: str = "") -> None:
         """Write a PUB now when nothing is ahead of it in this loop turn, else with the rest of
@@ -155,6 +170,44 @@ class DirectClient(Client):
         if queue is not None and queue.empty():
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             queue.put_nowait(fut)
+
+
+class DirectParser(Parser):
+    """nats-py's parser with a quicker path for the usual read (the module header)."""
+
+    nc: DirectClient
+
+    async def parse(self, data: bytes = b"") -> None:
+        if self.buf or self.state != AWAITING_CONTROL_LINE or type(data) is not bytes:
+            await super().parse(data)  # a message split across reads is under way
+            return
+        nc, buf, pos, n = self.nc, self.buf, 0, len(data)
+        while pos < n and data.startswith(b"MSG ", pos):
+            eol = data.find(b"\r\n", pos, pos + MAX_CONTROL_LINE_SIZE)
+            if eol < 0:
+                break
+            parts = data[pos + 4 : eol].split(b" ")
+            if len(parts) == 3:
+                subject, sid, size = parts
+                reply = b""
+            elif len(parts) == 4 and parts[2]:
+                subject, sid, reply, size = parts
+            else:
+                break
+            if not subject or not sid.isdigit() or not size.isdigit():
+                break
+            start = eol + 2
+            end = start + int(size)
+            if end + 2 > n:
+                break  # the payload is not all here: nats-py's parser gathers it
+            pos = end + 2  # as nats-py's parser: the two bytes after a payload are skipped
+            payload, number = data[start:end], int(sid)
+            if not nc.process_inline(number, subject, reply, payload):
+                await nc._process_msg(number, subject, reply, payload, b"")
+                if self.buf is not buf:
+                    return  # reset meanwhile (a reconnect): the rest of the read is stale
+        if pos < n:
+            await super().parse(data[pos:] if pos else data)
 
 
 def _send_backlog(transport: Any) -> int:

@@ -48,9 +48,12 @@ class DeploymentHandle:
     `serve.get_deployment_handle`)."""
 
     __slots__ = (
-        "_inner", "_loop", "_method", "_model_id", "_stream", "app_name", "deployment_name",
+        "_inner", "_loop", "_method", "_model_id", "_stream", "_unary", "app_name",
+        "deployment_name",
     )  # fmt: skip
     _inner: RouterHandle
+    _unary: RouterHandle | None
+    """The router's view for this handle's unary calls, made at the first."""
     _loop: asyncio.AbstractEventLoop
     _method: str
     _model_id: str | None
@@ -90,7 +93,7 @@ class DeploymentHandle:
     ) -> DeploymentHandle:
         h = object.__new__(cls)
         h._inner, h._loop, h._method, h._stream = inner, loop, method, stream
-        h._model_id = model_id
+        h._model_id, h._unary = model_id, None
         h.app_name, h.deployment_name = inner.app, inner.deployment
         return h
 
@@ -144,9 +147,13 @@ class DeploymentHandle:
         return self._inner.options(method=self._method, model_id=self._model_id or "")
 
     async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        args, kwargs = await _resolve(args, kwargs)
+        if _any_response(args, kwargs):
+            args, kwargs = await _resolve(args, kwargs)
+        view = self._unary
+        if view is None:  # a handle's options do not change: one view serves every call
+            view = self._unary = self._router().options(stream=False)
         try:
-            return await self._router().options(stream=False).remote(*args, **kwargs)
+            return await view.remote(*args, **kwargs)
         except (TypeError, UsageError) as exc:  # raised here only by encoding the arguments
             raise _nested_error(args, kwargs) or exc from exc
 
@@ -358,6 +365,18 @@ def _holds_response(value: Any, depth: int) -> bool:
         or _holds_response(item, depth - 1)
         for item in items
     )
+
+
+def _any_response(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A top-level argument is a response to resolve first (`_resolve`)."""
+    for value in args:
+        if isinstance(value, DeploymentResponse):
+            return True
+    if kwargs:
+        for value in kwargs.values():
+            if isinstance(value, DeploymentResponse):
+                return True
+    return False
 
 
 async def _resolve(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 
-from shared.wire.messages import Admission
+from shared.wire.messages import Admission, HealthStatus
 
 
 class State(enum.Enum):
@@ -31,11 +31,28 @@ class State(enum.Enum):
 
 
 class PendingAdmission:
-    __slots__ = ("admission", "state")
+    """An accepted admission not sent yet: its fields, so the message is built once, either
+    with the result riding on it or on its own."""
 
-    def __init__(self, admission: Admission) -> None:
-        self.admission = admission
+    __slots__ = ("frames", "health", "models", "num_ongoing", "state")
+
+    def __init__(
+        self,
+        num_ongoing: int,
+        health: HealthStatus,
+        frames: bool,
+        models: tuple[str, ...] | None,
+    ) -> None:
+        self.num_ongoing = num_ongoing
+        self.health = health
+        self.frames = frames
+        self.models = models
         self.state = State.WAITING
+
+    @property
+    def admission(self) -> Admission:
+        """The admission on its own (`due`: the result follows as chunk 0 and end)."""
+        return Admission(True, self.num_ongoing, self.health, self.frames, self.models)
 
     def ride(self, result: bytes) -> Admission | None:
         """The admission with `result` on it if it has not left yet (send it and nothing more);
@@ -43,10 +60,7 @@ class PendingAdmission:
         if self.state is not State.WAITING:
             return None
         self.state = State.RIDDEN
-        a = self.admission  # built, not dataclasses.replace(): a third of the cost, per call
-        return Admission(
-            a.accepted, a.num_ongoing, a.health, a.will_send_health_frames, a.models, result
-        )
+        return Admission(True, self.num_ongoing, self.health, self.frames, self.models, result)
 
     def due(self) -> bool:
         """The admission must leave now on its own; False when it left or rode already."""

@@ -399,22 +399,26 @@ class ReplicaRuntime:
             return
         self.stats.admitted += 1
         self.prom.accepted.inc()
+        ongoing = self.admission.ongoing
         frames = req.supports_health_frames and not self.carriage.reports_carry_health
         self.carriage.carried(latest, now, Via.ADMISSION)
-        self.running.set(self.admission.ongoing, now)
+        self.running.set(ongoing, now)
         # the models held here ride along (multiplexing): routers send a model's requests here
         if req.multiplexed_model_id is not None:
             self._wanted[req.multiplexed_model_id] = (
                 self._wanted.get(req.multiplexed_model_id, 0) + 1
             )
         models = self._models()
-        admitted = Admission(True, self.admission.ongoing, latest, frames, models)
         held = self._held[req.request_id] = _Held(msg.reply, frames, latest.checked_at)
+        admitted: Admission | None = None
         if req.accepts_inline_result and not req.stream and req.body_kind == "args":
-            held.pending = PendingAdmission(admitted)
+            # built once it is known whether the result rides on it (inline.py)
+            held.pending = PendingAdmission(ongoing, latest, frames, models)
+        else:
+            admitted = Admission(True, ongoing, latest, frames, models)
         # the task sends the admission itself: a quick result then leaves in the same socket
         # write (one syscall, not two), and the admission can never trail the first chunk
-        task = asyncio.create_task(self._serve(req, msg.reply, admitted))
+        task = asyncio.get_running_loop().create_task(self._serve(req, held, admitted, now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -476,15 +480,18 @@ class ReplicaRuntime:
         its end), in order with `_send` (shared/natsdirect.py)."""
         self.bus.publish_nowait(reply, encode(message))
 
-    async def _serve(self, req: Request, reply: str, admitted: Admission) -> None:
-        started = self.clock.monotonic()
+    async def _serve(
+        self, req: Request, held: _Held, admitted: Admission | None, started: float
+    ) -> None:
+        """`admitted`: the admission to send first, or None when it waits for the result
+        (`held.pending`); `started`: when the request was admitted (this clock)."""
         outcome = OK
+        reply = held.reply
         self.prom.ongoing.inc()
         if req.multiplexed_model_id is not None:  # serve.get_multiplexed_model_id(), this task
             set_request_model_id(req.multiplexed_model_id)
-        held = self._held.get(req.request_id)
         try:
-            if held is not None and held.pending is not None:
+            if admitted is None:
                 asyncio.get_running_loop().call_soon(self._admission_due, reply, held)
             else:
                 self._send_now(reply, admitted)
@@ -575,8 +582,8 @@ class ReplicaRuntime:
         try:
             if req.body_kind != "args":
                 raise _RequestError("bad_request", f"unknown body_kind {req.body_kind!r}")
-            call = decode_as(req.body, CallArgs)
-            args, kwargs = tuple(call.args), dict(call.kwargs)
+            call = decode_as(req.body, CallArgs)  # fresh: a tuple and a dict of its own
+            args, kwargs = call.args, call.kwargs
         except WireError as exc:
             raise _RequestError("bad_request", str(exc)) from None
         result = await invoke(fn, args, kwargs)

@@ -59,14 +59,13 @@ from services.router.router import Router
 from services.router.silence import LOST_GRACE_S, After, SilentRead, Step
 from shared.bus import Msg, ResponseStream
 from shared.errors import BusTimeout, NoResponders, WireError
-from shared.wire.codec import decode, decode_as, encode
+from shared.wire.codec import decode, decode_as, encode_request
 from shared.wire.messages import (
     Admission,
     Chunk,
     End,
     ErrorReply,
     HealthFrame,
-    Request,
 )
 
 BAD_RESPONSE: Final = "bad_response"
@@ -133,15 +132,16 @@ async def _open_call(
         deadline_mono, deadline_wall = start + deadline_s, clock.wall() + deadline_s
     request_id = new_request_id()
     inline = not stream and body_kind == "args"  # a unary result may ride on the admission
-    payload = encode(
-        Request(request_id, method, True, stream, deadline_wall, body, body_kind, model_id, inline)
+    payload = encode_request(
+        request_id, method, True, stream, deadline_wall, body, body_kind, model_id, inline
     )
     exclude: set[str] = set()
     retry = False
     while True:
-        if clock.monotonic() >= deadline_mono:
+        if deadline_mono != math.inf and clock.monotonic() >= deadline_mono:
             raise DeadlineExceeded(f"no replica of {router.key} admitted the request in time")
-        rid = await router.acquire(deadline_mono, exclude, retry=retry, model_id=model_id)
+        chosen = router.acquire_soon(deadline_mono, exclude, retry=retry, model_id=model_id)
+        rid = chosen if isinstance(chosen, str) else await chosen  # a coroutine only to wait
         retry = True
         member = router.members.get(rid)
         if member is None:  # left the membership while we waited
@@ -236,7 +236,9 @@ async def _await_admission(
     """The admission; `_AdmissionLost` when the stream went on without it; None when the
     request was never admitted (the replica is backed off)."""
     clock = router.clock
-    timeout = min(router.config.admission_timeout_s, deadline_mono - clock.monotonic())
+    timeout = router.config.admission_timeout_s
+    if deadline_mono != math.inf:  # no clock read for a call without a deadline
+        timeout = min(timeout, deadline_mono - clock.monotonic())
     try:
         msg = await response.next(max(timeout, MIN_TIMEOUT_S))
         admission = decode_as(msg.data, Admission)

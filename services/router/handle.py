@@ -204,9 +204,17 @@ class DeploymentHandle:
         """Call the method. Unary: its return value. With `stream=True`: an async iterator of
         its items, returned once a replica admitted the request (iterate it to the end or
         `aclose()` it, or the request stays counted as in flight)."""
-        reader = await self._open(args, kwargs, self.streaming)
         if self.streaming:
-            return _iterate(reader)
+            return _iterate(await self._open(args, kwargs, True))
+        reader = await open_call(  # not through _open: a coroutine less per call
+            self.router,
+            method=self.method,
+            body=encode(CallArgs(args, kwargs)),
+            body_kind="args",
+            stream=False,
+            deadline_s=self.deadline_s,
+            model_id=self.model_id,
+        )
         data = await reader.unary_result()
         if data is None:
             raise RequestFailed(BAD_RESPONSE, "the response ended without a result", False)

@@ -29,8 +29,8 @@ import logging
 import math
 import random
 import uuid
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Coroutine, Mapping
+from typing import Any, Final
 
 from services.router.carried_health import CarriedHealthMap
 from services.router.choice import ReplicaChooser
@@ -345,8 +345,33 @@ class Router:
         """A replica to send to now; waits in the queue when none is available or others wait
         already. `retry`: a replica refused this request, which is older than the waiters.
         `model_id`: its multiplexed model (a replica holding it first)."""
+        chosen = self.acquire_soon(deadline_mono, exclude, retry=retry, model_id=model_id)
+        return chosen if isinstance(chosen, str) else await chosen
+
+    def acquire_soon(
+        self,
+        deadline_mono: float,
+        exclude: set[str],
+        *,
+        retry: bool = False,
+        model_id: str | None = None,
+    ) -> str | Coroutine[Any, Any, str]:
+        """`acquire` that is no coroutine when a replica is free now (the usual call): the
+        replica, else a coroutine to await for it (waiting for the membership or in the
+        queue). Raises RouterClosedError as `acquire` does."""
         if not self._ready.is_set():
-            await self._wait_ready_until(deadline_mono)
+            return self._acquire_when_ready(deadline_mono, exclude, retry, model_id)
+        if self.closed:
+            raise RouterClosedError(f"router for {self.key} is closed")
+        rid = self.core.choose(self.clock.monotonic(), exclude, retry=retry, model_id=model_id)
+        if rid is not None:
+            return rid
+        return self._wait_in_queue(deadline_mono, exclude, front=retry, model_id=model_id)
+
+    async def _acquire_when_ready(
+        self, deadline_mono: float, exclude: set[str], retry: bool, model_id: str | None
+    ) -> str:
+        await self._wait_ready_until(deadline_mono)
         if self.closed:
             raise RouterClosedError(f"router for {self.key} is closed")
         rid = self.core.choose(self.clock.monotonic(), exclude, retry=retry, model_id=model_id)

@@ -73,20 +73,37 @@ def _e_health(m: HealthStatus) -> Map:
 
 
 def _e_request(m: Request) -> Map:
+    return _request_map(
+        m.request_id, m.method, m.supports_health_frames, m.stream, m.deadline, m.body,
+        m.body_kind, m.multiplexed_model_id, m.accepts_inline_result,
+    )  # fmt: skip
+
+
+def _request_map(
+    request_id: str,
+    method: str,
+    supports_health_frames: bool,
+    stream: bool,
+    deadline: float | None,
+    body: bytes,
+    body_kind: str,
+    multiplexed_model_id: str | None,
+    accepts_inline_result: bool,
+) -> Map:
     out: Map = {
         "v": _V,
         "kind": "request",
-        "request_id": m.request_id,
-        "method": m.method,
-        "supports_health_frames": m.supports_health_frames,
-        "stream": m.stream,
-        "deadline": m.deadline,
-        "body": m.body,
-        "body_kind": m.body_kind,
+        "request_id": request_id,
+        "method": method,
+        "supports_health_frames": supports_health_frames,
+        "stream": stream,
+        "deadline": deadline,
+        "body": body,
+        "body_kind": body_kind,
     }
-    if m.multiplexed_model_id is not None:  # optional: absent keeps older readers as they were
-        out["multiplexed_model_id"] = m.multiplexed_model_id
-    if m.accepts_inline_result:  # optional: absent is False
+    if multiplexed_model_id is not None:  # optional: absent keeps older readers as they were
+        out["multiplexed_model_id"] = multiplexed_model_id
+    if accepts_inline_result:  # optional: absent is False
         out["accepts_inline_result"] = True
     return out
 
@@ -275,12 +292,40 @@ def encode(msg: WireMessage) -> bytes:
     is not msgpack-serialisable or the result exceeds MAX_MESSAGE_BYTES."""
     wire = to_wire_map(msg)
     try:
-        data: bytes = msgpack.packb(wire, use_bin_type=True, default=uservalues.PACK_DEFAULT)
+        data = uservalues.pack(wire)  # the same options, a packer kept per thread
     except (TypeError, ValueError, OverflowError) as exc:
         raise UsageError(f"cannot encode {msg.KIND} message: {exc}") from exc
     if len(data) > MAX_MESSAGE_BYTES:
         raise UsageError(
             f"{msg.KIND} message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
+        )
+    return data
+
+
+def encode_request(
+    request_id: str,
+    method: str,
+    supports_health_frames: bool,
+    stream: bool,
+    deadline: float | None,
+    body: bytes,
+    body_kind: str,
+    multiplexed_model_id: str | None = None,
+    accepts_inline_result: bool = False,
+) -> bytes:
+    """`encode(Request(...))`, the same bytes, without building the message first (a router
+    sends one per call and never reads it back: the frozen dataclass was half the encode)."""
+    wire = _request_map(
+        request_id, method, supports_health_frames, stream, deadline, body, body_kind,
+        multiplexed_model_id, accepts_inline_result,
+    )  # fmt: skip
+    try:
+        data = uservalues.pack(wire)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(f"cannot encode request message: {exc}") from exc
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise UsageError(
+            f"request message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
         )
     return data
 
@@ -634,20 +679,14 @@ _DECODERS: dict[str, Callable[[Map], WireMessage]] = {
 
 def unpack_map(data: bytes) -> Map:
     """Bounded msgpack unpack of one top-level map (the first step of `decode`)."""
-    if not isinstance(data, bytes | bytearray | memoryview):
+    if type(data) is bytes:  # the usual payload: its length is its size
+        n = len(data)
+    elif isinstance(data, bytes | bytearray | memoryview):
+        n = memoryview(data).nbytes
+    else:
         raise WireError(reasons.NOT_BYTES, f"payload is {type(data).__name__}, not bytes")
-    n = memoryview(data).nbytes
     if n > MAX_MESSAGE_BYTES:
         raise WireError(reasons.OVERSIZE, f"{n} bytes > MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}")
-    containers = 0
-
-    def count(obj: Any) -> Any:
-        nonlocal containers
-        containers += 1
-        if containers > MAX_CONTAINERS:
-            raise WireError(reasons.MALFORMED, f"more than {MAX_CONTAINERS} arrays/maps")
-        return obj
-
     # every array or map takes at least one byte, so a payload no longer than the container
     # limit cannot exceed it: small messages (the request path) skip the per-container hook
     # msgpack >= 1.0 bounds every declared length by the payload's size on its own (its
@@ -658,6 +697,7 @@ def unpack_map(data: bytes) -> Map:
         if n <= MAX_CONTAINERS:
             obj = msgpack.unpackb(data, ext_hook=uservalues.EXT_HOOK)
         else:
+            count = _container_counter()
             obj = msgpack.unpackb(
                 data, ext_hook=uservalues.EXT_HOOK, list_hook=count, object_hook=count
             )
@@ -670,6 +710,21 @@ def unpack_map(data: bytes) -> Map:
     if type(obj) is not dict:
         raise WireError(reasons.NOT_A_MAP, f"top-level value is {type(obj).__name__}")
     return obj
+
+
+def _container_counter() -> Callable[[Any], Any]:
+    """A msgpack hook that raises past MAX_CONTAINERS arrays/maps (made only for payloads long
+    enough to hold that many)."""
+    containers = 0
+
+    def count(obj: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > MAX_CONTAINERS:
+            raise WireError(reasons.MALFORMED, f"more than {MAX_CONTAINERS} arrays/maps")
+        return obj
+
+    return count
 
 
 def _kind(m: Map) -> str:

@@ -15,6 +15,7 @@ nothing else is guessed at: any other type is refused by name, as before.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Final
 
 import msgpack
@@ -51,9 +52,33 @@ def _ext_hook(code: int, data: bytes) -> Any:
         raise ValueError(f"ext type 1 is not a numpy array: {exc}") from None
 
 
+class _Packers(threading.local):
+    packer: msgpack.Packer | None = None
+
+
+_PACKERS = _Packers()
+KEEP_PACKER_BYTES: Final = 256 * 1024
+"""msgpack's own starting buffer: a packer is kept only while it never grew past that (a grown
+buffer stays allocated: one 50 MB result would keep 50 MB per thread)."""
+
+
 def pack(value: Any) -> bytes:
-    """A user value as msgpack (TypeError names what cannot be sent)."""
-    data: bytes = msgpack.packb(value, use_bin_type=True, default=_default)
+    """A user value as msgpack (TypeError names what cannot be sent). Also packs whole wire
+    maps for codec.encode (the same options).
+
+    A packer is kept per thread: `msgpack.packb` builds one, and its buffer, on every call,
+    half the cost of packing a request. It is taken while it packs, so a pack that runs Python
+    meanwhile (the `default` hook, a finalizer) and packs again makes one of its own; it is
+    dropped when it raised or grew."""
+    local = _PACKERS
+    packer = local.packer
+    if packer is None:
+        packer = msgpack.Packer(use_bin_type=True, default=_default)
+    else:
+        local.packer = None
+    data: bytes = packer.pack(value)
+    if len(data) <= KEEP_PACKER_BYTES:
+        local.packer = packer
     return data
 
 

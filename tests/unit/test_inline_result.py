@@ -34,14 +34,16 @@ GOOD = HealthStatus("r1", True, 1.0, 0)
 
 
 def test_the_result_rides_only_while_the_admission_waits() -> None:
-    p = PendingAdmission(Admission(True, 1, GOOD, False))
+    p = PendingAdmission(1, GOOD, False, None)
+    assert p.admission == Admission(True, 1, GOOD, False)
     rider = p.ride(b"\x01")
-    assert rider is not None and rider.inline_result == b"\x01" and p.gone
+    assert rider == Admission(True, 1, GOOD, False, None, b"\x01") and p.gone
     assert p.ride(b"\x02") is None and not p.due()  # it left with the first result
 
-    p = PendingAdmission(Admission(True, 1, GOOD, False))
+    p = PendingAdmission(1, GOOD, False, ("m1",))
     assert p.due() and p.state is State.SENDING and not p.gone  # the loop turned first
     assert p.ride(b"\x01") is None and not p.due()  # chunks follow once it is sent
+    assert p.admission == Admission(True, 1, GOOD, False, ("m1",))
     p.sent()
     assert p.gone
 

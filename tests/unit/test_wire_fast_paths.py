@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import WireError
-from shared.wire import codec
+from shared.errors import UsageError, WireError
+from shared.wire import codec, uservalues
 from shared.wire.messages import BODY_KINDS, Admission, CallArgs, HealthStatus, Request
 
 # half the time a value at a type's edge (what an inline check most easily lets through)
@@ -159,3 +160,47 @@ def test_a_header_claiming_more_than_the_payload_fails_fast() -> None:
             assert exc.reason in ("malformed", "truncated")
         else:
             raise AssertionError(f"{header!r} decoded")
+
+
+@settings(max_examples=150)
+@given(req=requests)
+def test_encode_request_writes_the_bytes_encode_writes(req: Request) -> None:
+    fields = (
+        req.request_id, req.method, req.supports_health_frames, req.stream, req.deadline,
+        req.body, req.body_kind, req.multiplexed_model_id, req.accepts_inline_result,
+    )  # fmt: skip
+    assert codec.encode_request(*fields) == codec.encode(req)
+
+
+def test_a_kept_packer_packs_again_after_a_failure_and_inside_its_own_default() -> None:
+    class Odd:
+        pass
+
+    with pytest.raises(UsageError):
+        codec.encode(CallArgs((Odd(),), {}))
+    assert codec.encode(CallArgs((1,), {})) == msgpack.packb(
+        {"v": 1, "kind": "args", "args": [1], "kwargs": {}}, use_bin_type=True
+    )
+
+    class Nested:  # a default hook that packs a wire message itself (re-entrant pack)
+        pass
+
+    def default(value: object) -> object:
+        if isinstance(value, Nested):
+            return codec.encode(CallArgs(("inner",), {}))
+        raise TypeError("no")
+
+    inner = codec.encode(CallArgs(("inner",), {}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(uservalues, "_default", default)
+        mp.setattr(uservalues._PACKERS, "packer", None)  # a new packer takes the new hook
+        outer = uservalues.pack([Nested(), "after"])
+    assert msgpack.unpackb(outer) == [inner, "after"]
+    assert uservalues._PACKERS.packer is None or uservalues._PACKERS.packer.pack(1) == b"\x01"
+
+
+def test_a_packer_that_grew_is_not_kept() -> None:
+    uservalues.pack(b"x" * (uservalues.KEEP_PACKER_BYTES + 1))
+    assert uservalues._PACKERS.packer is None
+    uservalues.pack(b"small")
+    assert uservalues._PACKERS.packer is not None
