@@ -14,6 +14,11 @@ it up needs no `__init__`. Any other attribute the module lacks runs the package
 `import_nats_lean` hides aiohttp), after which it is the package exactly as if imported whole:
 `from prometheus_client import start_http_server`, `prometheus_client.REGISTRY`, `uvicorn.run`.
 Nothing is done where the package was imported already.
+
+`defer_module(name)` does the same for a plain module some import only names: a stand-in in
+sys.modules (and on its parent package) until an attribute of it is looked up, which imports the
+real module in its place. uvicorn.config imports logging.config (with logging.handlers,
+socketserver and pickle: ~0.7 MB in a replica) for a `log_config` a replica does not give.
 """
 
 from __future__ import annotations
@@ -70,6 +75,32 @@ def import_deferred(
             importlib.import_module(name)
     finally:
         leaning = False
+    return True
+
+
+def defer_module(name: str) -> bool:
+    """A stand-in for module `name` until an attribute of it is used (see the module's
+    docstring); False (nothing done) when it was imported already. Its parent is imported."""
+    if name in sys.modules:
+        return False
+    parent, _, child = name.rpartition(".")
+    stand_in = ModuleType(name, f"{name}, imported at its first use (shared/leanimport.py)")
+    lock = threading.Lock()
+
+    def load(attr: str) -> object:
+        if attr.startswith("__") and attr.endswith("__") and attr != "__all__":
+            raise AttributeError(attr)  # a scan of sys.modules (__file__, __spec__) loads nothing
+        with lock:
+            module = sys.modules.get(name)
+            if module is stand_in or module is None:
+                sys.modules.pop(name, None)
+                module = importlib.import_module(name)
+        return getattr(module, attr)
+
+    stand_in.__dict__["__getattr__"] = load
+    if parent:
+        setattr(importlib.import_module(parent), child, stand_in)
+    sys.modules[name] = stand_in
     return True
 
 

@@ -14,7 +14,7 @@ from fleetpulse.serve import context as serve_context
 from fleetpulse.serve.handle import DeploymentHandle
 from shared import aioloop, memtrim, settings
 from shared.bus import Bus
-from shared.leanimport import import_deferred
+from shared.leanimport import defer_module, import_deferred
 from shared.metrics_catalog import serve_metrics
 from shared.natsauth import process_auth
 from shared.natsbus import NatsBus
@@ -120,8 +120,13 @@ async def serve_http(
 def import_uvicorn_lean() -> bool:
     """uvicorn's Config and Server without the package's `__init__` until another name of it is
     used (shared/leanimport.py; then with watchfiles hidden, as http_server.py imports it): its
-    command line (click) and reload supervisors (multiprocessing) stay out, 1.45 MB less
-    resident in an ingress replica. False when uvicorn was imported already."""
+    command line (click) and reload supervisors (multiprocessing) stay out, 1.4 MB less
+    resident in an ingress replica; and logging.config, which uvicorn.config imports for a
+    log_config the replica does not give (http_server.py), until it is used: 0.7 MB more.
+    False when uvicorn was imported already."""
+    if "uvicorn" in sys.modules:
+        return False
+    defer_module("logging.config")
     return import_deferred(
         "uvicorn",
         ["uvicorn.config", "uvicorn.server"],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.leanimport import import_deferred
+from shared.leanimport import defer_module, import_deferred
 
 
 @pytest.fixture
@@ -81,3 +81,41 @@ def test_nothing_is_done_for_a_package_imported_already(package: str) -> None:
     __import__(package)
     assert not import_deferred(package, [f"{package}.parts"])
     assert not import_deferred("fp_lean_no_such_package", [])
+
+
+def test_a_deferred_module_is_imported_at_the_first_use_of_an_attribute(tmp_path: Path) -> None:
+    (tmp_path / "fp_lean_mod.py").write_text("import fp_lean_heavy\nVALUE = 2\n")
+    (tmp_path / "fp_lean_heavy.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert defer_module("fp_lean_mod")
+        import fp_lean_mod
+
+        assert "fp_lean_heavy" not in sys.modules
+        assert getattr(fp_lean_mod, "__file__", None) is None  # dunders load nothing
+        assert fp_lean_mod.VALUE == 2  # through the stand-in
+        assert "fp_lean_heavy" in sys.modules
+        real = sys.modules["fp_lean_mod"]
+        assert real is not fp_lean_mod and real.VALUE == 2
+        assert not defer_module("fp_lean_mod")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("fp_lean_mod", "fp_lean_heavy"):
+            sys.modules.pop(name, None)
+
+
+def test_a_deferred_submodule_is_set_on_its_package_then_replaced() -> None:
+    import json
+
+    sys.modules.pop("json.tool", None)
+    had = json.__dict__.pop("tool", None)
+    try:
+        assert defer_module("json.tool")
+        stand_in = json.tool  # type: ignore[attr-defined]
+        assert callable(stand_in.main)
+        assert json.tool is sys.modules["json.tool"] is not stand_in  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop("json.tool", None)
+        json.__dict__.pop("tool", None)
+        if had is not None:
+            json.tool = had  # type: ignore[attr-defined]

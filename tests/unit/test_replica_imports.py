@@ -182,21 +182,25 @@ def test_prometheus_lean_import_is_a_no_op_where_the_package_came_first() -> Non
 
 def test_an_ingress_replica_loads_uvicorn_without_its_command_line_or_reloaders() -> None:
     # uvicorn's __init__ imports its CLI (click) and reload supervisors (multiprocessing):
-    # ~1.45 MB resident; the replica's HTTP stack needs uvicorn.config and uvicorn.server
+    # ~1.4 MB resident, logging.config 0.7 MB; the replica's HTTP stack needs uvicorn.config and uvicorn.server
     out = run_python("""
         import importlib, json, sys
         import services.replica.__main__ as replica
         import services.replica.spare as spare
         replica.import_uvicorn_lean()
         for m in spare.PRELOAD: importlib.import_module(m)
-        gone = ["click", "multiprocessing", "uvicorn.main", "watchfiles"]
+        gone = ["click", "multiprocessing", "uvicorn.main", "watchfiles", "logging.handlers",
+                "socketserver", "pickle"]
         lean = [m in sys.modules for m in gone]
         import uvicorn
         from uvicorn.server import Server
+        from logging.config import dictConfig
+        import logging
         whole = [uvicorn.Server is Server, callable(uvicorn.run), "click" in sys.modules,
-                 "watchfiles" in sys.modules]
+                 "watchfiles" in sys.modules, logging.config.dictConfig is dictConfig,
+                 sys.modules["logging.config"] is logging.config]
         print(json.dumps([lean, whole]))
     """)
     lean, whole = json.loads(out)
-    assert lean == [False, False, False, False]
-    assert whole == [True, True, True, False]  # uvicorn.run: whole, watchfiles still hidden
+    assert lean == [False] * 7  # logging.config: uvicorn.config's, for a log_config not given
+    assert whole == [True, True, True, False, True, True]  # uvicorn.run: whole, no watchfiles
