@@ -139,7 +139,7 @@ class DeploymentHandle:
         except RuntimeError:
             running = None
         if running is self._loop:
-            return asyncio.ensure_future(coro)
+            return running.create_task(coro)  # not ensure_future: it is always a coroutine
         # synchronous user code runs in a worker thread: the call runs on the replica's loop
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
