@@ -728,6 +728,13 @@ def _container_counter() -> Callable[[Any], Any]:
 
 
 def _kind(m: Map) -> str:
+    v, kind = m.get("v"), m.get("kind")
+    if type(v) is int and v == WIRE_VERSION and type(kind) is str and kind in _DECODERS:
+        return kind  # the usual message; anything else is checked field by field below
+    return _kind_checked(m)
+
+
+def _kind_checked(m: Map) -> str:
     if "v" not in m:
         f.fail(reasons.MISSING_FIELD, "message", "v", "required field is missing")
     v = m["v"]

@@ -204,3 +204,17 @@ def test_a_packer_that_grew_is_not_kept() -> None:
     assert uservalues._PACKERS.packer is None
     uservalues.pack(b"small")
     assert uservalues._PACKERS.packer is not None
+
+
+@settings(max_examples=100)
+@given(msg=requests | admissions | args, data=st.data())
+def test_kind_fast_path_agrees_with_the_field_readers(msg: Any, data: st.DataObject) -> None:
+    m = _map_of(msg)
+    assert codec._kind(m) == codec._kind_checked(m) == msg.KIND
+    kinds = st.sampled_from(["request", "nope", "args" * 20]) | odd
+    for bent in [
+        _mutate(m, data),
+        *_every_edge({"v": m["v"], "kind": m["kind"]}),
+        {**m, "kind": data.draw(kinds)},
+    ]:
+        assert _outcome(codec._kind, bent) == _outcome(codec._kind_checked, bent), bent
