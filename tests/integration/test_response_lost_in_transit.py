@@ -44,6 +44,15 @@ async def until(cond: Callable[[], bool], what: str, within_s: float = 20.0) -> 
         await asyncio.sleep(0.01)
 
 
+def process_state(pid: int | None) -> str:
+    """The state letter of /proc/<pid>/stat ("T": stopped by a signal)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
 class StepReplica:
     """Admits each request, then sends only what the test tells it to, when it tells it."""
 
@@ -99,6 +108,9 @@ async def lose_with_node0(
     reconnects = nc.stats["reconnects"]
     os.kill(node0.pid, signal.SIGSTOP)
     try:
+        # kill() returns before the signal takes hold: on another core node 0 may still read
+        # (and forward) what comes next for a moment; wait until the kernel says it is stopped
+        await until(lambda: process_state(node0.pid) == "T", "node 0 stopped")
         await replica.send(reply, lost)
         # written out of nats-py's buffer into the socket (private: nats-py < 3)
         await until(lambda: nc._pending_data_size == 0, "the chunk written")
