@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
-from prometheus_client import Counter, Gauge, Histogram
+# the classes, not the package: in a replica its __init__ (exposition, collectors) is deferred
+# (services/replica/metrics.py, ~1.2 MB), and a replica holding a handle runs a router
+from prometheus_client.metrics import Counter, Gauge, Histogram
 
 from services.router.errors import (
     BackPressureError,

@@ -217,3 +217,14 @@ def test_decimal_is_not_imported_to_write_json_and_a_decimal_is_still_written() 
         print(json.dumps([before, asgi.jsonable(decimal.Decimal("1.50"))]))
     """)
     assert json.loads(out) == [False, "1.50"]
+
+
+def test_a_replica_holding_a_handle_keeps_prometheus_client_lean() -> None:
+    # the router's metrics take prometheus_client's classes, not its package: the exposition
+    # (http.server, wsgiref, urllib.request) stays out of a replica until something scrapes it
+    out = run_python("""
+        import json, sys
+        import services.replica.__main__, services.router.handle
+        print(json.dumps("prometheus_client.exposition" in sys.modules))
+    """)
+    assert json.loads(out) is False
