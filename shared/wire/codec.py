@@ -290,14 +290,17 @@ def to_wire_map(msg: WireMessage) -> Map:
 def encode(msg: WireMessage) -> bytes:
     """Encode one message. Raises `UsageError` (local misuse, not a peer's fault) when a value
     is not msgpack-serialisable or the result exceeds MAX_MESSAGE_BYTES."""
-    wire = to_wire_map(msg)
+    return _packed(to_wire_map(msg), msg.KIND)
+
+
+def _packed(wire: Map, kind: str) -> bytes:
     try:
         data = uservalues.pack(wire)  # the same options, a packer kept per thread
     except (TypeError, ValueError, OverflowError) as exc:
-        raise UsageError(f"cannot encode {msg.KIND} message: {exc}") from exc
+        raise UsageError(f"cannot encode {kind} message: {exc}") from exc
     if len(data) > MAX_MESSAGE_BYTES:
         raise UsageError(
-            f"{msg.KIND} message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
+            f"{kind} message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
         )
     return data
 
@@ -319,15 +322,7 @@ def encode_request(
         request_id, method, supports_health_frames, stream, deadline, body, body_kind,
         multiplexed_model_id, accepts_inline_result,
     )  # fmt: skip
-    try:
-        data = uservalues.pack(wire)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise UsageError(f"cannot encode request message: {exc}") from exc
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise UsageError(
-            f"request message is {len(data)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}"
-        )
-    return data
+    return _packed(wire, Request.KIND)
 
 
 # ---------------------------------------------------------------------------------------------
