@@ -165,43 +165,6 @@ async def test_generators_are_streamed() -> None:
         assert (await c.get("/?n=3&sync=1")).content == b"ABC"
 
 
-class Endless:
-    def __init__(self) -> None:
-        self.stopped = 0
-
-    async def __call__(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                yield b"x"
-                await asyncio.sleep(0.001)
-        finally:
-            self.stopped += 1
-
-
-async def test_a_client_leaving_a_generator_stream_stops_the_generator() -> None:
-    user = await UserDeployment.create("x:y", (), {}, target=Endless)
-    app = build_asgi_app(user, watch_after_s=0.02)
-    gone = asyncio.Event()
-    chunks = 0
-
-    async def receive() -> Any:
-        if not gone.is_set() and chunks == 0:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: Any) -> None:
-        nonlocal chunks
-        if message["type"] == "http.response.body":
-            chunks += 1
-            if chunks == 3:
-                gone.set()  # the client goes after reading a little
-
-    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
-    await asyncio.wait_for(app(scope, receive, send), 10)
-    assert user.instance.stopped == 1 and app.disconnects == 1
-
-
 class Streams:
     async def __call__(self, request: Request) -> StreamingResponse:
         return StreamingResponse(self.parts())

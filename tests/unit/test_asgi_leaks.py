@@ -134,6 +134,29 @@ async def stuck_websocket(app: ReplicaAsgi) -> None:
     )
 
 
+class Endless:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"x"
+                await asyncio.sleep(0.001)
+        finally:
+            self.stopped += 1
+
+
+async def test_a_client_leaving_a_generator_stream_stops_the_generator() -> None:
+    user = await UserDeployment.create("x:y", (), {}, target=Endless)
+    app = build_asgi_app(user, watch_after_s=0.02)
+    await asyncio.wait_for(disconnecting(app), 10)
+    # cancelled between two items (not inside one), the generator is closed by the loop's
+    # async-generator finalizer a turn later, not before the request returns
+    await eventually(lambda: user.instance.stopped == 1, 10, "the generator stopped")
+    assert user.instance.stopped == 1 and app.disconnects == 1
+
+
 def _once_then_wait(gone: asyncio.Event) -> Any:
     delivered = False
 
