@@ -326,9 +326,13 @@ def test_every_dashboard_metric_is_exposed(stack: Stack) -> None:
 
 
 def test_no_role_was_refused_anything(stack: Stack) -> None:
-    logs = stack.logs(tail=None)
-    assert "permissions violation" not in logs.lower(), logs
-    assert "refused" not in logs.lower(), logs  # no login refused by the auth callout
+    # NATS' own words for a publish/subscribe or login it refused, and the auth callout's line
+    # for a login it refused (services/auth/service.py). Not every "refused" in the logs: the
+    # controller counts a late "starting" after "ready" as a refused transition by design
+    # (services/controller/lifecycle.py), which a failover's replay can show here.
+    words = ("permissions violation", "authorization violation", "refused connection")
+    lines = stack.logs(tail=None).splitlines()
+    assert [line for line in lines if any(w in line.lower() for w in words)] == []
 
 
 def test_replicas_log_in_with_their_own_credentials(stack: Stack) -> None:
