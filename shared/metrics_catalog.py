@@ -122,6 +122,7 @@ METRIC_NAMES: Final[dict[str, tuple[str, ...]]] = {
         "fleetpulse_replica_request_duration_seconds",
         "fleetpulse_replica_admissions_total",
         "fleetpulse_replica_ongoing_requests",
+        "fleetpulse_replica_http_refused_total",
         "fleetpulse_replica_health_checks_total",
         "fleetpulse_replica_health_messages_total",
         "fleetpulse_replica_autoscaling_stats_total",

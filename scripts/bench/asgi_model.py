@@ -1,10 +1,11 @@
 """What the ASGI request model costs on the replica's direct HTTP path.
 
-Five servers, each uvicorn (httptools, uvloop) in a process of its own on a free port, with
-the replica's protocol (head and body in one send: services/replica/turn_writes.py) as a
-replica runs its server, answering a 256 B POST with its body:
+Five servers, each uvicorn's Server (uvloop) in a process of its own on a free port, with the
+replica's HTTP/1.1 connections (services/replica/http11.py) as a replica runs its server,
+answering a 256 B POST with its body:
 
-- `raw_uvicorn`: a bare ASGI callable on uvicorn's own protocol (head and body in two sends);
+- `raw_uvicorn`: a bare ASGI callable on uvicorn's own httptools protocol (what the replica ran
+  before http11.py; head and body in two sends);
 - `raw`: the same callable on the replica's protocol (no Starlette, no fleetpulse): the floor;
 - `call`: the replica's ASGI app for a `__call__` deployment (services/replica/asgi.py):
   `async def __call__(self, request): return await request.body()` with a Starlette Request;
@@ -115,9 +116,9 @@ def serve(variant: str) -> None:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
-        from services.replica.turn_writes import TurnWriteProtocol
+        from services.replica.http11 import HttpConnection
 
-        http = "httptools" if variant == "raw_uvicorn" else TurnWriteProtocol
+        http = "httptools" if variant == "raw_uvicorn" else HttpConnection
         config = uvicorn.Config(app, http=http, loop="none", lifespan="off",
                                 access_log=False, log_level="warning")  # fmt: skip
         server = uvicorn.Server(config)

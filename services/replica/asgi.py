@@ -200,13 +200,15 @@ def plain_response(value: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes] |
         return None
     else:
         status, ctype, body, extra = 200, _JSON, json.dumps(value, default=jsonable).encode(), None
-    headers = [(b"content-length", str(len(body)).encode())]
+    # as Starlette's Response: no Content-Length on a status that has no body (1xx, 204, 304)
+    sized = not (status < 200 or status == 204 or status == 304)
+    headers = [(b"content-length", str(len(body)).encode())] if sized else []
     if ctype is not None:
         headers.append((b"content-type", ctype))
     if extra:
         given = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
         headers = [h for h in headers if h[0] != b"content-length"] + given
-        if not any(k == b"content-length" for k, _ in given):
+        if sized and not any(k == b"content-length" for k, _ in given):
             headers.append((b"content-length", str(len(body)).encode()))
     return status, headers, body
 

@@ -3,9 +3,10 @@
 How it works (docs/dataplane.md, "HTTP served by the replica"):
 - Only a replica of an app's ingress deployment serves HTTP (shared/replicahttp.py says which).
   `ReplicaHttpServer.start()` binds a socket of its own on `host` at port 0 (a free port), runs
-  `uvicorn.Server` on it as a task of the running loop (httptools parser, a response's head and
-  body in one send: services/replica/turn_writes.py, no access log, uvicorn's logging left
-  alone, lifespan on so an app's startup runs before the replica says it is ready)
+  `uvicorn.Server` on it as a task of the running loop (its connections are the replica's own
+  HTTP/1.1 protocol, services/replica/http11.py; no access log, uvicorn's logging left alone,
+  lifespan on so an app's startup runs before the replica says it is ready; WebSocket upgrades
+  go to uvicorn's websockets-sansio protocol)
   and returns "host:port" with the advertised host: the replica announces it on "ready" and the
   controller copies it into the replica's member value, where the proxy's HAProxy reads it.
 - `AdmissionGate` wraps the app: every HTTP request (and WebSocket) is admitted and counted by
@@ -191,8 +192,14 @@ class _Embedded(uvicorn.Server):
 
     async def main_loop(self) -> None:
         counter = 0
+        loop = asyncio.get_running_loop()
         while not await self.on_tick(counter):
             counter += 10  # on_tick renews the Date header when counter % 10 == 0
+            now = loop.time()
+            for conn in list(self.server_state.connections):
+                sweep = getattr(conn, "sweep_idle", None)  # WebSockets have their own pings
+                if sweep is not None:
+                    sweep(now)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
                     await self.exit.wait()
@@ -228,7 +235,7 @@ class ReplicaHttpServer:
         # imported when a server is built, as uvicorn imports its own protocol at start: at
         # this module's import it left an idle replica 0.9 MB more resident (replica_footprint:
         # 40.0 against 39.1-39.2 MB, the heap laid out otherwise before the idle trim)
-        from services.replica.turn_writes import TurnWriteProtocol
+        from services.replica.http11 import HttpConnection
 
         self.host = host
         self.advertise = advertise or host
@@ -237,7 +244,7 @@ class ReplicaHttpServer:
             app,
             host=host,
             port=port,
-            http=TurnWriteProtocol,  # httptools; head and body leave in one send
+            http=HttpConnection,  # httptools; head and body leave in one send
             ws=LazyWebSocketProtocol,  # websockets-sansio, imported at the first upgrade
             loop="none",  # the replica's loop (uvloop where installed), already running
             lifespan=lifespan,

@@ -56,6 +56,12 @@ ONGOING = Gauge(
     "Admitted requests not yet finished",
     ["app", "deployment"],
 )
+HTTP_REFUSED = Counter(
+    "fleetpulse_replica_http_refused_total",
+    "HTTP requests the replica's server refused before the app saw them, by status "
+    "(400: not HTTP/1.1 it can parse, 431: a head over 64 KiB); the connection closes",
+    ["status"],
+)
 HEALTH_CHECKS = Counter(
     "fleetpulse_replica_health_checks_total",
     "Runs of the user's health check, by result: healthy, unhealthy (raised or timed out)",

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -437,6 +437,8 @@ RESULTS = (
 
 @settings(max_examples=80, deadline=None)
 @given(RESULTS)
+@example(serve.Response(body=b"", status=304))  # no Content-Length on a bodiless status
+@example(serve.Response(body=b"", status=204, headers={"x-a": "b"}))
 def test_the_fast_path_sends_what_a_starlette_response_would(value: Any) -> None:
     plain = plain_response(value)
     assert plain is not None
