@@ -170,7 +170,7 @@ def to_response(value: Any) -> StarletteResponse:
         value = thread_iter(value)
     if is_stream(value):
         return StreamingResponse(_stream_bytes(value), media_type="application/octet-stream")
-    if isinstance(value, bytes | bytearray | memoryview):
+    if isinstance(value, _BYTES_LIKE):
         return StarletteResponse(bytes(value), media_type="application/octet-stream")
     if isinstance(value, str):
         return StarletteResponse(value.encode(), media_type="text/plain; charset=utf-8")
@@ -184,11 +184,14 @@ _TEXT: Final = b"text/plain; charset=utf-8"
 _JSON: Final = b"application/json"
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)  # a tuple: isinstance checks it faster than a union
+
+
 def plain_response(value: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
     """Status, headers and body of a whole (not streamed, not Starlette) result, what
     `to_response` would send, without building a Response object per request; None for the
     others."""
-    if isinstance(value, bytes | bytearray | memoryview):
+    if isinstance(value, _BYTES_LIKE):
         status, ctype, body, extra = 200, _OCTETS, bytes(value), None
     elif isinstance(value, str):
         status, ctype, body, extra = 200, _TEXT, value.encode(), None
@@ -268,7 +271,7 @@ class CallApp:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1003})
             return
-        args = (StarletteRequest(scope, receive),) if self._with_request else ()
+        args = (await starlette_request(scope, receive),) if self._with_request else ()
         if self._coroutine:
             result = await self._fn(*args)
         else:
@@ -280,6 +283,27 @@ class CallApp:
         status, headers, body = plain
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+async def starlette_request(scope: Scope, receive: Receive) -> StarletteRequest:
+    """A Starlette `Request` whose body is already read when it came whole in the first message
+    (a unary request: `await request.body()` then costs no async-generator round through
+    `stream()`); a body still arriving is replayed to the request's `receive` as it came."""
+    first = await receive()
+    if first["type"] == "http.request" and not first.get("more_body", False):
+        request = StarletteRequest(scope, receive)
+        request._body = first.get("body", b"")  # what Request.body() caches after reading
+        return request
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return first
+        return await receive()
+
+    return StarletteRequest(scope, replay)
 
 
 # -- one request's view of the server ---------------------------------------------------------

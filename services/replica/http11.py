@@ -350,6 +350,7 @@ class RequestCycle:
         "disconnected",
         "keep_alive",
         "scope",
+        "status",
     )
 
     def __init__(
@@ -364,6 +365,7 @@ class RequestCycle:
         self._drained = False  # the whole body was handed to the app
         self._waiter: asyncio.Future[None] | None = None
         self.disconnected = False
+        self.status = 0  # the response's, once started
         self._started = False
         self._complete = False
         self._head: bytes | None = None  # a started response's head, written with its first body
@@ -519,6 +521,7 @@ class RequestCycle:
         self._bodyless = bodyless
         self._left = 0 if bodyless or length is None else length
         self._head = b"".join(head)
+        self.status = status
         self._started = True
         self._continue = False
         # the head waits for the first body message, but not past this loop turn: a stream's

@@ -92,12 +92,15 @@ class AdmissionGate:
     """ASGI middleware: admit each HTTP request or WebSocket under the replica's limit, count
     it while it runs, answer 503 (Retry-After) or close 1013 when the replica is full."""
 
-    __slots__ = ("_app", "_clock", "_counter")
+    __slots__ = ("_app", "_clock", "_counter", "_cycle_type")
 
     def __init__(self, app: ASGIApp, counter: Counter, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        from services.replica.http11 import RequestCycle  # with the server, as ReplicaHttpServer
+
         self._app = app
         self._counter = counter
         self._clock = clock
+        self._cycle_type = RequestCycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -108,21 +111,19 @@ class AdmissionGate:
             await (_overloaded(send) if kind == "http" else _ws_refused(receive, send))
             return
         started = self._clock.monotonic()
-        status = 0
         outcome = OK
-
-        async def watched(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        # the response's status, to count a 5xx as a user error: read from the replica's own
+        # HTTP connection (http11.RequestCycle) when that is the server, else seen on the way
+        cycle = getattr(send, "__self__", None)
+        watched = None if isinstance(cycle, self._cycle_type) else _StatusWatch(send)
         try:
-            await self._app(scope, receive, watched if kind == "http" else send)
+            await self._app(scope, receive, send if watched is None or kind != "http" else watched)
+            status = cycle.status if watched is None else watched.status  # type: ignore[union-attr]
             if status >= 500:
                 outcome = USER_ERROR
         except asyncio.CancelledError:
             outcome = CANCELLED
+            status = cycle.status if watched is None else watched.status  # type: ignore[union-attr]
             if status == 0:  # the drain ran out of time (or the client left): say so, retryable
                 with contextlib.suppress(Exception):
                     await _shutting_down(send)
@@ -133,6 +134,21 @@ class AdmissionGate:
         finally:
             what = f"{scope.get('method', 'WS')} {scope.get('path', '')}"
             self._counter.release_http(started, outcome, what)
+
+
+class _StatusWatch:
+    """A `send` that remembers the response's status (any server other than http11's)."""
+
+    __slots__ = ("_send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
 
 
 async def _overloaded(send: Send) -> None:

@@ -25,7 +25,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from fleetpulse import serve
-from services.replica.asgi import ReplicaAsgi, build_asgi_app, plain_response, to_response
+from services.replica.asgi import (
+    ReplicaAsgi,
+    build_asgi_app,
+    plain_response,
+    starlette_request,
+    to_response,
+)
 from services.replica.usercode import UserDeployment
 from tests.waiting import eventually
 
@@ -445,3 +451,27 @@ def test_the_fast_path_sends_what_a_starlette_response_would(value: Any) -> None
     rendered = to_response(value)
     assert plain[0] == rendered.status_code and plain[2] == rendered.body
     assert sorted(plain[1]) == sorted(rendered.raw_headers)
+
+
+async def test_a_whole_body_is_read_once_a_body_still_arriving_is_replayed_as_it_came() -> None:
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b""}
+    messages = [{"type": "http.request", "body": b"whole", "more_body": False}]
+    calls = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    request = await starlette_request(scope, receive)
+    assert await request.body() == b"whole" and calls == 1  # body() read nothing more
+    assert await request.is_disconnected() and calls == 2
+
+    parts = [{"type": "http.request", "body": b"a", "more_body": True},
+             {"type": "http.request", "body": b"b", "more_body": False}]  # fmt: skip
+
+    async def arriving() -> dict[str, Any]:
+        return parts.pop(0)
+
+    request = await starlette_request(scope, arriving)
+    assert [chunk async for chunk in request.stream()] == [b"a", b"b", b""]
