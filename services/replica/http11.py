@@ -37,6 +37,7 @@ from http import HTTPStatus
 from typing import Any, Final
 
 import httptools
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from services.replica.metrics import HTTP_REFUSED
 from shared.bus import RateLimiter
@@ -78,7 +79,16 @@ class HttpConnection(asyncio.Protocol):
         if not config.loaded:
             config.load()
         self.config = config
-        self.app = config.loaded_app
+        app = config.loaded_app
+        # uvicorn wraps the app in its proxy-headers middleware (proxy_headers, on by default);
+        # the connection does that middleware's work itself, with the same trusted hosts: the
+        # peer's trust is decided once per connection, not per request (as much as the rest of
+        # the middleware's per-request cost in the replica's profile)
+        self._trusted: Any = None
+        if isinstance(app, ProxyHeadersMiddleware):
+            self._trusted = app.trusted_hosts
+            app = app.app
+        self.app = app
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
         self.app_state = app_state
@@ -109,6 +119,10 @@ class HttpConnection(asyncio.Protocol):
         self.server_state.connections.add(self)
         self.server = _address(transport.get_extra_info("sockname"))
         self.client = _address(transport.get_extra_info("peername"))
+        if self._trusted is not None and (
+            self.client is None or self.client[0] not in self._trusted
+        ):
+            self._trusted = None  # an untrusted peer's X-Forwarded-* headers are not read
         self.idle_since = self.loop.time()
 
     def data_received(self, data: bytes) -> None:
@@ -178,13 +192,16 @@ class HttpConnection(asyncio.Protocol):
             path = urllib.parse.unquote(path)
         root = self._root
         version = parser.get_http_version()
+        client, scheme = self.client, "http"
+        if self._trusted is not None:
+            client, scheme = self._forwarded(client)
         scope = {
             "type": "http",
             "asgi": self._asgi,
             "http_version": version,
             "server": self.server,
-            "client": self.client,
-            "scheme": "http",
+            "client": client,
+            "scheme": scheme,
             "method": parser.get_method().decode("ascii"),
             "root_path": root,
             "path": root + path,
@@ -210,6 +227,29 @@ class HttpConnection(asyncio.Protocol):
         if cycle is not None:
             self._parsing = None
             cycle.body_complete()
+
+    def _forwarded(self, client: tuple[str, int] | None) -> tuple[tuple[str, int] | None, str]:
+        """The client and scheme a trusted proxy's X-Forwarded-For and -Proto name, as uvicorn's
+        ProxyHeadersMiddleware reads them."""
+        proto: bytes | None = None
+        forwarded_for = []
+        for name, value in self._headers:
+            if name == b"x-forwarded-proto":
+                proto = value  # the last one counts
+            elif name == b"x-forwarded-for":
+                forwarded_for.append(value)
+        scheme = "http"
+        if proto is not None:
+            given = proto.decode("latin1").strip()
+            if given in ("http", "https", "ws", "wss"):
+                scheme = given
+        if forwarded_for:
+            host, port = self._trusted.get_trusted_client_address(
+                b", ".join(forwarded_for).decode("latin1")
+            )
+            if host:
+                client = (host, port)
+        return client, scheme
 
     # -- the connection's side of a cycle ------------------------------------------------------
 

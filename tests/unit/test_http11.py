@@ -66,7 +66,8 @@ class Recording(asyncio.Transport):
 
 
 def connect(app: App, protocol: type = HttpConnection, **config: Any) -> tuple[Any, Recording]:
-    cfg = uvicorn.Config(app, lifespan="off", log_config=None, proxy_headers=False, **config)
+    config.setdefault("proxy_headers", False)
+    cfg = uvicorn.Config(app, lifespan="off", log_config=None, **config)
     cfg.load()
     conn = protocol(config=cfg, server_state=ServerState(), app_state={"k": 1})
     transport = Recording()
@@ -436,9 +437,11 @@ def recorder(seen: list[Any]) -> App:
     return app
 
 
-async def served(protocol: type, request: bytes, cuts: list[int]) -> tuple[list[Any], bytes]:
+async def served(
+    protocol: type, request: bytes, cuts: list[int], **config: Any
+) -> tuple[list[Any], bytes]:
     seen: list[Any] = []
-    conn, t = connect(recorder(seen), protocol)
+    conn, t = connect(recorder(seen), protocol, **config)
     start = 0
     for cut in [*sorted(set(cuts)), len(request)]:
         if cut > start:
@@ -511,3 +514,27 @@ async def test_the_replica_server_answers_http_upgrades_websockets_and_sweeps_id
         writer.close()
     finally:
         await server.drain()
+
+
+FORWARDED = [
+    b"GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Proto: https\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 198.51.100.1, 10.0.0.9\r\n"
+    b"X-Forwarded-For: 203.0.113.8\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Proto: gopher\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: [2001:db8::1]:4711\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: \r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("request_bytes", FORWARDED)
+@pytest.mark.parametrize("allowed", ["10.0.0.9", "127.0.0.1", "10.0.0.0/8", "*"])
+async def test_forwarded_headers_give_the_client_and_scheme_uvicorns_middleware_gives(
+    request_bytes: bytes, allowed: str
+) -> None:
+    """The peer is 10.0.0.9 (Recording): trusted or not by `allowed`, as the middleware decides."""
+    config = {"proxy_headers": True, "forwarded_allow_ips": allowed}
+    ours, _ = await served(HttpConnection, request_bytes, [], **config)
+    theirs, _ = await served(HttpToolsProtocol, request_bytes, [], **config)
+    assert ours == theirs
+    if allowed != "127.0.0.1" and b"203.0.113.7" in request_bytes:
+        assert ours[0][0]["client"][0] == "203.0.113.7" and ours[0][0]["scheme"] == "https"
