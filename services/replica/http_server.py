@@ -95,7 +95,8 @@ class AdmissionGate:
     __slots__ = ("_app", "_clock", "_counter", "_cycle_type")
 
     def __init__(self, app: ASGIApp, counter: Counter, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        from services.replica.http11 import RequestCycle  # with the server, as ReplicaHttpServer
+        # imported with the server, as ReplicaHttpServer imports http11
+        from services.replica.http_cycle import RequestCycle
 
         self._app = app
         self._counter = counter

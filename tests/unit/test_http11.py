@@ -101,6 +101,16 @@ async def unary(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": out})
 
 
+def gated(gate: asyncio.Event) -> App:
+    """`unary`, once `gate` is set."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await unary(scope, receive, send)
+
+    return app
+
+
 def responses(data: bytes) -> list[tuple[bytes, bytes]]:
     """(head, body) of each Content-Length response in `data`."""
     out = []
@@ -247,10 +257,7 @@ async def test_a_large_unread_body_pauses_reading_until_the_app_receives() -> No
 
 async def test_100_continue_is_sent_when_the_app_first_receives_not_before() -> None:
     gate = asyncio.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await unary(scope, receive, send)
+    app = gated(gate)
 
     conn, t = connect(app)
     conn.data_received(
@@ -295,10 +302,7 @@ async def test_garbage_gets_400_a_huge_head_431_counted_and_the_connection_close
     assert (refused("400"), refused("431")) == (before[0] + 1, before[1] + 1)
     # garbage in the middle of a response being written: no answer interleaved, just closed
     gate = asyncio.Event()
-
-    async def slow(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await unary(scope, receive, send)
+    slow = gated(gate)
 
     conn, t = connect(slow)
     conn.data_received(GET)
@@ -369,10 +373,7 @@ async def test_a_full_transport_makes_send_wait_until_it_drains() -> None:
 
 async def test_idle_connections_are_swept_after_the_keep_alive_timeout_busy_ones_never() -> None:
     gate = asyncio.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await unary(scope, receive, send)
+    app = gated(gate)
 
     conn, t = connect(app, timeout_keep_alive=5)
     now = conn.loop.time()
@@ -394,10 +395,7 @@ async def test_shutdown_closes_an_idle_connection_now_a_busy_one_after_its_respo
     conn.shutdown()
     assert t.closed
     gate = asyncio.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await unary(scope, receive, send)
+    app = gated(gate)
 
     conn, t = connect(app)
     conn.data_received(GET)
