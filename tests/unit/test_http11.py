@@ -88,14 +88,18 @@ async def turns(n: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-async def unary(scope: Any, receive: Any, send: Any) -> None:
+async def read_body(receive: Any) -> bytes:
+    """The whole request body, message by message."""
     body = b""
     while True:
         m = await receive()
         body += m.get("body", b"")
         if not m.get("more_body"):
-            break
-    out = b"echo:" + body
+            return body
+
+
+async def unary(scope: Any, receive: Any, send: Any) -> None:
+    out = b"echo:" + await read_body(receive)
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"%d" % len(out))]})  # fmt: skip
     await send({"type": "http.response.body", "body": out})
@@ -421,12 +425,7 @@ REQUESTS = [
 
 def recorder(seen: list[Any]) -> App:
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         seen.append(({k: v for k, v in scope.items() if k != "state"}, scope["state"], body))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]})  # fmt: skip
