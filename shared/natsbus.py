@@ -96,8 +96,12 @@ async def _unsubscribe(sub: NatsSubscription) -> None:
 class NatsBus:
     """A Bus over one nats-py connection. Create with `await NatsBus.connect(...)`."""
 
-    def __init__(self, nc: DirectClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, nc: DirectClient, *, clock: Clock = SYSTEM_CLOCK, unavailable_retry_s: float = 0.0
+    ) -> None:
         self.nc = nc
+        # how long a KV operation JetStream answers "unavailable" is retried (shared.natskv)
+        self.unavailable_retry_s = unavailable_retry_s
         # buckets this connection creates get this many replicas (3 on a 3-node cluster, so a
         # bucket survives losing a node); from $FLEETPULSE_KV_REPLICAS, default 1
         self.kv_replicas = max(1, int(os.environ.get("FLEETPULSE_KV_REPLICAS", "1") or "1"))
@@ -132,6 +136,7 @@ class NatsBus:
         connect_timeout: float = 5,
         reconnect_wait: float = RECONNECT_WAIT_S,
         clock: Clock = SYSTEM_CLOCK,
+        unavailable_retry_s: float = 0.0,
     ) -> NatsBus:
         """Connect (BusError if no server answers within `connect_timeout`, BusAuthError at once
         if it refuses the credentials), then reconnect forever. `url` may list several servers,
@@ -186,7 +191,7 @@ class NatsBus:
             logger.info("nats %s: connection closed", name)
 
         nc = DirectClient()
-        bus = cls(nc, clock=clock)
+        bus = cls(nc, clock=clock, unavailable_retry_s=unavailable_retry_s)
         connecting = asyncio.ensure_future(
             # nats-py retries the first connect forever too when reconnects are unlimited
             nc.connect(

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -60,6 +61,16 @@ SNAPSHOT_FETCH_WAIT_S = 1.0
 SNAPSHOT_FETCH_WAITS = 10
 # a snapshot consumer its reader never deleted (the reader died) is dropped this soon
 SNAPSHOT_INACTIVE_S = 30.0
+# JetStream answering 503 ("temporarily unavailable": a stream or meta leader being elected, as
+# in a cluster just formed) or nobody answering did not act on the request, so a one-off caller
+# (the operator's CLI) retries it with backoff for this long (`NatsBus.unavailable_retry_s`);
+# services keep 0 and retry in their own loops, where a lease renewal must not wait 15 s
+UNAVAILABLE_RETRY_S = 15.0
+UNAVAILABLE_FIRST_DELAY_S = 0.1
+UNAVAILABLE_MAX_DELAY_S = 1.0
+_UNAVAILABLE = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError)
+_unavailable_log = RateLimiter(5.0)
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -75,12 +86,33 @@ def nats_errors(what: str) -> Iterator[None]:
         raise BusError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
+async def while_unavailable(what: str, host: KVHost, op: Callable[[], Awaitable[T]]) -> T:
+    """`await op()`, again while JetStream says it is unavailable, for `host.unavailable_retry_s`.
+
+    Only a 503 or no responders is retried: neither acted on the request, so a write is not
+    applied twice. A timeout is not retried here: the write may have landed."""
+    clock = host.clock
+    deadline = clock.monotonic() + host.unavailable_retry_s
+    delay = UNAVAILABLE_FIRST_DELAY_S
+    while True:
+        try:
+            return await op()
+        except _UNAVAILABLE as exc:
+            if clock.monotonic() + delay > deadline:
+                raise
+            if _unavailable_log.allow():
+                logger.warning("%s: %r; retrying until it answers", what, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, UNAVAILABLE_MAX_DELAY_S)
+
+
 class KVHost(Protocol):
     """What a bucket needs of its bus (`shared.natsbus.NatsBus`, which imports this module): the
     JetStream context, the clock, and the watchers it closes with its connection."""
 
     js: JetStreamContext
     clock: Clock
+    unavailable_retry_s: float
 
     def remember(self, watcher: NatsKVWatcher) -> None: ...
 
@@ -110,39 +142,48 @@ class NatsKV:
 
     async def get(self, key: str) -> KVEntry | None:
         validate_key(key)
-        with nats_errors(self._what("get", key)):
+        what = self._what("get", key)
+        with nats_errors(what):
             try:
-                entry = await self.raw.get(key)
+                entry = await while_unavailable(what, self.bus, lambda: self.raw.get(key))
             except nats.js.errors.KeyNotFoundError:  # also what a deleted key raises
                 return None
         return KVEntry(self.bucket, key, entry.value or b"", entry.revision or 0, "PUT")
 
     async def put(self, key: str, value: bytes) -> int:
         validate_key(key)
-        with nats_errors(self._what("put", key)):
-            return await self.raw.put(key, value)
+        what = self._what("put", key)
+        with nats_errors(what):
+            return await while_unavailable(what, self.bus, lambda: self.raw.put(key, value))
 
     async def create(self, key: str, value: bytes) -> int:
         validate_key(key)
-        with nats_errors(self._what("create", key)):
+        what = self._what("create", key)
+        with nats_errors(what):
             try:
-                return await self.raw.create(key, value)
+                return await while_unavailable(what, self.bus, lambda: self.raw.create(key, value))
             except nats.js.errors.KeyWrongLastSequenceError:
                 raise KVConflict(key, 0, "the key already exists") from None
 
     async def update(self, key: str, value: bytes, last_revision: int) -> int:
         validate_key(key)
-        with nats_errors(self._what("update", key)):
+        what = self._what("update", key)
+        with nats_errors(what):
             try:
-                return await self.raw.update(key, value, last=last_revision)
+                return await while_unavailable(
+                    what, self.bus, lambda: self.raw.update(key, value, last=last_revision)
+                )
             except nats.js.errors.KeyWrongLastSequenceError:
                 raise KVConflict(key, last_revision, "the key was written since") from None
 
     async def delete(self, key: str, last_revision: int | None = None) -> None:
         validate_key(key)
-        with nats_errors(self._what("delete", key)):
+        what = self._what("delete", key)
+        with nats_errors(what):
             try:
-                await self.raw.delete(key, last=last_revision)
+                await while_unavailable(
+                    what, self.bus, lambda: self.raw.delete(key, last=last_revision)
+                )
             except nats.js.errors.APIError as exc:
                 if exc.err_code in _WRONG_LAST_SEQUENCE_CODES:
                     raise KVConflict(key, last_revision, "the key was written since") from None
@@ -175,9 +216,12 @@ class NatsKV:
             validate_key(pattern, pattern=True)
         unique = sorted(set(patterns))
         entries: list[KVEntry] = []
-        with nats_errors(f"KV snapshot {self.bucket} ({len(unique)} patterns)"):
+        what = f"KV snapshot {self.bucket} ({len(unique)} patterns)"
+        with nats_errors(what):
             for i in range(0, len(unique), SNAPSHOT_FILTERS_PER_READ):
-                entries += await self._read_last(unique[i : i + SNAPSHOT_FILTERS_PER_READ])
+                chunk = unique[i : i + SNAPSHOT_FILTERS_PER_READ]
+                read = functools.partial(self._read_last, chunk)
+                entries += await while_unavailable(what, self.bus, read)
         entries.sort(key=lambda e: e.revision)
         return entries
 

@@ -23,6 +23,7 @@ from shared.errors import (
     UsageError,
 )
 from shared.natsbus import NatsBus
+from shared.natskv import UNAVAILABLE_RETRY_S
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1
@@ -53,7 +54,10 @@ async def connect(args: argparse.Namespace, name: str) -> Bus:
     url = nats_url(args)
     timeout = float(getattr(args, "connect_timeout", CONNECT_TIMEOUT_S))
     try:
-        return await NatsBus.connect(url, name=name, connect_timeout=timeout)
+        # a one-off command outlasts a JetStream leader election instead of failing on it
+        return await NatsBus.connect(
+            url, name=name, connect_timeout=timeout, unavailable_retry_s=UNAVAILABLE_RETRY_S
+        )
     except BusAuthError:
         raise  # it says which identity was refused; retrying elsewhere will not help
     except BusError as exc:
