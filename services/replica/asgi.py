@@ -18,12 +18,15 @@ How a request goes through `ReplicaAsgi.__call__`:
    the replica also calls `startup()`/`shutdown()` itself, whichever comes first wins.
 2. For `http` and `websocket`: `root_path` set from the route prefix when the server left it
    empty, the lifespan state copied into `scope["state"]`, the instance bound for class routes.
-3. `http` only: once a request has run for 1 s (`WATCH_AFTER_S`), a `_Watch` reads the server's `receive` one
-   message ahead (never more than one part of a body the handler has not read: the rest stays
-   in the server's flow control) so a client that disconnects before the response is complete
-   cancels the handler (Ray Serve's semantics: the handler sees `asyncio.CancelledError`). The
-   scope says ASGI 2.4, so Starlette's streamed responses rely on this watch too instead of a
-   task group of their own per response. A handler that raises gets a 500 (JSON
+3. `http` only: a client that disconnects before the response is complete cancels the handler
+   (Ray Serve's semantics: the handler sees `asyncio.CancelledError`). On the replica's own
+   HTTP/1.1 connection (http_cycle.py) the connection hears the disconnect and cancels the
+   task itself, and the app gets the connection's `receive` and `send` as they are. On any
+   other server, once a request has run for 1 s (`WATCH_AFTER_S`), a `_Watch` reads the
+   server's `receive` one message ahead (never more than one part of a body the handler has
+   not read: the rest stays in the server's flow control) to hear it. The scope says ASGI 2.4,
+   so Starlette's streamed responses rely on this too instead of a task group of their own per
+   response. A handler that raises gets a 500 (JSON
    `{"error": "user_error", "message": "<type>: <text>"}`, as the proxy answers), its traceback
    in a log line at most once per interval per exception type; if the response had started the
    error goes on up, so the server breaks the connection instead of sending a short body.
@@ -51,7 +54,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from pathlib import PurePath
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response as StarletteResponse
@@ -75,6 +78,9 @@ from shared.wire.messages import HttpRequest
 
 from .asgi_carrier import AsgiProtocolError, ResponseFrames, scope_of
 from .usercode import MethodNotFound, UserDeployment, invoke, is_stream, thread_iter
+
+if TYPE_CHECKING:
+    from services.replica.http_cycle import RequestCycle
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +462,11 @@ class ReplicaAsgi:
         self.errors = _ErrorLog(clock, ERROR_LOG_INTERVAL_S)
         self.disconnects = 0
         self.state: dict[str, Any] = {}
+        # imported with the replica's app, not at this module's import (the NATS carrier's
+        # replicas serve no HTTP of their own)
+        from services.replica.http_cycle import RequestCycle
+
+        self._cycle_type = RequestCycle
         self._running: dict[_Watch, None] = {}
         """Requests without a disconnect watch yet, oldest first (dicts keep order)."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -534,9 +545,17 @@ class ReplicaAsgi:
         answers an error before the response started with its own `user_error` reply."""
         task = asyncio.current_task()
         assert task is not None
-        w = _Watch(receive, send, task)
-        if not carried:
-            self._watch(w, task.get_loop())
+        # the replica's own HTTP/1.1 connection hears a disconnect itself and cancels the task
+        # when asked: its receive and send go to the app as they are (no watch, no sweep)
+        cycle = getattr(send, "__self__", None)
+        w: _Watch | RequestCycle
+        if not carried and isinstance(cycle, self._cycle_type):
+            w = cycle
+            cycle.cancel_on_disconnect(task)
+        else:
+            w = _Watch(receive, send, task)
+            if not carried:
+                self._watch(w, task.get_loop())
         token = enter_servable(self.instance)
         # the serve_multiplexed_model_id header names the request's model (multiplexing); over
         # the NATS carrier without it, the model the router's Request named stays in place
@@ -571,8 +590,9 @@ class ReplicaAsgi:
             leave_servable(token)
             if model_token is not None:
                 reset_request_model_id(model_token)
-            self._running.pop(w, None)
-            await w.close()
+            if isinstance(w, _Watch):
+                self._running.pop(w, None)
+                await w.close()
 
     def _watch(self, w: _Watch, loop: asyncio.AbstractEventLoop) -> None:
         """Register a running request with the sweep (one timer task for all of them, alive

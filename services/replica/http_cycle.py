@@ -15,6 +15,9 @@ How it works:
   written, so the app's error still gets its 500. A full transport makes `send` wait.
 - `run` runs the app: a raise before the response is a 500, after it a cut connection; a
   CancelledError (a drain that ran out of time) cuts the connection and propagates.
+- `cancel_on_disconnect(task)`: the replica's app layer asks for its handler's task to be
+  cancelled when the connection is lost before the response is complete (the connection hears
+  that itself: no reader waits on `receive` for it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any, Final, Protocol
 
@@ -69,19 +72,20 @@ class RequestCycle:
     __slots__ = (
         "_body",
         "_bodyless",
+        "_cancel",
         "_chunked",
-        "_complete",
         "_conn",
         "_continue",
         "_drained",
         "_head",
         "_left",
         "_more_body",
-        "_started",
         "_waiter",
+        "complete",
         "disconnected",
         "keep_alive",
         "scope",
+        "started",
         "status",
     )
 
@@ -98,8 +102,9 @@ class RequestCycle:
         self._waiter: asyncio.Future[None] | None = None
         self.disconnected = False
         self.status = 0  # the response's, once started
-        self._started = False
-        self._complete = False
+        self.started = False
+        self.complete = False  # the response's last byte is written
+        self._cancel: asyncio.Task[Any] | None = None
         self._head: bytes | None = None  # a started response's head, written with its first body
         self._chunked = False
         self._bodyless = False  # HEAD, 204, 304: whatever body the app sends is not written
@@ -120,6 +125,18 @@ class RequestCycle:
     def disconnect(self) -> None:
         self.disconnected = True
         self._wake()
+        task, self._cancel = self._cancel, None
+        if task is not None and not self.complete:
+            task.cancel()
+
+    def cancel_on_disconnect(self, task: asyncio.Task[Any]) -> None:
+        """Cancel `task` if the client leaves before the response is complete (the replica's
+        handler, as Ray Serve cancels one; services/replica/asgi.py). Not after: a background
+        task that runs once the response is written is not cut short."""
+        if self.disconnected and not self.complete:
+            task.cancel()
+        else:
+            self._cancel = task
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -138,7 +155,7 @@ class RequestCycle:
                 self._abandon()
                 raise
             log.error("Exception in ASGI application", exc_info=exc)
-            if not self._started:
+            if not self.started:
                 await self._internal_error()
             else:
                 self._abandon()
@@ -146,10 +163,10 @@ class RequestCycle:
             if result is not None:
                 log.error("ASGI callable should return None, but returned %r", result)
                 self._abandon()
-            elif not self._started and not self.disconnected:
+            elif not self.started and not self.disconnected:
                 log.error("ASGI callable returned without starting a response")
                 await self._internal_error()
-            elif not self._complete and not self.disconnected:
+            elif not self.complete and not self.disconnected:
                 log.error("ASGI callable returned without completing its response")
                 self._abandon()
 
@@ -158,13 +175,13 @@ class RequestCycle:
         if self._continue and not conn.transport.is_closing():
             self._continue = False
             conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not self.disconnected and not self._complete:
+        if not self.disconnected and not self.complete:
             if self._more_body and not self._body:
                 conn.want_body()
                 await self._wait()
             elif not self._more_body and not self._body and self._drained:
                 await self._wait()  # the body is read: the next message is the disconnect
-        if self.disconnected or self._complete:
+        if self.disconnected or self.complete:
             return {"type": "http.disconnect"}
         body, self._body = self._body, b""
         if self._more_body:
@@ -177,19 +194,19 @@ class RequestCycle:
         waiter = self._waiter = self._conn.loop.create_future()
         await waiter
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Mapping[str, Any]) -> None:
         conn = self._conn
         if conn.write_paused and not self.disconnected:
             await conn.writable()
         if self.disconnected:
             return
         kind = message["type"]
-        if not self._started:
+        if not self.started:
             if kind != "http.response.start":
                 raise RuntimeError(f"expected ASGI message 'http.response.start', got {kind!r}")
             self._start(message)
             return
-        if self._complete:
+        if self.complete:
             raise RuntimeError(f"unexpected ASGI message {kind!r} after the response completed")
         if kind != "http.response.body":
             raise RuntimeError(f"expected ASGI message 'http.response.body', got {kind!r}")
@@ -214,11 +231,11 @@ class RequestCycle:
         if not more:
             if self._left:
                 raise RuntimeError("response content shorter than Content-Length")
-            self._complete = True
+            self.complete = True
             self._wake()
             conn.response_complete(self)
 
-    def _start(self, message: dict[str, Any]) -> None:
+    def _start(self, message: Mapping[str, Any]) -> None:
         """Build the head (kept for the first body message); started only once it is valid, so
         an app's bad header still gets its 500."""
         status: int = message["status"]
@@ -254,7 +271,7 @@ class RequestCycle:
         self._left = 0 if bodyless or length is None else length
         self._head = b"".join(head)
         self.status = status
-        self._started = True
+        self.started = True
         self._continue = False
         # the head waits for the first body message, but not past this loop turn: a stream's
         # client sees its headers before a slow first chunk
@@ -274,8 +291,8 @@ class RequestCycle:
 
     def _abandon(self) -> None:
         """A response that cannot be finished: close the connection (the client sees it cut)."""
-        if not self._complete:
-            self._complete = True
+        if not self.complete:
+            self.complete = True
             self._head = None
             self.keep_alive = False
             conn = self._conn

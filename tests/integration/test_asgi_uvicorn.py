@@ -18,8 +18,9 @@ import aiohttp
 import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -30,6 +31,7 @@ from services.replica.asgi import (
     WebSocketSendTimeout,
     build_asgi_app,
 )
+from services.replica.http11 import HttpConnection
 from services.replica.usercode import UserDeployment
 from tests.waiting import eventually
 
@@ -48,6 +50,8 @@ class Live:
         self.ws_closed_by_peer: list[int] = []
         self.ws_timeouts = 0
         self.ws_sent = 0
+        self.background: list[str] = []
+        self.background_go = asyncio.Event()
 
     async def tokens(self) -> AsyncIterator[str]:
         try:
@@ -60,6 +64,15 @@ class Live:
     @api.get("/sse")
     def sse(self) -> StreamingResponse:
         return StreamingResponse(self.tokens(), media_type="text/event-stream")
+
+    @api.get("/after")
+    def after(self) -> Response:
+        return Response(b"done", background=BackgroundTask(self.after_response))
+
+    async def after_response(self) -> None:
+        self.background.append("started")
+        await self.background_go.wait()  # the test lets it finish once the client has left
+        self.background.append("finished")
 
     @api.websocket("/echo")
     async def echo(self, ws: WebSocket) -> None:
@@ -85,19 +98,29 @@ class Live:
             self.ws_timeouts += 1
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[ReplicaAsgi, str]]:
+SERVERS: dict[str, uvicorn.Server] = {}
+"""The server behind each address `served` gives (a test waits for it to see a client leave)."""
+
+
+@pytest.fixture(params=["httptools", "replica"])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[ReplicaAsgi, str]]:
+    """The app on uvicorn's own httptools protocol, and on the replica's (http11.py), which
+    hears a disconnect itself: with the watch put off for an hour, only it can cancel."""
     user = await UserDeployment.create("x:y", (), {}, target=Live)
     app = build_asgi_app(user, route_prefix="/live", ws_send_timeout_s=0.5)
+    if request.param == "replica":
+        app.watch_after_s = 3600.0
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # log_config=None everywhere here, as in the replica: uvicorn's default config is a
     # logging.config.dictConfig, which closes every handler, pytest's session-long ones too
+    http: Any = HttpConnection if request.param == "replica" else "httptools"
     config = uvicorn.Config(
-        app, http="httptools", ws=WS_IMPL, lifespan="on", log_level="warning", log_config=None
+        app, http=http, ws=WS_IMPL, lifespan="on", log_level="warning", log_config=None
     )
     server = uvicorn.Server(config)
+    SERVERS[f"127.0.0.1:{port}"] = server
     task = asyncio.create_task(server.serve(sockets=[sock]))
     await eventually(lambda: server.started, what="uvicorn started")
     try:
@@ -131,6 +154,22 @@ async def test_a_client_leaving_mid_stream_cancels_the_handler(
         resp.close()  # gone, with the second token still to come
     await asyncio.wait_for(live.stream_stopped.wait(), 5)
     await eventually(lambda: app.disconnects == 1, what="the disconnect counted")
+
+
+async def test_a_client_leaving_after_the_response_does_not_cut_its_background_task(
+    served: tuple[ReplicaAsgi, str],
+) -> None:
+    app, addr = served
+    live: Live = app.instance
+    async with aiohttp.ClientSession() as http, http.get(f"http://{addr}/live/after") as resp:
+        assert await resp.read() == b"done"
+    await http.close()  # the connection is gone while the background task still waits
+    await eventually(lambda: live.background == ["started"], what="the background task")
+    state = SERVERS[addr].server_state
+    await eventually(lambda: not state.connections, what="the server saw the client leave")
+    live.background_go.set()
+    await eventually(lambda: live.background == ["started", "finished"], what="it finished")
+    assert app.disconnects == 0
 
 
 async def test_websocket_echo_both_ways_with_close_codes(served: tuple[ReplicaAsgi, str]) -> None:
