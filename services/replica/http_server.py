@@ -85,7 +85,7 @@ class Counter(Protocol):
 
     def admit_http(self) -> bool: ...
 
-    def release_http(self, started: float, outcome: str, what: str) -> None: ...
+    def release_http(self, started: float, outcome: str, scope: Scope) -> None: ...
 
 
 class AdmissionGate:
@@ -133,8 +133,7 @@ class AdmissionGate:
             outcome = USER_ERROR
             raise
         finally:
-            what = f"{scope.get('method', 'WS')} {scope.get('path', '')}"
-            self._counter.release_http(started, outcome, what)
+            self._counter.release_http(started, outcome, scope)
 
 
 class _StatusWatch:

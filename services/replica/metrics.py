@@ -16,7 +16,8 @@ resident per replica (scripts/bench/replica_footprint.py).
 
 from __future__ import annotations
 
-from typing import Final
+import weakref
+from typing import Final, Protocol
 
 from shared.leanimport import import_deferred
 from shared.transitions import Refused
@@ -88,8 +89,31 @@ TRANSITIONS_REFUSED = Counter(
 )
 
 
+class Ongoing(Protocol):
+    """What the ongoing gauge reads (admission.Admission)."""
+
+    ongoing: int
+
+
+class _OngoingSum:
+    """The ongoing gauge of one (app, deployment), read when scraped: the sum over its replicas
+    in this process (tests, composition), so a request costs no gauge update on its way."""
+
+    __slots__ = ("sources",)
+
+    def __init__(self) -> None:
+        self.sources: weakref.WeakSet[Ongoing] = weakref.WeakSet()
+
+    def __call__(self) -> float:
+        return float(sum(source.ongoing for source in list(self.sources)))
+
+
+_ONGOING_SUMS: dict[tuple[str, str], _OngoingSum] = {}
+
+
 class ReplicaMetrics:
-    """One replica's label children, bound once."""
+    """One replica's label children, bound once. `admission` (its `ongoing` count) is what the
+    ongoing gauge reads."""
 
     __slots__ = (
         "_app",
@@ -99,19 +123,22 @@ class ReplicaMetrics:
         "frames",
         "healthy",
         "heartbeats",
-        "ongoing",
         "probes",
         "rejected",
         "reports",
         "unhealthy",
     )
 
-    def __init__(self, app: str, deployment: str) -> None:
+    def __init__(self, app: str, deployment: str, admission: Ongoing) -> None:
         self._app, self._deployment = app, deployment
         self._latency = LatencyByOutcome(REQUEST_SECONDS, app, deployment)
         self.accepted = ADMISSIONS.labels(app, deployment, "accepted")
         self.rejected = ADMISSIONS.labels(app, deployment, "rejected")
-        self.ongoing = ONGOING.labels(app, deployment)
+        ongoing = _ONGOING_SUMS.get((app, deployment))
+        if ongoing is None:
+            ongoing = _ONGOING_SUMS[app, deployment] = _OngoingSum()
+            ONGOING.labels(app, deployment).set_function(ongoing)
+        ongoing.sources.add(admission)
         self.healthy = HEALTH_CHECKS.labels(app, deployment, "healthy")
         self.unhealthy = HEALTH_CHECKS.labels(app, deployment, "unhealthy")
         self.heartbeats = HEALTH_MESSAGES.labels(app, deployment, "heartbeat")

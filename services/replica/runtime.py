@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,7 @@ class ReplicaRuntime:
         )
         self.running = LevelAverage(clock.monotonic())
         self.stats = ReplicaStats()
-        self.prom = ReplicaMetrics(cfg.app, cfg.deployment)
+        self.prom = ReplicaMetrics(cfg.app, cfg.deployment, self.admission)
         self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
         self.state: ProcessState = PROCESS_LIFECYCLE.initial
         """Where this process is in its lifecycle (lifecycle.py): moved only by `_step`."""
@@ -434,22 +434,22 @@ class ReplicaRuntime:
             return False
         self.stats.admitted += 1
         self.prom.accepted.inc()
-        self.prom.ongoing.inc()
         self.running.set(self.admission.ongoing, self.clock.monotonic())
         return True
 
-    def release_http(self, started: float, outcome: str, what: str) -> None:
-        """An admitted HTTP request ended (`started`: this clock's monotonic time)."""
+    def release_http(self, started: float, outcome: str, scope: Mapping[str, Any]) -> None:
+        """An admitted HTTP request (or WebSocket: its ASGI `scope`) ended (`started`: this
+        clock's monotonic time)."""
         self.admission.release()
         now = self.clock.monotonic()
         self.running.set(self.admission.ongoing, now)
-        self.prom.ongoing.dec()
         self.prom.observe(outcome, now - started)
         if outcome == OK:
             self.stats.completed += 1
         else:
             self.stats.failed += 1
         if self.access is not None:
+            what = f"{scope.get('method', 'WS')} {scope.get('path', '')}"
             ms = round((now - started) * 1000.0, 3)
             self.access.info(
                 "%s %s %.1f ms", what, outcome, ms,
@@ -487,7 +487,6 @@ class ReplicaRuntime:
         (`held.pending`); `started`: when the request was admitted (this clock)."""
         outcome = OK
         reply = held.reply
-        self.prom.ongoing.inc()
         if req.multiplexed_model_id is not None:  # serve.get_multiplexed_model_id(), this task
             set_request_model_id(req.multiplexed_model_id)
         try:
@@ -534,7 +533,6 @@ class ReplicaRuntime:
             self.admission.release()
             now = self.clock.monotonic()
             self.running.set(self.admission.ongoing, now)
-            self.prom.ongoing.dec()
             self.prom.observe(outcome, now - started)
             if self.access is not None:
                 ms = round((now - started) * 1000.0, 3)

@@ -239,6 +239,25 @@ async def test_the_access_log_has_a_line_per_request(
     ]  # fmt: skip
 
 
+async def test_the_access_log_names_an_http_request_by_method_and_path(
+    buses: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rbus, _ = buses
+    caplog.set_level(logging.INFO, logger=logsetup.ACCESS_LOGGER)
+    rt = await make_replica(rbus, logging_config=logconfig.normalise({}))
+    try:
+        assert rt.admit_http()
+        rt.release_http(rt.clock.monotonic(), "ok", {"method": "POST", "path": "/echo"})
+        assert rt.admit_http()
+        rt.release_http(rt.clock.monotonic(), "cancelled", {"type": "websocket", "path": "/ws"})
+    finally:
+        await rt.stop()
+    lines = [r for r in caplog.records if r.name == logsetup.ACCESS_LOGGER]
+    assert [(r.method, r.outcome) for r in lines] == [  # type: ignore[attr-defined]
+        ("POST /echo", "ok"), ("WS /ws", "cancelled"),
+    ]  # fmt: skip
+
+
 async def test_the_access_log_is_off_without_logging_config_or_when_disabled(
     buses: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -93,9 +93,9 @@ class FakeCounter:
         self.ongoing += 1
         return True
 
-    def release_http(self, started: float, outcome: str, what: str) -> None:
+    def release_http(self, started: float, outcome: str, scope: Any) -> None:
         self.ongoing -= 1
-        self.ended.append((what, outcome))
+        self.ended.append((f"{scope.get('method', 'WS')} {scope.get('path', '')}", outcome))
 
 
 async def serving(app: Any, **kw: Any) -> ReplicaHttpServer:

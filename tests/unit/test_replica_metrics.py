@@ -107,3 +107,22 @@ async def test_health_checks_and_heartbeats(tmp_path: Path) -> None:
         await bus.close()
     assert value(checks, dep, result="healthy") >= 1
     assert value("fleetpulse_replica_health_messages_total", dep, channel="probe") == 1
+
+
+def test_the_ongoing_gauge_is_read_when_scraped_and_sums_a_deployments_replicas() -> None:
+    """No update per request: the gauge reads each live replica's admission count."""
+    import gc
+
+    from services.replica.admission import Admission
+    from services.replica.metrics import ReplicaMetrics
+
+    dep = "ongoing-sum"
+    one, two = Admission(4), Admission(4)
+    kept = [ReplicaMetrics(APP, dep, one), ReplicaMetrics(APP, dep, two)]
+    assert one.try_admit() and two.try_admit() and two.try_admit()
+    assert value("fleetpulse_replica_ongoing_requests", dep) == 3
+    two.release()
+    assert value("fleetpulse_replica_ongoing_requests", dep) == 2
+    del two, kept
+    gc.collect()
+    assert value("fleetpulse_replica_ongoing_requests", dep) == 1  # a stopped replica drops out
