@@ -27,7 +27,7 @@ def model_id_from_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) ->
     """The model id named by the `serve_multiplexed_model_id` header (any case, `-` or `_`);
     None when absent or empty. Takes ASGI scope headers (bytes pairs) or str pairs."""
     for name, value in headers:
-        if _is_model_header(name):
+        if len(name) == _LEN and _is_model_header(name):  # inlined: nearly every header stops
             text = value.decode("latin-1") if isinstance(value, bytes) else value
             return text.strip() or None
     return None

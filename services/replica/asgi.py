@@ -282,6 +282,9 @@ class CallApp:
             result = await self._fn(*args)
         else:
             result = await invoke(self._fn, args, {})
+        if isinstance(result, StarletteResponse):  # what a Ray app returns most: as it is
+            await result(scope, receive, send)
+            return
         plain = plain_response(result)
         if plain is None:
             await to_response(result)(scope, receive, send)
@@ -454,6 +457,7 @@ class ReplicaAsgi:
         self.app = app
         self.watch_after_s = watch_after_s
         self.instance = instance
+        self._root_prefix = ""
         self.route_prefix = route_prefix
         self.has_lifespan = has_lifespan
         self.is_ingress = has_lifespan
@@ -472,6 +476,16 @@ class ReplicaAsgi:
         self._sweeper: asyncio.Task[None] | None = None
         self._lifespan: _Lifespan | None = None
         self._lifespan_lock = asyncio.Lock()
+
+    @property
+    def route_prefix(self) -> str | None:
+        return self._route_prefix
+
+    @route_prefix.setter
+    def route_prefix(self, prefix: str | None) -> None:
+        self._route_prefix = prefix
+        # the scope's root_path for requests under it ("" for none or "/"), worked out once
+        self._root_prefix = "" if prefix in (None, "", "/") else str(prefix).rstrip("/")
 
     # lifespan ------------------------------------------------------------------------------
 
@@ -512,8 +526,8 @@ class ReplicaAsgi:
     # requests ------------------------------------------------------------------------------
 
     def _prepare(self, scope: Scope) -> Scope:
-        if not scope.get("root_path") and self.route_prefix not in (None, "", "/"):
-            prefix = str(self.route_prefix).rstrip("/")
+        prefix = self._root_prefix
+        if prefix and not scope.get("root_path"):
             path = str(scope.get("path", ""))
             if path == prefix or path.startswith(prefix + "/"):
                 scope["root_path"] = prefix
@@ -556,7 +570,9 @@ class ReplicaAsgi:
             w = _Watch(receive, send, task)
             if not carried:
                 self._watch(w, task.get_loop())
-        token = enter_servable(self.instance)
+        # class-based routes of an @serve.ingress app get the instance as `self` (a CallApp's
+        # `__call__` is bound already)
+        token = enter_servable(self.instance) if self.is_ingress else None
         # the serve_multiplexed_model_id header names the request's model (multiplexing); over
         # the NATS carrier without it, the model the router's Request named stays in place
         model = model_id_from_headers(scope.get("headers") or ())
@@ -587,7 +603,8 @@ class ReplicaAsgi:
                 raise  # a started response cannot change its status: the server cuts it short
             return USER_ERROR
         finally:
-            leave_servable(token)
+            if token is not None:
+                leave_servable(token)
             if model_token is not None:
                 reset_request_model_id(model_token)
             if isinstance(w, _Watch):

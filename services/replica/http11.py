@@ -236,10 +236,10 @@ class HttpConnection(asyncio.Protocol):
 
     def _start_next(self) -> None:
         cycle = self.cycle = self._waiting.popleft()
-        task = self.loop.create_task(cycle.run(self.app))
-        tasks = self.server_state.tasks
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        # in the server's tasks (its shutdown waits for them) until the cycle's run ends: it
+        # takes itself out, no done callback to schedule
+        cycle.task = task = self.loop.create_task(cycle.run(self.app))
+        self.server_state.tasks.add(task)
 
     def response_complete(self, cycle: RequestCycle) -> None:
         """The response's last byte is written: the next request may start."""

@@ -87,6 +87,7 @@ class RequestCycle:
         "scope",
         "started",
         "status",
+        "task",
     )
 
     def __init__(
@@ -105,6 +106,7 @@ class RequestCycle:
         self.started = False
         self.complete = False  # the response's last byte is written
         self._cancel: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[None] | None = None  # what runs the app (set by the connection)
         self._head: bytes | None = None  # a started response's head, written with its first body
         self._chunked = False
         self._bodyless = False  # HEAD, 204, 304: whatever body the app sends is not written
@@ -169,6 +171,8 @@ class RequestCycle:
             elif not self.complete and not self.disconnected:
                 log.error("ASGI callable returned without completing its response")
                 self._abandon()
+        finally:
+            self._conn.server_state.tasks.discard(self.task)
 
     async def receive(self) -> dict[str, Any]:
         conn = self._conn

@@ -92,13 +92,15 @@ class AdmissionGate:
     """ASGI middleware: admit each HTTP request or WebSocket under the replica's limit, count
     it while it runs, answer 503 (Retry-After) or close 1013 when the replica is full."""
 
-    __slots__ = ("_app", "_clock", "_counter", "_cycle_type")
+    __slots__ = ("_app", "_clock", "_counter", "_cycle_type", "_serve_http")
 
     def __init__(self, app: ASGIApp, counter: Counter, *, clock: Clock = SYSTEM_CLOCK) -> None:
         # imported with the server, as ReplicaHttpServer imports http11
         from services.replica.http_cycle import RequestCycle
 
         self._app = app
+        # the replica's app (asgi.ReplicaAsgi) is called at its HTTP entry, one dispatch fewer
+        self._serve_http: ASGIApp | None = getattr(app, "serve_http", None)
         self._counter = counter
         self._clock = clock
         self._cycle_type = RequestCycle
@@ -118,7 +120,12 @@ class AdmissionGate:
         cycle = getattr(send, "__self__", None)
         watched = None if isinstance(cycle, self._cycle_type) else _StatusWatch(send)
         try:
-            await self._app(scope, receive, send if watched is None or kind != "http" else watched)
+            if kind == "http" and self._serve_http is not None:
+                await self._serve_http(scope, receive, send if watched is None else watched)
+            else:
+                await self._app(
+                    scope, receive, send if watched is None or kind != "http" else watched
+                )
             status = cycle.status if watched is None else watched.status  # type: ignore[union-attr]
             if status >= 500:
                 outcome = USER_ERROR
