@@ -231,21 +231,7 @@ async def test_the_access_log_has_a_line_per_request(
     try:
         await collect(cbus, call("echo", 1))
         await collect(cbus, call("no_such_method"))
-    finally:
-        await rt.stop()
-    lines = [r for r in caplog.records if r.name == logsetup.ACCESS_LOGGER]
-    assert [(r.method, r.outcome) for r in lines] == [  # type: ignore[attr-defined]
-        ("echo", "ok"), ("no_such_method", "method_not_found"),
-    ]  # fmt: skip
-
-
-async def test_the_access_log_names_an_http_request_by_method_and_path(
-    buses: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    rbus, _ = buses
-    caplog.set_level(logging.INFO, logger=logsetup.ACCESS_LOGGER)
-    rt = await make_replica(rbus, logging_config=logconfig.normalise({}))
-    try:
+        # HTTP requests and WebSockets the replica serves itself: named by method and path
         assert rt.admit_http()
         rt.release_http(rt.clock.monotonic(), "ok", {"method": "POST", "path": "/echo"})
         assert rt.admit_http()
@@ -254,6 +240,7 @@ async def test_the_access_log_names_an_http_request_by_method_and_path(
         await rt.stop()
     lines = [r for r in caplog.records if r.name == logsetup.ACCESS_LOGGER]
     assert [(r.method, r.outcome) for r in lines] == [  # type: ignore[attr-defined]
+        ("echo", "ok"), ("no_such_method", "method_not_found"),
         ("POST /echo", "ok"), ("WS /ws", "cancelled"),
     ]  # fmt: skip
 
