@@ -66,6 +66,8 @@ class HttpConnection(asyncio.Protocol):
         # peer's trust is decided once per connection, not per request (as much as the rest of
         # the middleware's per-request cost in the replica's profile)
         self._trusted: Any = None
+        self._forwarded_key: tuple[bytes | None, ...] | None = None
+        self._forwarded_answer: tuple[tuple[str, int] | None, str] = (None, "http")
         if isinstance(app, ProxyHeadersMiddleware):
             self._trusted = app.trusted_hosts
             app = app.app
@@ -211,7 +213,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _forwarded(self, client: tuple[str, int] | None) -> tuple[tuple[str, int] | None, str]:
         """The client and scheme a trusted proxy's X-Forwarded-For and -Proto name, as uvicorn's
-        ProxyHeadersMiddleware reads them."""
+        ProxyHeadersMiddleware reads them. The answer for the last pair of values is kept: a
+        front door sends the same ones request after request on a connection."""
         proto: bytes | None = None
         forwarded_for = []
         for name, value in self._headers:
@@ -219,6 +222,16 @@ class HttpConnection(asyncio.Protocol):
                 proto = value  # the last one counts
             elif name == b"x-forwarded-for":
                 forwarded_for.append(value)
+        key = (proto, *forwarded_for)
+        if key == self._forwarded_key:
+            return self._forwarded_answer
+        self._forwarded_key = key
+        self._forwarded_answer = answer = self._read_forwarded(client, proto, forwarded_for)
+        return answer
+
+    def _read_forwarded(
+        self, client: tuple[str, int] | None, proto: bytes | None, forwarded_for: list[bytes]
+    ) -> tuple[tuple[str, int] | None, str]:
         scheme = "http"
         if proto is not None:
             given = proto.decode("latin1").strip()

@@ -523,7 +523,12 @@ FORWARDED = [
 ]
 
 
-@pytest.mark.parametrize("request_bytes", FORWARDED)
+# all of them on one connection, the first again last: the connection keeps the answer for the
+# last values it saw, and must not give it for others
+ONE_CONNECTION = b"".join([*FORWARDED, FORWARDED[0]])
+
+
+@pytest.mark.parametrize("request_bytes", [*FORWARDED, ONE_CONNECTION])
 @pytest.mark.parametrize("allowed", ["10.0.0.9", "127.0.0.1", "10.0.0.0/8", "*"])
 async def test_forwarded_headers_give_the_client_and_scheme_uvicorns_middleware_gives(
     request_bytes: bytes, allowed: str
