@@ -126,7 +126,7 @@ class ReplicaRuntime:
         )
         self.running = LevelAverage(clock.monotonic())
         self.stats = ReplicaStats()
-        self.prom = ReplicaMetrics(cfg.app, cfg.deployment, self.admission)
+        self.prom = ReplicaMetrics(cfg.app, cfg.deployment, self.admission, self.stats)
         self.bad = BadInput(f"replica {cfg.replica_id}", log, clock=clock)
         self.state: ProcessState = PROCESS_LIFECYCLE.initial
         """Where this process is in its lifecycle (lifecycle.py): moved only by `_step`."""
@@ -391,14 +391,12 @@ class ReplicaRuntime:
             return
         if not self.admission.try_admit():
             self.stats.rejected += 1
-            self.prom.rejected.inc()
             self.carriage.carried(latest, now, Via.ADMISSION)
             models = self._models()  # multiplexing: what it holds rides along
             rejected = Admission(False, self.admission.ongoing, latest, False, models)
             self._send_now(msg.reply, rejected)
             return
         self.stats.admitted += 1
-        self.prom.accepted.inc()
         ongoing = self.admission.ongoing
         frames = req.supports_health_frames and not self.carriage.reports_carry_health
         self.carriage.carried(latest, now, Via.ADMISSION)
@@ -430,10 +428,8 @@ class ReplicaRuntime:
         connections and closes idle ones, so only requests already on their way arrive)."""
         if not self.admission.try_admit(while_draining=True):
             self.stats.rejected += 1
-            self.prom.rejected.inc()
             return False
         self.stats.admitted += 1
-        self.prom.accepted.inc()
         self.running.set(self.admission.ongoing, self.clock.monotonic())
         return True
 

@@ -55,6 +55,8 @@ def module_registry(module: ModuleType) -> CollectorRegistry:
     for value in vars(module).values():
         if isinstance(value, MetricWrapperBase):
             registry.register(value)
+    for collector in getattr(module, "COLLECTORS", ()):  # metrics read when scraped
+        registry.register(collector)
     return registry
 
 

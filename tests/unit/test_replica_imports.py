@@ -160,10 +160,10 @@ def test_prometheus_client_comes_in_without_its_exposition_until_a_name_of_it_is
         lean = [m in sys.modules for m in ("prometheus_client.exposition", "http.server",
                                            "urllib.request", "prometheus_client.gc_collector")]
         from prometheus_client import REGISTRY, generate_latest
-        from services.replica.metrics import ADMISSIONS
-        ADMISSIONS.labels("a", "d", "accepted").inc()
+        from services.replica.metrics import HTTP_REFUSED
+        HTTP_REFUSED.labels("400").inc()
         text = generate_latest(REGISTRY).decode()
-        names = ("fleetpulse_replica_admissions_total", "process_", "python_gc_", "python_info")
+        names = ("fleetpulse_replica_http_refused_total", "process_", "python_gc_", "python_info")
         print(json.dumps([lean, [n in text for n in names]]))
     """)
     lean, served = json.loads(out)

@@ -7,13 +7,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from services.replica.admission import Admission as AdmissionSlots
 from services.replica.config import ReplicaConfig
 from services.replica.runtime import ReplicaRuntime
 from services.replica.usercode import UserDeployment
 from shared.bus import Bus
 from shared.fakebus import FakeServer
+from shared.metrics_catalog import REQUEST_LATENCY_BUCKETS_S
 from shared.subjects import DEFAULT_SUBJECTS as S
 from shared.wire import decode, encode
 from shared.wire.messages import Admission, CallArgs, End, ErrorReply, Request
@@ -109,20 +114,67 @@ async def test_health_checks_and_heartbeats(tmp_path: Path) -> None:
     assert value("fleetpulse_replica_health_messages_total", dep, channel="probe") == 1
 
 
-def test_the_ongoing_gauge_is_read_when_scraped_and_sums_a_deployments_replicas() -> None:
-    """No update per request: the gauge reads each live replica's admission count."""
-    import gc
-
-    from services.replica.admission import Admission
+def test_request_metrics_are_read_when_scraped_and_sum_a_deployments_replicas() -> None:
+    """No update per request: the gauge and the admissions counter read each replica's
+    admission and totals; a stopped replica stays in the sums (its counts never go down)."""
     from services.replica.metrics import ReplicaMetrics
+    from services.replica.runtime import ReplicaStats
 
-    dep = "ongoing-sum"
-    one, two = Admission(4), Admission(4)
-    kept = [ReplicaMetrics(APP, dep, one), ReplicaMetrics(APP, dep, two)]
+    dep = "read-when-scraped"
+    one, two = AdmissionSlots(4), AdmissionSlots(4)
+    ReplicaMetrics(APP, dep, one, ReplicaStats(admitted=5, rejected=1))
+    ReplicaMetrics(APP, dep, two, ReplicaStats(admitted=2))
     assert one.try_admit() and two.try_admit() and two.try_admit()
     assert value("fleetpulse_replica_ongoing_requests", dep) == 3
     two.release()
-    assert value("fleetpulse_replica_ongoing_requests", dep) == 2
-    del two, kept
-    gc.collect()
-    assert value("fleetpulse_replica_ongoing_requests", dep) == 1  # a stopped replica drops out
+    two.release()
+    assert value("fleetpulse_replica_ongoing_requests", dep) == 1
+    assert value("fleetpulse_replica_admissions_total", dep, result="accepted") == 7
+    assert value("fleetpulse_replica_admissions_total", dep, result="rejected") == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["ok", "user_error", "cancelled"]),
+            st.one_of(
+                st.sampled_from(REQUEST_LATENCY_BUCKETS_S),  # on a bound: counted in it
+                st.floats(min_value=0.0, max_value=300.0, allow_nan=False),
+            ),
+        ),
+        max_size=40,
+    )
+)
+def test_request_durations_expose_what_prometheus_clients_histogram_would(
+    observed: list[tuple[str, float]],
+) -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from services.replica.metrics import REQUEST_SECONDS_NAME, Durations, _Replica, _RequestMetrics
+    from services.replica.runtime import ReplicaStats
+
+    theirs_registry = CollectorRegistry()
+    theirs = Histogram(REQUEST_SECONDS_NAME, "h", ["app", "deployment", "outcome"],
+                       buckets=REQUEST_LATENCY_BUCKETS_S, registry=theirs_registry)  # fmt: skip
+    ours = _RequestMetrics()
+    halves = [Durations(), Durations()]  # two replicas of the deployment: their sum is shown
+    for durations in halves:
+        ours.add(APP, "d", _Replica(AdmissionSlots(1), ReplicaStats(), durations))
+    for i, (outcome, seconds) in enumerate(observed):
+        theirs.labels(APP, "d", outcome).observe(seconds)
+        halves[i % 2].observe(outcome, seconds)
+    ours_registry = CollectorRegistry()
+    ours_registry.register(ours)
+
+    def samples(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return sorted(line for line in text.splitlines()
+                      if line.startswith(REQUEST_SECONDS_NAME) and "_created" not in line)  # fmt: skip
+
+    ours_lines, theirs_lines = samples(ours_registry), samples(theirs_registry)
+    assert [line.rsplit(" ", 1)[0] for line in ours_lines] == [
+        line.rsplit(" ", 1)[0] for line in theirs_lines
+    ]
+    for a, b in zip(ours_lines, theirs_lines, strict=True):
+        assert float(a.rsplit(" ", 1)[1]) == pytest.approx(float(b.rsplit(" ", 1)[1]))
