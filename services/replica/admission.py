@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class Admission:
-    __slots__ = ("__weakref__", "draining", "max_ongoing", "ongoing")  # weak: the metrics read it
+    __slots__ = ("draining", "max_ongoing", "ongoing")
 
     def __init__(self, max_ongoing: int) -> None:
         if max_ongoing < 1:

@@ -98,14 +98,15 @@ TRANSITIONS_REFUSED = Counter(
 
 
 class Counts(Protocol):
-    """What the request metrics read of a replica: its admission (`ongoing`) and its running
-    totals (`admitted`, `rejected`: runtime.ReplicaStats)."""
+    """What the request metrics read of a replica's admission (admission.Admission)."""
 
     @property
     def ongoing(self) -> int: ...
 
 
 class Totals(Protocol):
+    """...and of its running totals (runtime.ReplicaStats)."""
+
     @property
     def admitted(self) -> int: ...
 
@@ -160,10 +161,10 @@ class _RequestMetrics(Collector):
         for (app, deployment), replicas in list(self.replicas.items()):
             replicas = list(replicas)
             ongoing.add_metric([app, deployment], sum(r.admission.ongoing for r in replicas))
-            for result in ("accepted", "rejected"):
-                attr = "admitted" if result == "accepted" else "rejected"
-                total = sum(getattr(r.totals, attr) for r in replicas)
-                admissions.add_metric([app, deployment, result], total)
+            accepted = sum(r.totals.admitted for r in replicas)
+            admissions.add_metric([app, deployment, "accepted"], accepted)
+            rejected = sum(r.totals.rejected for r in replicas)
+            admissions.add_metric([app, deployment, "rejected"], rejected)
             rows: dict[str, list[float]] = {}
             for r in replicas:
                 for outcome, row in list(r.durations.by_outcome.items()):
